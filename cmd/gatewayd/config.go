@@ -1,0 +1,196 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/internal/cloud"
+	"greenhouse-gateway/internal/config"
+	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/uplink"
+)
+
+// envPrefix prefixes every setting's environment variable.
+const envPrefix = "GATEWAY"
+
+// Environment variables that are not settings of the file.
+const (
+	envPepper = "GATEWAY_API_KEY_PEPPER"
+)
+
+// IngestConfig holds the device contract's configurable limits.
+type IngestConfig struct {
+	// MaxReadingsPerBatch caps readings in one batch. Default 100.
+	MaxReadingsPerBatch int `yaml:"max_readings_per_batch"`
+	// MaxSensorsPerReading caps sensors (and sensor_status entries) per
+	// reading. Default 64.
+	MaxSensorsPerReading int `yaml:"max_sensors_per_reading"`
+	// MaxClockSkew is how far in the future a timestamp may be. Default 5m.
+	MaxClockSkew time.Duration `yaml:"max_clock_skew"`
+}
+
+// Config is gatewayd's whole configuration.
+type Config struct {
+	// DataDir holds the buffer. Default /var/lib/greenhouse-gateway.
+	DataDir string `yaml:"data_dir"`
+	// LogLevel is debug, info, warn or error. Default info.
+	LogLevel string `yaml:"log_level"`
+	// LogFormat is text or json. Default text.
+	LogFormat string `yaml:"log_format"`
+	// ShutdownTimeout bounds a graceful stop. Default 20s.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+
+	// DynamoDBEndpoint is the DynamoDB URL; empty means AWS itself.
+	DynamoDBEndpoint string `yaml:"dynamodb_endpoint"`
+	// AWSRegion overrides the SDK's region chain when set.
+	AWSRegion string `yaml:"aws_region"`
+	// TablePrefix prefixes the four table names. Default empty.
+	TablePrefix string `yaml:"table_prefix"`
+	// APIKeyPepperFile holds the API key pepper (e.g. a systemd
+	// credential); otherwise GATEWAY_API_KEY_PEPPER is used.
+	APIKeyPepperFile string `yaml:"api_key_pepper_file"`
+
+	MQTT   gateway.MQTTConfig `yaml:"mqtt"`
+	HTTP   gateway.HTTPConfig `yaml:"http"`
+	Auth   gateway.AuthConfig `yaml:"auth"`
+	Ingest IngestConfig       `yaml:"ingest"`
+	Buffer buffer.Options     `yaml:"buffer"`
+	Uplink uplink.Config      `yaml:"uplink"`
+}
+
+// defaultConfig returns every default, so a printed config documents them.
+func defaultConfig() Config {
+	lim := contract.DefaultLimits()
+	return Config{
+		DataDir:         "/var/lib/greenhouse-gateway",
+		LogLevel:        "info",
+		LogFormat:       "text",
+		ShutdownTimeout: 20 * time.Second,
+		MQTT:            gateway.MQTTConfig{Addr: ":1883", MaxPacketSize: 256 << 10, MaxClients: 10000},
+		HTTP:            gateway.HTTPConfig{Addr: ":8080", MaxBodyBytes: 1 << 20, RetryAfter: 30 * time.Second},
+		Auth:            gateway.AuthConfig{RefreshInterval: time.Minute, NegativeTTL: 30 * time.Second, LookupTimeout: 5 * time.Second},
+		Ingest: IngestConfig{MaxReadingsPerBatch: lim.MaxReadings, MaxSensorsPerReading: lim.MaxSensors,
+			MaxClockSkew: lim.MaxClockSkew},
+		Buffer: buffer.DefaultOptions(),
+		Uplink: uplink.DefaultConfig(),
+	}
+}
+
+func (c Config) cloud() cloud.Config {
+	return cloud.Config{Endpoint: c.DynamoDBEndpoint, Region: c.AWSRegion, TablePrefix: c.TablePrefix}
+}
+
+func (c Config) limits() contract.Limits {
+	return contract.Limits{MaxReadings: c.Ingest.MaxReadingsPerBatch, MaxSensors: c.Ingest.MaxSensorsPerReading,
+		MaxClockSkew: c.Ingest.MaxClockSkew}
+}
+
+// Validate reports the first invalid setting.
+func (c Config) Validate() error {
+	if c.DataDir == "" {
+		return errors.New("data_dir: must be set")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("log_level: %q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		return fmt.Errorf("log_format: %q is not one of text, json", c.LogFormat)
+	}
+	if c.ShutdownTimeout <= 0 {
+		return errors.New("shutdown_timeout: must be positive")
+	}
+	if c.Ingest.MaxReadingsPerBatch < 1 || c.Ingest.MaxReadingsPerBatch > 1000 {
+		return errors.New("ingest.max_readings_per_batch: must be between 1 and 1000")
+	}
+	if c.Ingest.MaxSensorsPerReading < 1 || c.Ingest.MaxSensorsPerReading > 1000 {
+		return errors.New("ingest.max_sensors_per_reading: must be between 1 and 1000")
+	}
+	if c.Ingest.MaxClockSkew < 0 {
+		return errors.New("ingest.max_clock_skew: must not be negative")
+	}
+	for _, v := range []interface{ Validate() error }{c.cloud(), c.MQTT, c.HTTP, c.Auth, c.Buffer, c.Uplink} {
+		if err := v.Validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// flags are the command-line overrides; set ones win over file and
+// environment.
+type flags struct {
+	configFile  string
+	version     bool
+	printConfig bool
+	overrides   map[string]*string
+}
+
+// flagSettings maps flag names to the settings they override.
+var flagSettings = []struct {
+	name, usage string
+	field       func(*Config) *string
+}{
+	{"data-dir", "directory of the durable buffer (data_dir)", func(c *Config) *string { return &c.DataDir }},
+	{"mqtt-addr", "MQTT listen address (mqtt.addr, default :1883)", func(c *Config) *string { return &c.MQTT.Addr }},
+	{"http-addr", "HTTP listen address (http.addr, default :8080)", func(c *Config) *string { return &c.HTTP.Addr }},
+	{"dynamodb-endpoint", "DynamoDB endpoint URL; empty means AWS itself (dynamodb_endpoint)", func(c *Config) *string { return &c.DynamoDBEndpoint }},
+	{"aws-region", "AWS region (aws_region); default from the SDK chain", func(c *Config) *string { return &c.AWSRegion }},
+	{"table-prefix", "prefix of the four table names (table_prefix)", func(c *Config) *string { return &c.TablePrefix }},
+	{"log-level", "debug, info, warn or error (log_level)", func(c *Config) *string { return &c.LogLevel }},
+}
+
+func newFlagSet(f *flags) *flag.FlagSet {
+	fs := flag.NewFlagSet("gatewayd", flag.ContinueOnError)
+	fs.StringVar(&f.configFile, "config", "", "YAML config `file` (unknown keys are errors)")
+	fs.BoolVar(&f.version, "version", false, "print the version and exit")
+	fs.BoolVar(&f.printConfig, "print-config", false, "print the effective configuration as YAML and exit")
+	f.overrides = map[string]*string{}
+	for _, s := range flagSettings {
+		f.overrides[s.name] = fs.String(s.name, "", s.usage)
+	}
+	return fs
+}
+
+// loadConfig layers defaults, the file, the environment and the flags.
+func loadConfig(args, environ []string) (Config, *flags, []string, error) {
+	f := &flags{}
+	fs := newFlagSet(f)
+	if err := fs.Parse(args); err != nil {
+		return Config{}, nil, nil, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, nil, nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	cfg := defaultConfig()
+	if f.version {
+		return cfg, f, nil, nil
+	}
+	if f.configFile != "" {
+		if err := config.LoadFile(f.configFile, &cfg); err != nil {
+			return Config{}, nil, nil, err
+		}
+	}
+	unknown, err := config.ApplyEnv(envPrefix, environ, &cfg, envPepper, "GATEWAY_ADMIN_TOKEN")
+	if err != nil {
+		return Config{}, nil, nil, err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	for _, s := range flagSettings {
+		if set[s.name] {
+			*s.field(&cfg) = *f.overrides[s.name]
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, nil, nil, fmt.Errorf("invalid configuration: %w", err)
+	}
+	return cfg, f, unknown, nil
+}

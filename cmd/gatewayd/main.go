@@ -1,0 +1,209 @@
+// Command gatewayd is the greenhouse gateway daemon: it takes reading
+// batches from devices over MQTT and HTTP, stores each durably before
+// acknowledging it, and forwards them to the cloud DynamoDB tables.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"gopkg.in/yaml.v3"
+
+	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/internal/cloud"
+	"greenhouse-gateway/uplink"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Environ()))
+}
+
+func run(args, environ []string) int {
+	cfg, fl, unknownEnv, err := loadConfig(args, environ)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gatewayd:", err)
+		return 2
+	}
+	if fl.version {
+		fmt.Println("gatewayd", version)
+		return 0
+	}
+	if fl.printConfig {
+		out, _ := yaml.Marshal(cfg)
+		os.Stdout.Write(out)
+		return 0
+	}
+	logger := newLogger(cfg)
+	for _, name := range unknownEnv {
+		logger.Warn("ignoring environment variable that names no setting", "name", name)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := serve(ctx, cfg, environ, logger); err != nil {
+		logger.Error("gatewayd stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(cfg Config) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+func lookupEnv(environ []string, name string) string {
+	for i := len(environ) - 1; i >= 0; i-- {
+		if len(environ[i]) > len(name) && environ[i][:len(name)+1] == name+"=" {
+			return environ[i][len(name)+1:]
+		}
+	}
+	return ""
+}
+
+// serve runs the gateway until ctx is done.
+//
+// Shutdown order, once ctx is done:
+//  1. the ingest path stops taking batches: MQTT publishes are left
+//     unacknowledged (the device resends) and HTTP answers 503;
+//  2. the MQTT broker closes its listener and client connections, and the
+//     HTTP server stops accepting and lets requests in progress finish;
+//  3. the uplink stops; a request it had in flight is forgotten, and the
+//     batch is sent again after a restart (the cloud marker makes that
+//     harmless);
+//  4. the buffer closes last: commits already queued are written and
+//     answered, then Badger is closed.
+func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logger) error {
+	logger.Info("gatewayd starting", "version", version, "data_dir", cfg.DataDir)
+	pepper, err := cloud.LoadPepper(lookupEnv(environ, envPepper), cfg.APIKeyPepperFile)
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "gateway", Name: "build_info",
+		Help: "Always 1; labelled with the version.", ConstLabels: prometheus.Labels{"version": version}})
+	buildInfo.Set(1)
+	reg.MustRegister(buildInfo)
+
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		return fmt.Errorf("creating data directory: %w", err)
+	}
+	buf, err := buffer.Open(cfg.DataDir, cfg.Buffer, logger, reg)
+	if err != nil {
+		return err
+	}
+	// 4. The buffer closes last, after every other component returned.
+	defer func() {
+		if err := buf.Close(); err != nil {
+			logger.Error("closing the buffer", "err", err)
+		}
+	}()
+
+	tables := cloud.TableNames(cfg.TablePrefix)
+	keysClient, err := cloud.NewClient(ctx, cfg.cloud())
+	if err != nil {
+		return fmt.Errorf("configuring DynamoDB: %w", err)
+	}
+	// The uplink owns retries (forever, with backoff): no SDK retries.
+	uplinkClient, err := cloud.NewClient(ctx, cfg.cloud(), cloud.WithRetryMaxAttempts(1))
+	if err != nil {
+		return fmt.Errorf("configuring DynamoDB: %w", err)
+	}
+
+	auth, err := gateway.NewAuthenticator(cfg.Auth, pepper, cloud.NewKeys(keysClient, tables.APIKeys, pepper), buf, logger, reg)
+	if err != nil {
+		return err
+	}
+	ingest := gateway.NewIngest(cfg.limits(), buf, logger, reg)
+	broker, err := gateway.NewBroker(cfg.MQTT, ingest, auth, logger, reg)
+	if err != nil {
+		return err
+	}
+	probe := func(ctx context.Context) (int, error) {
+		return cloud.ProbeTransactionLimit(ctx, uplinkClient, tables.ProcessedBatches)
+	}
+	up, err := uplink.New(cfg.Uplink, buf, uplinkClient, probe, tables, logger, reg)
+	if err != nil {
+		return err
+	}
+	ready := func() error {
+		if ctx.Err() != nil {
+			return errors.New("shutting down")
+		}
+		return nil
+	}
+	api, err := gateway.NewHTTPServer(cfg.HTTP, ingest, auth,
+		promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ready, logger)
+	if err != nil {
+		return err
+	}
+	if err := broker.Listen(); err != nil {
+		return err
+	}
+	if err := api.Listen(); err != nil {
+		return err
+	}
+	logger.Info("gatewayd ready", "mqtt", broker.Addr(), "http", api.Addr(),
+		"dynamodb", endpointName(cfg.DynamoDBEndpoint), "tables_prefix", cfg.TablePrefix)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		<-gctx.Done()
+		ingest.Stop() // 1.
+		return nil
+	})
+	g.Go(func() error { return broker.Run(gctx) }) // 2.
+	g.Go(func() error { return api.Run(gctx) })    // 2.
+	g.Go(func() error { return up.Run(gctx) })     // 3.
+	g.Go(func() error { return buf.Run(gctx) })
+
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-gctx.Done():
+	}
+	logger.Info("gatewayd stopping", "deadline", cfg.ShutdownTimeout.String())
+	select {
+	case err := <-done:
+		if err != nil {
+			return err
+		}
+		logger.Info("gatewayd stopped")
+		return nil
+	case <-time.After(cfg.ShutdownTimeout):
+		return fmt.Errorf("shutdown did not finish within %s", cfg.ShutdownTimeout)
+	}
+}
+
+func endpointName(e string) string {
+	if e == "" {
+		return "AWS"
+	}
+	return e
+}

@@ -1,0 +1,249 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"greenhouse-gateway/internal/contract"
+)
+
+// MQTTConfig configures the embedded MQTT broker.
+type MQTTConfig struct {
+	// Addr is the TCP listen address. Default ":1883".
+	Addr string `yaml:"addr"`
+	// MaxPacketSize is the largest MQTT packet accepted, in bytes; larger
+	// packets end the connection. Default 262144 (256 KiB).
+	MaxPacketSize uint32 `yaml:"max_packet_size"`
+	// MaxClients caps simultaneous connections. Default 10000.
+	MaxClients int64 `yaml:"max_clients"`
+}
+
+func (c MQTTConfig) withDefaults() MQTTConfig {
+	if c.Addr == "" {
+		c.Addr = ":1883"
+	}
+	if c.MaxPacketSize == 0 {
+		c.MaxPacketSize = 256 << 10
+	}
+	if c.MaxClients == 0 {
+		c.MaxClients = 10000
+	}
+	return c
+}
+
+// Validate reports the first invalid field.
+func (c MQTTConfig) Validate() error {
+	if c.MaxClients < 0 {
+		return errors.New("mqtt.max_clients: must not be negative")
+	}
+	if c.MaxPacketSize != 0 && c.MaxPacketSize < 1024 {
+		return errors.New("mqtt.max_packet_size: must be at least 1024 bytes")
+	}
+	return nil
+}
+
+// Broker is the embedded MQTT broker (mochi-mqtt) wired to the ingest path.
+type Broker struct {
+	cfg      MQTTConfig
+	server   *mqtt.Server
+	listener *listeners.TCP
+	ingest   *Ingest
+	auth     *Authenticator
+	logger   *slog.Logger
+	refused  *prometheus.CounterVec
+}
+
+// NewBroker returns a broker; it does not listen yet.
+func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog.Logger, reg prometheus.Registerer) (*Broker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	logger = logger.With("component", "mqtt")
+	caps := mqtt.NewDefaultServerCapabilities()
+	caps.MaximumPacketSize = cfg.MaxPacketSize
+	caps.MaximumClients = cfg.MaxClients
+	caps.MaximumQos = 1
+	caps.RetainAvailable = 0
+	caps.WildcardSubAvailable = 0
+	caps.SharedSubAvailable = 0
+	caps.MaximumSessionExpiryInterval = 24 * 60 * 60
+	server := mqtt.New(&mqtt.Options{
+		Capabilities: caps,
+		InlineClient: true,
+		// mochi logs every refused connection as a warning; ours are
+		// counted in metrics instead.
+		Logger: slog.New(minLevel{logger.Handler(), slog.LevelError}),
+	})
+	b := &Broker{
+		cfg: cfg, server: server, ingest: ingest, auth: auth, logger: logger,
+		refused: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "mqtt", Name: "connections_refused_total",
+			Help: "MQTT connections refused, by reason (bad_identity, unauthorized, unavailable).",
+		}, []string{"reason"}),
+	}
+	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "gateway", Subsystem: "mqtt", Name: "clients_connected",
+		Help: "MQTT clients connected to the embedded broker.",
+	}, func() float64 { return float64(server.Info.ClientsConnected) })
+	if err := server.AddHook(&hook{b: b}, nil); err != nil {
+		return nil, fmt.Errorf("adding the gateway hook: %w", err)
+	}
+	return b, nil
+}
+
+// Listen binds the TCP listener.
+func (b *Broker) Listen() error {
+	b.listener = listeners.NewTCP(listeners.Config{ID: "tcp", Address: b.cfg.Addr})
+	if err := b.server.AddListener(b.listener); err != nil {
+		return fmt.Errorf("listening for MQTT on %s: %w", b.cfg.Addr, err)
+	}
+	return nil
+}
+
+// Addr returns the bound address (after Listen).
+func (b *Broker) Addr() string { return b.listener.Address() }
+
+// Run serves until ctx is done, then closes the listener and every client
+// connection.
+func (b *Broker) Run(ctx context.Context) error {
+	if b.listener == nil {
+		if err := b.Listen(); err != nil {
+			return err
+		}
+	}
+	if err := b.server.Serve(); err != nil { // does not block
+		return fmt.Errorf("serving MQTT: %w", err)
+	}
+	b.logger.Info("MQTT broker listening", "addr", b.Addr())
+	<-ctx.Done()
+	return b.server.Close()
+}
+
+// publishAck sends one result to the device's ack topic.
+func (b *Broker) publishAck(hw string, ack contract.Ack) {
+	payload, err := json.Marshal(ack)
+	if err != nil {
+		b.logger.Error("encoding an ack", "err", err)
+		return
+	}
+	if err := b.server.Publish(contract.AckTopic(hw), payload, false, 1); err != nil {
+		b.logger.Warn("publishing an ack", "hardware_id", hw, "err", err)
+	}
+}
+
+// hook enforces identity and access and feeds publishes to the ingest path.
+type hook struct {
+	mqtt.HookBase
+	b *Broker
+}
+
+func (h *hook) ID() string { return "gateway" }
+
+func (h *hook) Provides(b byte) bool {
+	return bytes.Contains([]byte{mqtt.OnConnect, mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPublish}, []byte{b})
+}
+
+// OnConnect authenticates: username = hardware_id, password = API key, and
+// the client ID is the hardware_id, optionally followed by "-" and a suffix.
+// Refusals answer CONNACK "not authorized" (or "server unavailable" when the
+// key cannot be checked now) and end the connection.
+func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
+	hw := string(pk.Connect.Username)
+	refuse := func(reason string, code packets.Code) error {
+		h.b.refused.WithLabelValues(reason).Inc()
+		if err := h.b.server.SendConnack(cl, code, false, nil); err != nil {
+			return fmt.Errorf("refusing %s: %w", cl.ID, err)
+		}
+		return code
+	}
+	if contract.ValidHardwareID(hw) != nil || (cl.ID != hw && !strings.HasPrefix(cl.ID, hw+"-")) {
+		return refuse("bad_identity", packets.ErrNotAuthorized)
+	}
+	switch err := h.b.auth.Verify(context.Background(), string(pk.Connect.Password)); {
+	case errors.Is(err, ErrAuthUnavailable):
+		return refuse("unavailable", packets.ErrServerUnavailable)
+	case err != nil:
+		return refuse("unauthorized", packets.ErrNotAuthorized)
+	}
+	return nil
+}
+
+// OnConnectAuthenticate is reached only by clients OnConnect accepted.
+func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool { return true }
+
+// OnACLCheck lets a device publish only to its own register and readings
+// topics and subscribe only to its own ack topic.
+func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
+	hw := string(cl.Properties.Username)
+	if write {
+		return topic == contract.ReadingsTopic(hw) || topic == contract.RegisterTopic(hw)
+	}
+	return topic == contract.AckTopic(hw)
+}
+
+// OnPublish commits a readings batch before mochi sends the PUBACK. Only
+// packets.ErrRejectPacket withholds the PUBACK, so every failure to commit
+// maps to it; success returns CodeSuccessIgnore, which acknowledges without
+// fanning the batch out to subscribers.
+func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if cl.Net.Inline {
+		return pk, nil // our own acks
+	}
+	hw, kind, ok := contract.ParseTopic(pk.TopicName)
+	if !ok || kind != "readings" {
+		// Registration is answered by a later gateway version; until then
+		// it is acknowledged at the MQTT level only.
+		return pk, packets.CodeSuccessIgnore
+	}
+	results, err := h.b.ingest.Readings(context.Background(), TransportMQTT, hw, [][]byte{pk.Payload})
+	if errors.Is(err, ErrShuttingDown) {
+		return pk, packets.ErrRejectPacket
+	}
+	r := results[0]
+	h.b.publishAck(hw, contract.Ack{Type: "readings", BatchID: r.BatchID, Status: r.Status, Reason: r.Reason, Message: r.Message})
+	if err != nil {
+		h.b.logger.Error("commit failed; PUBACK withheld", "hardware_id", hw, "batch_id", r.BatchID, "err", err)
+		return pk, packets.ErrRejectPacket
+	}
+	if r.Reason != nil && *r.Reason == contract.ReasonBufferFull {
+		// Nothing was stored: a QoS 1 device must keep the batch.
+		return pk, packets.ErrRejectPacket
+	}
+	return pk, packets.CodeSuccessIgnore
+}
+
+// minLevel drops records below a level.
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= m.min && m.Handler.Enabled(ctx, l)
+}
+
+func (m minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return minLevel{m.Handler.WithAttrs(attrs), m.min}
+}
+
+func (m minLevel) WithGroup(name string) slog.Handler {
+	return minLevel{m.Handler.WithGroup(name), m.min}
+}
