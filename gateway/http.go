@@ -174,11 +174,7 @@ func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
 	}
 	batches, err := contract.SplitBatches(body)
 	if err != nil {
-		reason := contract.ReasonValidation
-		msg := err.Error()
-		resp := contract.ReadingsResponse{Status: "error", Summary: contract.Summary{Received: 1, Rejected: 1},
-			Results: []contract.Result{{Status: contract.StatusRejected, Reason: &reason, Message: &msg}}}
-		writeJSON(w, http.StatusBadRequest, resp)
+		writeJSON(w, http.StatusBadRequest, contract.RequestErrorResponse(err.Error()))
 		return
 	}
 	payloads := make([][]byte, len(batches))
@@ -193,53 +189,12 @@ func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		h.logger.Error("commit failed; nothing acknowledged", "err", err)
 	}
-	resp, code := readingsResponse(results)
+	resp := contract.NewReadingsResponse(results)
+	code := resp.HTTPStatus()
 	if code == http.StatusInsufficientStorage {
 		w.Header().Set("Retry-After", strconv.Itoa(int(h.cfg.RetryAfter.Seconds())))
 	}
 	writeJSON(w, code, resp)
-}
-
-// readingsResponse builds the contract's answer and its status code: 200
-// when every batch is accepted or a duplicate, 207 when mixed, and when
-// none is: 507 if all hit a full buffer, 409 if all conflict, 400 if all
-// are invalid, 207 for a mix of those.
-func readingsResponse(results []contract.Result) (contract.ReadingsResponse, int) {
-	resp := contract.ReadingsResponse{Results: results}
-	reasons := map[contract.Reason]int{}
-	for _, r := range results {
-		resp.Summary.Received++
-		switch r.Status {
-		case contract.StatusAccepted:
-			resp.Summary.Accepted++
-		case contract.StatusDuplicate:
-			resp.Summary.Duplicates++
-		default:
-			resp.Summary.Rejected++
-			if r.Reason != nil {
-				reasons[*r.Reason]++
-			}
-		}
-	}
-	n := resp.Summary.Received
-	switch {
-	case resp.Summary.Rejected == 0:
-		resp.Status = "ok"
-		return resp, http.StatusOK
-	case resp.Summary.Rejected < n:
-		resp.Status = "partial"
-		return resp, http.StatusMultiStatus
-	}
-	resp.Status = "error"
-	switch {
-	case reasons[contract.ReasonBufferFull] == n:
-		return resp, http.StatusInsufficientStorage
-	case reasons[contract.ReasonConflict] == n:
-		return resp, http.StatusConflict
-	case reasons[contract.ReasonValidation]+reasons[contract.ReasonClockNotSynced] == n:
-		return resp, http.StatusBadRequest
-	}
-	return resp, http.StatusMultiStatus
 }
 
 func (h *HTTPServer) unavailable(w http.ResponseWriter, msg string) {
@@ -247,8 +202,8 @@ func (h *HTTPServer) unavailable(w http.ResponseWriter, msg string) {
 	writeJSON(w, http.StatusServiceUnavailable, errorBody(msg))
 }
 
-func errorBody(msg string) map[string]string {
-	return map[string]string{"status": "error", "message": msg}
+func errorBody(msg string) contract.ReadingsResponse {
+	return contract.RequestErrorResponse(msg)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -169,6 +169,10 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	hw := string(pk.Connect.Username)
 	refuse := func(reason string, code packets.Code) error {
 		h.b.refused.WithLabelValues(reason).Inc()
+		if code == packets.ErrNotAuthorized && cl.Properties.ProtocolVersion < 5 {
+			// mochi maps this one to MQTT 3's return code 5, "not authorized".
+			code = packets.ErrBadUsernameOrPassword
+		}
 		if err := h.b.server.SendConnack(cl, code, false, nil); err != nil {
 			return fmt.Errorf("refusing %s: %w", cl.ID, err)
 		}

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# run.sh is `make run`: a complete local gateway on this machine.
+#
+# It starts AWS DynamoDB Local (in memory), creates the four tables and a
+# development API key, starts gatewayd with its embedded MQTT broker and
+# HTTP API, starts a few simulated devices, and prints where to look.
+# Ctrl-C stops everything. Ports can be changed through the environment:
+# DYNAMODB_PORT (8000), MQTT_PORT (1883), HTTP_PORT (8080), DEVICES (3),
+# INTERVAL (5s).
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "${REPO_ROOT}"
+
+DYNAMODB_PORT="${DYNAMODB_PORT:-8000}"
+MQTT_PORT="${MQTT_PORT:-1883}"
+HTTP_PORT="${HTTP_PORT:-8080}"
+DEVICES="${DEVICES:-3}"
+INTERVAL="${INTERVAL:-5s}"
+RUN_DIR="${REPO_ROOT}/.run"
+ENDPOINT="http://127.0.0.1:${DYNAMODB_PORT}"
+
+mkdir -p "${RUN_DIR}"
+for bin in gatewayd gatewayctl devicesim; do
+	[[ -x "bin/${bin}" ]] || { echo "run.sh: bin/${bin} is missing; use 'make run'" >&2; exit 1; }
+done
+
+pids=()
+cleanup() {
+	trap - INT TERM EXIT
+	echo
+	echo "stopping..."
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+		kill -TERM "${pids[i]}" 2>/dev/null || true
+		wait "${pids[i]}" 2>/dev/null || true
+	done
+	deploy/local/dynamodb-local.sh stop || true
+	echo "stopped. The gateway's buffer stays in ${RUN_DIR}/data; DynamoDB Local kept its tables in memory only."
+}
+trap cleanup INT TERM EXIT
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for p in "${DYNAMODB_PORT}" "${MQTT_PORT}" "${HTTP_PORT}"; do
+	if port_busy "$p"; then
+		echo "run.sh: port $p is already in use; stop what uses it or set DYNAMODB_PORT / MQTT_PORT / HTTP_PORT" >&2
+		exit 1
+	fi
+done
+
+deploy/local/dynamodb-local.sh start "${DYNAMODB_PORT}"
+
+# Development credentials: DynamoDB Local accepts any.
+export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-local}"
+export AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-local}"
+export AWS_REGION="${AWS_REGION:-us-east-1}"
+if [[ -z "${GATEWAY_API_KEY_PEPPER:-}" ]]; then
+	[[ -s "${RUN_DIR}/pepper" ]] || head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"${RUN_DIR}/pepper"
+	GATEWAY_API_KEY_PEPPER="$(cat "${RUN_DIR}/pepper")"
+fi
+export GATEWAY_API_KEY_PEPPER
+
+bin/gatewayctl tables create --dynamodb-endpoint "${ENDPOINT}"
+API_KEY="$(bin/gatewayctl keys create --dynamodb-endpoint "${ENDPOINT}" --description "make run: simulated devices" 2>/dev/null)"
+
+bin/gatewayd --data-dir "${RUN_DIR}/data" --dynamodb-endpoint "${ENDPOINT}" \
+	--mqtt-addr "127.0.0.1:${MQTT_PORT}" --http-addr "127.0.0.1:${HTTP_PORT}" \
+	2> >(tee "${RUN_DIR}/gatewayd.log" >&2) &
+pids+=($!)
+
+for _ in $(seq 1 100); do
+	if curl -fsS "http://127.0.0.1:${HTTP_PORT}/readyz" >/dev/null 2>&1; then break; fi
+	kill -0 "${pids[0]}" 2>/dev/null || { echo "run.sh: gatewayd exited; see ${RUN_DIR}/gatewayd.log" >&2; exit 1; }
+	sleep 0.1
+done
+
+bin/devicesim --mqtt-url "tcp://127.0.0.1:${MQTT_PORT}" --api-key "${API_KEY}" \
+	--devices "${DEVICES}" --interval "${INTERVAL}" 2>"${RUN_DIR}/devicesim.log" &
+pids+=($!)
+
+cat <<EOF
+
+greenhouse-gateway is running.
+  MQTT broker     tcp://127.0.0.1:${MQTT_PORT}   (username = hardware_id, password = API key)
+  HTTP API        http://127.0.0.1:${HTTP_PORT}/v1/readings
+  metrics         http://127.0.0.1:${HTTP_PORT}/metrics
+  health          http://127.0.0.1:${HTTP_PORT}/healthz  /readyz
+  DynamoDB Local  ${ENDPOINT}  (tables devices, device_readings, processed_batches, api_keys)
+  logs            ${RUN_DIR}/gatewayd.log  ${RUN_DIR}/devicesim.log
+  API key         ${API_KEY}
+
+${DEVICES} simulated devices publish a batch every ${INTERVAL}. See the readings arrive in DynamoDB:
+  bin/gatewayctl readings latest --dynamodb-endpoint ${ENDPOINT}
+
+Ctrl-C stops everything.
+EOF
+
+# Wait until Ctrl-C, or until the gateway exits on its own.
+wait "${pids[0]}"

@@ -1,0 +1,91 @@
+package gateway_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/internal/cloud"
+)
+
+func TestAuthenticatorRevocationOutageAndRestart(t *testing.T) {
+	dir := t.TempDir()
+	buf, err := buffer.Open(dir, buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	keys := newFakeKeys()
+	// Refresh on every verification, so revocation shows at once.
+	cfg := gateway.AuthConfig{RefreshInterval: time.Nanosecond, NegativeTTL: time.Hour}
+	auth, err := gateway.NewAuthenticator(cfg, pepper, keys, buf, nil, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	require.NoError(t, auth.Verify(ctx, goodKey))
+	require.ErrorIs(t, auth.Verify(ctx, otherKey), gateway.ErrUnauthorized)
+	hits := keys.hits
+	require.ErrorIs(t, auth.Verify(ctx, otherKey), gateway.ErrUnauthorized)
+	require.Equal(t, hits, keys.hits, "an unknown key is remembered, not looked up again")
+
+	// The table is unreachable: the known key keeps working, even after a
+	// restart of the gateway (the cache is on disk).
+	keys.set(func(f *fakeKeys) { f.down = true })
+	require.NoError(t, auth.Verify(ctx, goodKey))
+	require.NoError(t, buf.Close())
+	buf, err = buffer.Open(dir, buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	defer buf.Close()
+	auth, err = gateway.NewAuthenticator(cfg, pepper, keys, buf, nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, auth.Verify(ctx, goodKey))
+	require.ErrorIs(t, auth.Verify(ctx, otherKey), gateway.ErrAuthUnavailable)
+
+	// Back online, the key is revoked: refused from the next refresh on.
+	keys.set(func(f *fakeKeys) {
+		f.down = false
+		k := f.keys[goodKey]
+		k.Active = false
+		f.keys[goodKey] = k
+	})
+	require.ErrorIs(t, auth.Verify(ctx, goodKey), gateway.ErrUnauthorized)
+	keys.set(func(f *fakeKeys) { f.down = true })
+	require.ErrorIs(t, auth.Verify(ctx, goodKey), gateway.ErrUnauthorized, "revocation is remembered offline")
+}
+
+func TestAuthenticatorSharesConcurrentLookups(t *testing.T) {
+	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	defer buf.Close()
+	slow := &slowKeys{release: make(chan struct{})}
+	auth, err := gateway.NewAuthenticator(gateway.AuthConfig{}, pepper, slow, buf, nil, nil)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := auth.Verify(context.Background(), goodKey); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	require.Eventually(t, func() bool { return slow.calls.Load() >= 1 }, 10*time.Second, time.Millisecond)
+	close(slow.release)
+	wg.Wait()
+	require.EqualValues(t, 1, slow.calls.Load(), "twenty devices reconnecting with one key cost one lookup")
+}
+
+type slowKeys struct {
+	release chan struct{}
+	calls   atomic.Int64
+}
+
+func (s *slowKeys) Lookup(ctx context.Context, raw string) (cloud.KeyInfo, bool, error) {
+	s.calls.Add(1)
+	<-s.release
+	return cloud.KeyInfo{KeyID: "k", Active: true}, true, nil
+}

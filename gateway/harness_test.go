@@ -1,0 +1,234 @@
+package gateway_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	paho "github.com/eclipse/paho.mqtt.golang"
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/internal/cloud"
+	"greenhouse-gateway/internal/contract"
+)
+
+const (
+	pepper   = "test-pepper"
+	goodKey  = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	otherKey = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+)
+
+// fakeKeys is an api_keys table in memory.
+type fakeKeys struct {
+	mu   sync.Mutex
+	keys map[string]cloud.KeyInfo // by raw key
+	down bool
+	hits int
+}
+
+func newFakeKeys() *fakeKeys {
+	return &fakeKeys{keys: map[string]cloud.KeyInfo{
+		goodKey: {KeyID: "k1", Hash: cloud.HashKey(pepper, goodKey), Active: true},
+	}}
+}
+
+func (f *fakeKeys) Lookup(ctx context.Context, raw string) (cloud.KeyInfo, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hits++
+	if f.down {
+		return cloud.KeyInfo{}, false, errors.New("connection refused")
+	}
+	k, ok := f.keys[raw]
+	return k, ok, nil
+}
+
+func (f *fakeKeys) set(fn func(*fakeKeys)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}
+
+// failingStore fails every commit, as a dying disk would.
+type failingStore struct{}
+
+func (failingStore) Commit(context.Context, []buffer.Entry) ([]buffer.Outcome, error) {
+	return nil, errors.New("injected: input/output error")
+}
+
+type harness struct {
+	buf      *buffer.Buffer
+	keys     *fakeKeys
+	mqttAddr string
+	httpURL  string
+}
+
+// startGateway runs the broker and HTTP API on loopback ports over a real
+// buffer. A non-nil store replaces the buffer for commits.
+func startGateway(t *testing.T, store gateway.Committer) *harness {
+	t.Helper()
+	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, buf.Close()) })
+	if store == nil {
+		store = buf
+	}
+	reg := prometheus.NewRegistry()
+	keys := newFakeKeys()
+	auth, err := gateway.NewAuthenticator(gateway.AuthConfig{}, pepper, keys, buf, nil, reg)
+	require.NoError(t, err)
+	ingest := gateway.NewIngest(contract.DefaultLimits(), store, nil, reg)
+	broker, err := gateway.NewBroker(gateway.MQTTConfig{Addr: "127.0.0.1:0"}, ingest, auth, nil, reg)
+	require.NoError(t, err)
+	require.NoError(t, broker.Listen())
+	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0", MaxBodyBytes: 64 << 10}, ingest, auth,
+		promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), func() error { return nil }, nil)
+	require.NoError(t, err)
+	require.NoError(t, api.Listen())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, run := range []func(context.Context) error{broker.Run, api.Run} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := run(ctx); err != nil {
+				t.Errorf("gateway component: %v", err)
+			}
+		}()
+	}
+	t.Cleanup(func() {
+		ingest.Stop()
+		cancel()
+		wg.Wait()
+	})
+	return &harness{buf: buf, keys: keys, mqttAddr: "tcp://" + broker.Addr(), httpURL: "http://" + api.Addr()}
+}
+
+// device is a real MQTT client (paho) that collects its acks.
+type device struct {
+	hw     string
+	client paho.Client
+	acks   chan contract.Ack
+}
+
+func connectDevice(t *testing.T, h *harness, hw, key string) (*device, error) {
+	t.Helper()
+	d := &device{hw: hw, acks: make(chan contract.Ack, 100)}
+	opts := paho.NewClientOptions().AddBroker(h.mqttAddr).SetClientID(hw).
+		SetUsername(hw).SetPassword(key).SetAutoReconnect(false).SetConnectRetry(false).
+		SetConnectTimeout(10 * time.Second).SetCleanSession(true)
+	d.client = paho.NewClient(opts)
+	tok := d.client.Connect()
+	if !tok.WaitTimeout(20 * time.Second) {
+		return nil, errors.New("connect timed out")
+	}
+	if err := tok.Error(); err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { d.client.Disconnect(100) })
+	sub := d.client.Subscribe(contract.AckTopic(hw), 1, func(_ paho.Client, m paho.Message) {
+		var a contract.Ack
+		if err := json.Unmarshal(m.Payload(), &a); err != nil {
+			t.Errorf("ack is not JSON: %s", m.Payload())
+			return
+		}
+		d.acks <- a
+	})
+	require.True(t, sub.WaitTimeout(20*time.Second))
+	require.NoError(t, sub.Error())
+	return d, nil
+}
+
+// publish sends a readings payload at QoS 1 and returns the token that
+// completes on PUBACK.
+func (d *device) publish(payload []byte) paho.Token {
+	return d.client.Publish(contract.ReadingsTopic(d.hw), 1, false, payload)
+}
+
+func (d *device) nextAck(t *testing.T) contract.Ack {
+	t.Helper()
+	select {
+	case a := <-d.acks:
+		return a
+	case <-time.After(20 * time.Second):
+		t.Fatal("no ack within 20s")
+		return contract.Ack{}
+	}
+}
+
+// batchJSON builds a valid batch of n readings, one second apart, ending now.
+func batchJSON(hw, bootID string, window int, n int) []byte {
+	end := time.Now().Add(-time.Minute).UnixMilli()
+	start := end - int64(n)*1000
+	b := map[string]any{
+		"batch_id":         fmt.Sprintf("%s_%s_%d_%d", hw, bootID, start+int64(window), end+int64(window)),
+		"hardware_id":      hw,
+		"boot_id":          bootID,
+		"firmware_version": "1.0.16",
+	}
+	var readings []map[string]any
+	for i := range n {
+		readings = append(readings, map[string]any{
+			"timestamp_ms":  start + int64(i+1)*1000,
+			"sensors":       map[string]any{"bme280_temp_c": 20.5 + float64(i), "humidity_pct": 45.2},
+			"sensor_status": map[string]string{"bme280": "ok"},
+		})
+	}
+	b["readings"] = readings
+	out, _ := json.Marshal(b)
+	return out
+}
+
+func newBoot() string { return uuid.NewString() }
+
+func postJSON(t *testing.T, url, key string, body []byte) (*http.Response, contract.ReadingsResponse) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	require.NoError(t, err)
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out contract.ReadingsResponse
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	return resp, out
+}
+
+// reorder re-encodes a JSON object with its top-level keys in reverse
+// order and indented: the same payload, other bytes.
+func reorder(t *testing.T, payload []byte) []byte {
+	t.Helper()
+	var m map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(payload, &m))
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(keys)))
+	var b bytes.Buffer
+	b.WriteString("{\n")
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(",\n")
+		}
+		fmt.Fprintf(&b, "  %q: %s", k, m[k])
+	}
+	b.WriteString("\n}")
+	return b.Bytes()
+}
