@@ -200,12 +200,12 @@ func (f *freeSpace) bytes() (uint64, bool) {
 }
 
 // badgerLogger sends Badger's log lines to slog; its info chatter goes to
-// debug.
+// debug and its debug lines are dropped.
 type badgerLogger struct{ l *slog.Logger }
 
 func (b badgerLogger) Errorf(f string, a ...any) { b.l.Error(strings.TrimSpace(fmt.Sprintf(f, a...))) }
 func (b badgerLogger) Warningf(f string, a ...any) {
 	b.l.Warn(strings.TrimSpace(fmt.Sprintf(f, a...)))
 }
-func (b badgerLogger) Infof(f string, a ...any)  { b.l.Debug(strings.TrimSpace(fmt.Sprintf(f, a...))) }
-func (b badgerLogger) Debugf(f string, a ...any) { b.l.Debug(strings.TrimSpace(fmt.Sprintf(f, a...))) }
+func (b badgerLogger) Infof(f string, a ...any) { b.l.Debug(strings.TrimSpace(fmt.Sprintf(f, a...))) }
+func (b badgerLogger) Debugf(string, ...any)    {}

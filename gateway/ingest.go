@@ -120,7 +120,7 @@ func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloa
 		canon := b.Canonical()
 		entries = append(entries, buffer.Entry{
 			BatchID: b.BatchID, HardwareID: b.HardwareID,
-			Hash: contract.PayloadHash(canon), Payload: canon, ReceivedAt: now,
+			Hash: b.IdentityHash(), Payload: canon, ReceivedAt: now,
 		})
 		idx = append(idx, i)
 		results[i].BatchID = b.BatchID
