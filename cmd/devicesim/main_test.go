@@ -1,0 +1,149 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/internal/devicesim"
+)
+
+func noEnv(string) string { return "" }
+
+func TestParseFlags(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		check   func(t *testing.T, cfg devicesim.Config)
+		wantErr string
+	}{
+		{
+			name: "defaults are MQTT on localhost",
+			args: []string{"--api-key", "k"},
+			check: func(t *testing.T, cfg devicesim.Config) {
+				require.Equal(t, "tcp://127.0.0.1:1883", cfg.MQTTURL)
+				require.Empty(t, cfg.HTTPURL)
+				require.Equal(t, 3, cfg.Devices)
+				require.Equal(t, "02:00:00:00:00:01", cfg.FirstMAC)
+				require.Equal(t, 5*time.Second, cfg.Interval)
+				require.Equal(t, 5, cfg.Readings)
+				require.Equal(t, 1, cfg.QoS)
+				require.Equal(t, 1, cfg.MaxInflight)
+				require.Equal(t, "1.0.16", cfg.FirmwareVersion)
+				require.Zero(t, cfg.Batches)
+				require.Zero(t, cfg.Duration)
+			},
+		},
+		{
+			name: "http instead of mqtt",
+			args: []string{"--http-url", "http://127.0.0.1:8080", "--api-key", "k", "--devices", "7",
+				"--first-mac", "aa:00:00:00:00:01", "--interval", "250ms", "--readings", "10", "--batches", "4",
+				"--duration", "1m", "--qos", "0", "--seed", "9", "--report", "r.jsonl", "--max-inflight", "2",
+				"--firmware-version", "2.0.0"},
+			check: func(t *testing.T, cfg devicesim.Config) {
+				require.Empty(t, cfg.MQTTURL)
+				require.Equal(t, "http://127.0.0.1:8080", cfg.HTTPURL)
+				require.Equal(t, 7, cfg.Devices)
+				require.Equal(t, "aa:00:00:00:00:01", cfg.FirstMAC)
+				require.Equal(t, 250*time.Millisecond, cfg.Interval)
+				require.Equal(t, 10, cfg.Readings)
+				require.Equal(t, 4, cfg.Batches)
+				require.Equal(t, time.Minute, cfg.Duration)
+				require.Equal(t, 0, cfg.QoS)
+				require.Equal(t, uint64(9), cfg.Seed)
+				require.Equal(t, "r.jsonl", cfg.ReportPath)
+				require.Equal(t, 2, cfg.MaxInflight)
+				require.Equal(t, "2.0.0", cfg.FirmwareVersion)
+			},
+		},
+		{
+			name: "api key from the environment",
+			args: nil,
+			env:  map[string]string{"DEVICESIM_API_KEY": "from-env"},
+			check: func(t *testing.T, cfg devicesim.Config) {
+				require.Equal(t, "from-env", cfg.APIKey)
+			},
+		},
+		{
+			name: "flag wins over the environment",
+			args: []string{"--api-key", "flag"},
+			env:  map[string]string{"DEVICESIM_API_KEY": "from-env"},
+			check: func(t *testing.T, cfg devicesim.Config) {
+				require.Equal(t, "flag", cfg.APIKey)
+			},
+		},
+		{name: "no key", args: nil, wantErr: "api key"},
+		{name: "both transports", args: []string{"--api-key", "k", "--mqtt-url", "tcp://a:1883", "--http-url", "http://a"}, wantErr: "only one"},
+		{name: "qos 2", args: []string{"--api-key", "k", "--qos", "2"}, wantErr: "qos"},
+		{name: "unknown flag", args: []string{"--api-key", "k", "--nope"}, wantErr: "not defined"},
+		{name: "stray argument", args: []string{"--api-key", "k", "extra"}, wantErr: "unexpected arguments"},
+		{name: "bad log level", args: []string{"--api-key", "k", "--log-level", "loud"}, wantErr: "log-level"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			getenv := func(k string) string { return tt.env[k] }
+			cfg, _, err := parseFlags(tt.args, getenv, &bytes.Buffer{})
+			if tt.wantErr != "" {
+				require.ErrorContains(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			tt.check(t, cfg)
+		})
+	}
+}
+
+func TestRunExitCodes(t *testing.T) {
+	var stderr bytes.Buffer
+	require.Equal(t, 2, run([]string{"--devices", "0", "--api-key", "k"}, noEnv, &stderr), "bad flags")
+	require.Contains(t, stderr.String(), "devices")
+	require.Equal(t, 0, run([]string{"-h"}, noEnv, &bytes.Buffer{}), "help")
+
+	missing := filepath.Join(t.TempDir(), "no", "such", "dir", "report.jsonl")
+	require.Equal(t, 1, run([]string{"--http-url", "http://127.0.0.1:1", "--api-key", "k", "--report", missing},
+		noEnv, &bytes.Buffer{}), "setup error: the report cannot be created")
+}
+
+func TestRunHTTP(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/v1/register" {
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"type":"register","status":"registered","confirmation_id":"550e8400-e29b-41d4-a716-446655440000"}`))
+			return
+		}
+		var b struct {
+			BatchID string `json:"batch_id"`
+		}
+		buf := new(bytes.Buffer)
+		_, _ = buf.ReadFrom(r.Body)
+		_ = json.Unmarshal(buf.Bytes(), &b)
+		_, _ = w.Write([]byte(`{"status":"ok","summary":{"received":1,"accepted":1,"duplicates":0,"rejected":0},` +
+			`"results":[{"batch_id":"` + b.BatchID + `","status":"accepted","reason":null,"message":null}]}`))
+	}))
+	defer srv.Close()
+
+	report := filepath.Join(t.TempDir(), "report.jsonl")
+	var stderr bytes.Buffer
+	code := run([]string{"--http-url", srv.URL, "--devices", "2", "--interval", "20ms", "--batches", "2",
+		"--report", report}, func(k string) string {
+		if k == "DEVICESIM_API_KEY" {
+			return "k"
+		}
+		return ""
+	}, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	require.Contains(t, stderr.String(), "final summary")
+	data, err := os.ReadFile(report)
+	require.NoError(t, err)
+	require.Len(t, strings.Split(strings.TrimSpace(string(data)), "\n"), 4)
+}

@@ -1,0 +1,190 @@
+package devicesim
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/internal/contract"
+)
+
+// fakeLink is a link whose sends the test reads and answers by hand.
+type fakeLink struct {
+	events chan<- event
+
+	mu     sync.Mutex
+	down   bool // Send and Register fail with errNotConnected
+	sends  []sentBatch
+	regs   int
+	closed bool
+	unsent int // index of the first send the test has not taken yet
+}
+
+type sentBatch struct {
+	id    string
+	batch contract.Batch
+}
+
+func (f *fakeLink) Register([]byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		return errNotConnected
+	}
+	f.regs++
+	return nil
+}
+
+func (f *fakeLink) Send(batchID string, payload []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		return errNotConnected
+	}
+	var b contract.Batch
+	if err := json.Unmarshal(payload, &b); err != nil {
+		panic(err) // the test fails with the stack
+	}
+	f.sends = append(f.sends, sentBatch{id: batchID, batch: b})
+	return nil
+}
+
+func (f *fakeLink) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	return nil
+}
+
+// take returns the sends made since the last call.
+func (f *fakeLink) take() []sentBatch {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := f.sends[f.unsent:]
+	f.unsent = len(f.sends)
+	return out
+}
+
+func (f *fakeLink) registrations() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.regs
+}
+
+func (f *fakeLink) setDown(down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = down
+}
+
+// testHarness runs one device over a fakeLink.
+type testHarness struct {
+	t      testing.TB
+	link   *fakeLink
+	events chan<- event
+	dev    *device
+	report string
+	done   chan DeviceStats
+}
+
+// testConfig is a small, fast configuration for device tests.
+func testConfig() Config {
+	cfg := DefaultConfig()
+	cfg.HTTPURL = "http://gateway.invalid"
+	cfg.APIKey = "test-key"
+	cfg.Devices = 1
+	cfg.Interval = time.Second
+	cfg.Readings = 5
+	cfg.AckTimeout = 10 * time.Second
+	cfg.RetryMin = time.Second
+	cfg.RetryMax = 8 * time.Second
+	cfg.DrainTimeout = time.Minute
+	cfg.SummaryInterval = 0
+	cfg.Seed = 42
+	return cfg
+}
+
+func testLogger(tb testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// newTestGenerator returns a generator for hardware id 02:00:00:00:00:01 booted at boot.
+func newTestGenerator(cfg *Config, boot time.Time) *generator {
+	return newGenerator("02:00:00:00:00:01", "7c9e6679-7425-40de-944b-e07fc1f90ae7", "sim-01",
+		cfg, boot, rand.New(rand.NewPCG(cfg.Seed, 0)))
+}
+
+// startDevice starts a device over a fakeLink; the dial delivers evConnected at once unless
+// connected is false. Call it inside a synctest bubble.
+func startDevice(t *testing.T, ctx context.Context, cfg Config, connected bool) *testHarness {
+	t.Helper()
+	require.NoError(t, cfg.Validate())
+	h := &testHarness{t: t, link: &fakeLink{}, done: make(chan DeviceStats, 1)}
+	h.report = filepath.Join(t.TempDir(), "report.jsonl")
+	report, err := createReport(h.report)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = report.close() })
+
+	dial := func(ctx context.Context, _ string, events chan<- event) (link, error) {
+		h.link.events = events
+		h.events = events
+		if connected {
+			events <- event{kind: evConnected}
+		}
+		return h.link, nil
+	}
+	c := cfg
+	d, err := newDevice(&c, testLogger(t), newTestGenerator(&c, time.Now()), dial, report,
+		rand.New(rand.NewPCG(1, 2)), time.Now)
+	require.NoError(t, err)
+	h.dev = d
+	go func() {
+		st, err := d.run(ctx)
+		if err != nil {
+			t.Errorf("device run: %v", err)
+		}
+		if err := report.close(); err != nil {
+			t.Errorf("closing report: %v", err)
+		}
+		h.done <- st
+	}()
+	return h
+}
+
+// send delivers an event to the device.
+func (h *testHarness) send(ev event) { h.events <- ev }
+
+func (h *testHarness) ack(batchID string, status contract.Status, reason *contract.Reason) {
+	h.send(event{kind: evAck, ack: contract.Ack{Type: contract.AckTypeReadings, BatchID: batchID, Status: status, Reason: reason}})
+}
+
+func (h *testHarness) registered() {
+	h.send(event{kind: evAck, ack: contract.Ack{Type: contract.AckTypeRegister, Status: contract.StatusRegistered,
+		ConfirmationID: "550e8400-e29b-41d4-a716-446655440000"}})
+}
+
+// wait waits for the device to stop and returns its counters and report.
+func (h *testHarness) wait() (DeviceStats, []ReportLine) {
+	h.t.Helper()
+	st := <-h.done
+	f, err := os.Open(h.report)
+	require.NoError(h.t, err)
+	defer f.Close()
+	lines, err := ReadReport(f)
+	require.NoError(h.t, err)
+	return st, lines
+}
+
+func reasonPtr(r contract.Reason) *contract.Reason { return &r }

@@ -1,0 +1,295 @@
+package devicesim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/internal/contract"
+)
+
+// fakeGateway mimics the gateway's device HTTP API as the contract describes it. The first
+// readings request of each device is answered 507 with Retry-After; later ones are stored
+// and answered 200, "duplicate" for a batch already stored with the same content.
+type fakeGateway struct {
+	t      testing.TB
+	apiKey string
+
+	mu           sync.Mutex
+	registered   map[string]string           // hardware_id -> confirmation_id
+	stored       map[string]string           // batch_id -> IdentityHash
+	full         map[string]time.Time        // hardware_id -> time of its 507
+	retryGap     map[string]time.Duration    // hardware_id -> time from the 507 to the next try
+	firstByBatch map[string]contract.Reading // batch_id -> first reading as stored
+}
+
+func newFakeGateway(t testing.TB, apiKey string) *fakeGateway {
+	return &fakeGateway{t: t, apiKey: apiKey,
+		registered: map[string]string{}, stored: map[string]string{},
+		full: map[string]time.Time{}, retryGap: map[string]time.Duration{},
+		firstByBatch: map[string]contract.Reading{}}
+}
+
+func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	if r.Header.Get("Authorization") != "Bearer "+g.apiKey {
+		writeJSON(w, http.StatusUnauthorized, contract.RequestErrorResponse("unknown api key"))
+		return
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch r.URL.Path {
+	case "/v1/register":
+		reg, err := contract.DecodeRegistration(body, "")
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, contract.RegisterAck("", err))
+			return
+		}
+		code := http.StatusOK
+		if _, ok := g.registered[reg.HardwareID]; !ok {
+			g.registered[reg.HardwareID] = uuid.NewString()
+			code = http.StatusCreated
+		}
+		writeJSON(w, code, contract.RegisterAck(g.registered[reg.HardwareID], nil))
+	case "/v1/readings":
+		b, err := contract.DecodeBatch(body, "", contract.Limits{}, time.Now())
+		if err != nil {
+			resp := contract.NewReadingsResponse([]contract.Result{contract.NewResult("", "", err)})
+			writeJSON(w, resp.HTTPStatus(), resp)
+			return
+		}
+		if _, ok := g.registered[b.HardwareID]; !ok {
+			g.t.Errorf("readings from %s before its registration", b.HardwareID)
+		}
+		at, wasFull := g.full[b.HardwareID]
+		if !wasFull {
+			g.full[b.HardwareID] = time.Now()
+			reason, msg := contract.ReasonBufferFull, "buffer full, retry later"
+			resp := contract.NewReadingsResponse([]contract.Result{
+				{BatchID: b.BatchID, Status: contract.StatusRejected, Reason: &reason, Message: &msg}})
+			w.Header().Set("Retry-After", "1")
+			writeJSON(w, resp.HTTPStatus(), resp)
+			return
+		}
+		if _, ok := g.retryGap[b.HardwareID]; !ok {
+			g.retryGap[b.HardwareID] = time.Since(at)
+		}
+		id := b.IdentityHash()
+		hash := string(id[:])
+		status := contract.StatusAccepted
+		if prev, ok := g.stored[b.BatchID]; ok {
+			if prev != hash {
+				g.t.Errorf("batch %s re-sent with other content", b.BatchID)
+			}
+			status = contract.StatusDuplicate
+		}
+		g.stored[b.BatchID] = hash
+		g.firstByBatch[b.BatchID] = b.Readings[0]
+		resp := contract.NewReadingsResponse([]contract.Result{contract.NewResult(b.BatchID, status, nil)})
+		writeJSON(w, resp.HTTPStatus(), resp)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func TestHTTPModeAgainstGateway(t *testing.T) {
+	gw := newFakeGateway(t, "secret")
+	srv := httptest.NewServer(gw)
+	t.Cleanup(srv.Close)
+
+	cfg := DefaultConfig()
+	cfg.HTTPURL = srv.URL
+	cfg.APIKey = "secret"
+	cfg.Devices = 2
+	cfg.Interval = 50 * time.Millisecond
+	cfg.Readings = 5
+	cfg.Batches = 3
+	cfg.RetryMin = 10 * time.Millisecond
+	cfg.RetryMax = 100 * time.Millisecond
+	cfg.AckTimeout = 5 * time.Second
+	cfg.DrainTimeout = 10 * time.Second
+	cfg.Seed = 1
+	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
+
+	sim, err := New(cfg, testLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, sim.Run(ctx))
+	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+
+	f, err := os.Open(cfg.ReportPath)
+	require.NoError(t, err)
+	defer f.Close()
+	lines, err := ReadReport(f)
+	require.NoError(t, err)
+	require.Len(t, lines, 6, "every batch got a final answer")
+
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	require.Len(t, gw.registered, 2)
+	require.Len(t, gw.stored, 6)
+	perDevice := map[string][]uint64{}
+	for _, l := range lines {
+		require.Equal(t, "accepted", l.Status, "the 507 was retried, not final")
+		require.Contains(t, gw.stored, l.BatchID)
+		require.Equal(t, 5, l.Readings)
+		require.Equal(t, gw.firstByBatch[l.BatchID].TimestampMS, l.FirstTimestampMS)
+		perDevice[l.HardwareID] = append(perDevice[l.HardwareID], l.Seq)
+	}
+	require.Equal(t, sim.HardwareIDs(), []string{"02:00:00:00:00:01", "02:00:00:00:00:02"})
+	for _, hw := range sim.HardwareIDs() {
+		seqs := perDevice[hw]
+		sort.Slice(seqs, func(i, j int) bool { return seqs[i] < seqs[j] })
+		require.Equal(t, []uint64{0, 1, 2}, seqs, hw)
+		require.GreaterOrEqual(t, gw.retryGap[hw], 990*time.Millisecond, "Retry-After: 1 is honoured by %s", hw)
+	}
+
+	stats := sim.Stats()
+	require.Len(t, stats, 2)
+	for _, st := range stats {
+		require.True(t, st.Registered)
+		require.Equal(t, 3, st.Built)
+		require.Equal(t, 3, st.Accepted)
+		require.Equal(t, 1, st.Retried["buffer_full"])
+		require.Zero(t, st.Pending)
+	}
+}
+
+func TestHTTPModeWrongKeyKeepsBatches(t *testing.T) {
+	srv := httptest.NewServer(newFakeGateway(t, "secret"))
+	t.Cleanup(srv.Close)
+
+	cfg := DefaultConfig()
+	cfg.HTTPURL = srv.URL
+	cfg.APIKey = "wrong"
+	cfg.Devices = 1
+	cfg.Interval = 20 * time.Millisecond
+	cfg.Batches = 2
+	cfg.RetryMin = 10 * time.Millisecond
+	cfg.RetryMax = 50 * time.Millisecond
+	cfg.DrainTimeout = 300 * time.Millisecond
+	sim, err := New(cfg, testLogger(t))
+	require.NoError(t, err)
+	require.NoError(t, sim.Run(t.Context()), "a refused key is not a setup error")
+	st := sim.Stats()[0]
+	require.False(t, st.Registered)
+	require.Equal(t, 2, st.Pending, "firmware keeps its data while the key is refused")
+	require.Positive(t, st.Retried["transport"])
+	require.Empty(t, st.Rejected)
+}
+
+func TestReadingsEvent(t *testing.T) {
+	const id = "02:00:00:00:00:01_b_1_2"
+	now := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
+	result := func(status contract.Status, reason contract.Reason) []byte {
+		r := contract.Result{BatchID: id, Status: status}
+		if reason != "" {
+			r.Reason = &reason
+		}
+		b, err := json.Marshal(contract.NewReadingsResponse([]contract.Result{r}))
+		require.NoError(t, err)
+		return b
+	}
+	tests := []struct {
+		name       string
+		code       int
+		retryAfter string
+		body       []byte
+		wantKind   eventKind
+		wantStatus contract.Status
+		wantReason string
+		wantWait   time.Duration
+		wantErr    error
+	}{
+		{name: "200 accepted", code: 200, body: result(contract.StatusAccepted, ""),
+			wantKind: evAck, wantStatus: contract.StatusAccepted},
+		{name: "200 duplicate", code: 200, body: result(contract.StatusDuplicate, ""),
+			wantKind: evAck, wantStatus: contract.StatusDuplicate},
+		{name: "507 with result", code: 507, retryAfter: "7", body: result(contract.StatusRejected, contract.ReasonBufferFull),
+			wantKind: evAck, wantStatus: contract.StatusRejected, wantReason: "buffer_full", wantWait: 7 * time.Second},
+		{name: "400 with result", code: 400, body: result(contract.StatusRejected, contract.ReasonValidation),
+			wantKind: evAck, wantStatus: contract.StatusRejected, wantReason: "validation_error"},
+		{name: "409 with result", code: 409, body: result(contract.StatusRejected, contract.ReasonConflict),
+			wantKind: evAck, wantStatus: contract.StatusRejected, wantReason: "conflict"},
+		{name: "other batch's result", code: 200, body: []byte(`{"status":"ok","results":[{"batch_id":"x","status":"accepted"}]}`),
+			wantKind: evSendFailed},
+		{name: "507 without body", code: 507, retryAfter: "3", wantKind: evSendFailed, wantWait: 3 * time.Second},
+		{name: "503 shutting down", code: 503, retryAfter: "2", body: []byte(`{"status":"error","results":[],"message":"shutting down"}`),
+			wantKind: evSendFailed, wantWait: 2 * time.Second},
+		{name: "429", code: 429, retryAfter: "1", wantKind: evSendFailed, wantWait: time.Second},
+		{name: "502 from a proxy", code: 502, body: []byte("<html>bad gateway</html>"), wantKind: evSendFailed},
+		{name: "401", code: 401, body: []byte(`{"status":"error","results":[],"message":"bad key"}`),
+			wantKind: evSendFailed, wantErr: errUnauthorized},
+		{name: "413", code: 413, body: []byte(`{"status":"error","results":[],"message":"too large"}`),
+			wantKind: evAck, wantStatus: contract.StatusRejected, wantReason: "http_413"},
+		{name: "400 without results", code: 400, body: []byte(`{"status":"error","results":[],"message":"unreadable"}`),
+			wantKind: evAck, wantStatus: contract.StatusRejected, wantReason: "validation_error"},
+		{name: "404", code: 404, body: []byte("404 page not found"),
+			wantKind: evAck, wantStatus: contract.StatusRejected, wantReason: "http_404"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ev := readingsEvent(id, tt.code, tt.retryAfter, tt.body, now)
+			require.Equal(t, tt.wantKind, ev.kind)
+			require.Equal(t, tt.wantWait, ev.retryAfter)
+			switch ev.kind {
+			case evAck:
+				require.Equal(t, contract.AckTypeReadings, ev.ack.Type)
+				require.Equal(t, id, ev.ack.BatchID)
+				require.Equal(t, tt.wantStatus, ev.ack.Status)
+				require.Equal(t, tt.wantReason, reasonOf(ev.ack.Reason))
+			case evSendFailed:
+				require.Equal(t, id, ev.batchID)
+				require.Error(t, ev.err)
+				if tt.wantErr != nil {
+					require.True(t, errors.Is(ev.err, tt.wantErr))
+				}
+			}
+		})
+	}
+}
+
+func TestRegisterEvent(t *testing.T) {
+	ev := registerEvent(201, []byte(`{"type":"register","status":"registered","confirmation_id":"550e8400-e29b-41d4-a716-446655440000"}`))
+	require.Equal(t, evAck, ev.kind)
+	require.Equal(t, contract.StatusRegistered, ev.ack.Status)
+	require.Equal(t, "550e8400-e29b-41d4-a716-446655440000", ev.ack.ConfirmationID)
+
+	ev = registerEvent(200, nil)
+	require.Equal(t, contract.StatusRegistered, ev.ack.Status, "200 confirms even without a body")
+
+	ev = registerEvent(400, []byte(`{"type":"register","status":"rejected","reason":"validation_error","message":"boot_id: bad"}`))
+	require.Equal(t, evAck, ev.kind)
+	require.Equal(t, contract.StatusRejected, ev.ack.Status)
+
+	ev = registerEvent(401, nil)
+	require.Equal(t, evRegisterFailed, ev.kind)
+	require.ErrorIs(t, ev.err, errUnauthorized)
+}

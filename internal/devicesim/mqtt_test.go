@@ -1,0 +1,241 @@
+package devicesim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/internal/contract"
+)
+
+// ackingHook makes an in-process mochi broker answer like the gateway: it authenticates devices
+// by hardware_id and API key, confines them to their own topics, acks registrations, answers
+// the first batch of each device with buffer_full and stores the rest.
+type ackingHook struct {
+	mochi.HookBase
+	t      testing.TB
+	apiKey string
+	server *mochi.Server
+
+	mu       sync.Mutex
+	full     map[string]bool   // hardware_id -> got its buffer_full
+	stored   map[string]bool   // batch_id
+	registry map[string]string // hardware_id -> boot_id
+}
+
+func (h *ackingHook) ID() string { return "acking" }
+
+func (h *ackingHook) Provides(b byte) bool {
+	return bytes.Contains([]byte{mochi.OnConnectAuthenticate, mochi.OnACLCheck, mochi.OnPublished}, []byte{b})
+}
+
+func (h *ackingHook) OnConnectAuthenticate(cl *mochi.Client, pk packets.Packet) bool {
+	return string(pk.Connect.Username) == cl.ID && string(pk.Connect.Password) == h.apiKey
+}
+
+func (h *ackingHook) OnACLCheck(cl *mochi.Client, topic string, write bool) bool {
+	if cl.Net.Inline {
+		return true
+	}
+	if write {
+		return strings.HasPrefix(topic, "devices/"+cl.ID+"/")
+	}
+	return topic == contract.AckTopic(cl.ID)
+}
+
+func (h *ackingHook) OnPublished(cl *mochi.Client, pk packets.Packet) {
+	if cl.Net.Inline {
+		return
+	}
+	hw, kind, ok := contract.ParseTopic(pk.TopicName)
+	if !ok {
+		h.t.Errorf("publish on %s", pk.TopicName)
+		return
+	}
+	var ack contract.Ack
+	h.mu.Lock()
+	switch kind {
+	case contract.KindRegister:
+		reg, err := contract.DecodeRegistration(pk.Payload, hw)
+		if err == nil {
+			h.registry[hw] = reg.BootID
+		}
+		ack = contract.RegisterAck("550e8400-e29b-41d4-a716-446655440000", err)
+	case contract.KindReadings:
+		b, err := contract.DecodeBatch(pk.Payload, hw, contract.Limits{}, time.Now())
+		switch {
+		case err != nil:
+			ack = contract.ReadingsAck("", "", err)
+		case !h.full[hw]:
+			h.full[hw] = true
+			ack = contract.ReadingsAck(b.BatchID, "", contract.NewError(contract.ReasonBufferFull, "", "buffer full"))
+		case h.stored[b.BatchID]:
+			ack = contract.ReadingsAck(b.BatchID, contract.StatusDuplicate, nil)
+		default:
+			h.stored[b.BatchID] = true
+			ack = contract.ReadingsAck(b.BatchID, contract.StatusAccepted, nil)
+		}
+	}
+	server := h.server
+	h.mu.Unlock()
+	payload, err := json.Marshal(ack)
+	if err != nil {
+		h.t.Errorf("encoding ack: %v", err)
+		return
+	}
+	if err := server.Publish(contract.AckTopic(hw), payload, false, 1); err != nil {
+		h.t.Errorf("publishing ack: %v", err)
+	}
+}
+
+func startBroker(t *testing.T, apiKey string) (func(), *ackingHook, string) {
+	t.Helper()
+	hook := &ackingHook{t: t, apiKey: apiKey,
+		full: map[string]bool{}, stored: map[string]bool{}, registry: map[string]string{}}
+	closeServer, addr := startBrokerAt(t, hook, "127.0.0.1:0")
+	return closeServer, hook, "tcp://" + addr
+}
+
+// startBrokerAt starts a broker on addr whose answers come from hook. Its close function is
+// idempotent (mochi's Close is not).
+func startBrokerAt(t *testing.T, hook *ackingHook, addr string) (func(), string) {
+	t.Helper()
+	server := mochi.New(&mochi.Options{InlineClient: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	hook.mu.Lock()
+	hook.server = server
+	hook.mu.Unlock()
+	require.NoError(t, server.AddHook(hook, nil))
+	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr})
+	require.NoError(t, server.AddListener(tcp))
+	require.NoError(t, server.Serve())
+	closeServer := sync.OnceFunc(func() { _ = server.Close() })
+	t.Cleanup(closeServer)
+	return closeServer, tcp.Address()
+}
+
+// TestMQTTModeAgainstBroker is a smoke test of the MQTT link: credentials, ack subscription
+// before the first publish, acks matched by batch_id, buffer_full retried. The gateway's own
+// integration tests run the simulator against the real ingest path.
+func TestMQTTModeAgainstBroker(t *testing.T) {
+	_, hook, url := startBroker(t, "secret")
+
+	cfg := DefaultConfig()
+	cfg.MQTTURL = url
+	cfg.APIKey = "secret"
+	cfg.Devices = 2
+	cfg.FirstMAC = "02:00:00:00:00:ff"
+	cfg.Interval = 50 * time.Millisecond
+	cfg.Batches = 3
+	cfg.RetryMin = 10 * time.Millisecond
+	cfg.RetryMax = 50 * time.Millisecond
+	cfg.AckTimeout = 5 * time.Second
+	cfg.DrainTimeout = 10 * time.Second
+	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
+
+	sim, err := New(cfg, testLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, sim.Run(ctx))
+	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+
+	f, err := os.Open(cfg.ReportPath)
+	require.NoError(t, err)
+	defer f.Close()
+	lines, err := ReadReport(f)
+	require.NoError(t, err)
+	require.Len(t, lines, 6)
+
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	require.Len(t, hook.stored, 6)
+	require.Len(t, hook.registry, 2)
+	for _, l := range lines {
+		require.Equal(t, "accepted", l.Status)
+		require.True(t, hook.stored[l.BatchID])
+		require.Equal(t, hook.registry[l.HardwareID], l.BootID)
+	}
+	for _, st := range sim.Stats() {
+		require.Contains(t, []string{"02:00:00:00:00:FF", "02:00:00:00:01:00"}, st.HardwareID)
+		require.True(t, st.Registered)
+		require.Equal(t, 3, st.Accepted)
+		require.Equal(t, map[string]int{"buffer_full": 1}, st.Retried, "no ack was missed")
+	}
+}
+
+func TestMQTTModeRefusedKey(t *testing.T) {
+	_, _, url := startBroker(t, "secret")
+	cfg := DefaultConfig()
+	cfg.MQTTURL = url
+	cfg.APIKey = "wrong"
+	cfg.Devices = 1
+	cfg.Interval = 20 * time.Millisecond
+	cfg.Batches = 2
+	cfg.RetryMin = 10 * time.Millisecond
+	cfg.RetryMax = 50 * time.Millisecond
+	cfg.DrainTimeout = 300 * time.Millisecond
+	sim, err := New(cfg, testLogger(t))
+	require.NoError(t, err)
+	start := time.Now()
+	require.NoError(t, sim.Run(t.Context()))
+	require.Less(t, time.Since(start), 5*time.Second, "stops within its drain timeout")
+	st := sim.Stats()[0]
+	require.Equal(t, 2, st.Pending)
+	require.Zero(t, st.Sent)
+}
+
+// TestMQTTModeReconnects restarts the broker under a running device: the device resubscribes,
+// registers again and re-sends what was not confirmed.
+func TestMQTTModeReconnects(t *testing.T) {
+	first, hook, url := startBroker(t, "secret")
+	hook.mu.Lock()
+	hook.full["02:00:00:00:00:01"] = true // no buffer_full in this test
+	hook.mu.Unlock()
+
+	cfg := DefaultConfig()
+	cfg.MQTTURL = url
+	cfg.APIKey = "secret"
+	cfg.Devices = 1
+	cfg.Interval = 50 * time.Millisecond
+	cfg.Batches = 40
+	cfg.RetryMin = 10 * time.Millisecond
+	cfg.RetryMax = 100 * time.Millisecond
+	cfg.AckTimeout = 2 * time.Second
+	cfg.DrainTimeout = 20 * time.Second
+	sim, err := New(cfg, testLogger(t))
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() { done <- sim.Run(t.Context()) }()
+	time.Sleep(500 * time.Millisecond)
+	first()
+	time.Sleep(300 * time.Millisecond)
+	startBrokerAt(t, hook, strings.TrimPrefix(url, "tcp://"))
+
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the simulator did not stop")
+	}
+	st := sim.Stats()[0]
+	require.Equal(t, 40, st.Accepted+st.Duplicates, "every batch confirmed across the restart")
+	require.Zero(t, st.Pending)
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	require.Len(t, hook.stored, 40)
+}
