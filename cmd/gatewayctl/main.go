@@ -1,0 +1,352 @@
+// Command gatewayctl administers the gateway's cloud side: it creates the DynamoDB tables,
+// probes the endpoint's transaction size limit and manages device API keys.
+//
+//	gatewayctl tables create [flags]
+//	gatewayctl tables probe [flags]
+//	gatewayctl keys create [flags] [--description TEXT]
+//	gatewayctl keys revoke [flags] KEY_ID
+//	gatewayctl keys list [flags]
+//	gatewayctl --version
+//
+// Every command takes --dynamodb-endpoint, --aws-region and --table-prefix (environment
+// GATEWAY_DYNAMODB_ENDPOINT, GATEWAY_AWS_REGION, GATEWAY_TABLE_PREFIX); AWS credentials come
+// from the SDK's default chain. keys create needs the pepper, from --api-key-pepper-file
+// (GATEWAY_API_KEY_PEPPER_FILE) or GATEWAY_API_KEY_PEPPER. Exit status: 0 success, 1 error,
+// 2 wrong usage.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"greenhouse-gateway/internal/cloud"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// Environment variables read by gatewayctl; flags override them.
+const (
+	envEndpoint   = "GATEWAY_DYNAMODB_ENDPOINT"
+	envRegion     = "GATEWAY_AWS_REGION"
+	envPrefix     = "GATEWAY_TABLE_PREFIX"
+	envPepper     = "GATEWAY_API_KEY_PEPPER"
+	envPepperFile = "GATEWAY_API_KEY_PEPPER_FILE"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+const mainUsage = `usage: gatewayctl <command> [flags] [arguments]
+
+commands:
+  tables create   create the four DynamoDB tables (idempotent), wait until active, enable TTL
+  tables probe    print how many actions one TransactWriteItems accepts here (100, 25 or 10)
+  keys create     create a device API key; prints only the raw key on stdout
+  keys revoke     revoke an API key: gatewayctl keys revoke [flags] KEY_ID
+  keys list       list API keys, newest first
+
+Flags follow the command; "gatewayctl <command> -h" lists them.
+"gatewayctl --version" prints the version.
+`
+
+// command is one subcommand: its flags are registered on fs, run does the work.
+type command struct {
+	name  string // e.g. "keys revoke"
+	args  string // positional arguments for the usage line
+	about string
+	// npos is the exact number of positional arguments.
+	npos  int
+	setup func(fs *flag.FlagSet, getenv func(string) string) func(ctx context.Context, env *cmdEnv, pos []string) error
+}
+
+// cmdEnv is what a running command needs besides its flags.
+type cmdEnv struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	cloud          *cloudFlags
+}
+
+var commands = []command{
+	{name: "tables create", about: "Create the devices, device_readings, processed_batches and api_keys tables if\n" +
+		"missing, wait until they are ACTIVE and enable TTL on expiration_time.", setup: setupTablesCreate},
+	{name: "tables probe", about: "Print how many actions one TransactWriteItems accepts on the endpoint (100 on AWS,\n" +
+		"10 on DynamoDB Local 1.11.478). Writes nothing; needs the processed_batches table.", setup: setupTablesProbe},
+	{name: "keys create", args: "[--description TEXT]", about: "Create an active API key. The raw key is printed on stdout, alone, and only once;\n" +
+		"the key id and details go to stderr.", setup: setupKeysCreate},
+	{name: "keys revoke", args: "KEY_ID", npos: 1, about: "Mark the API key KEY_ID inactive.", setup: setupKeysRevoke},
+	{name: "keys list", about: "List API keys, newest first: key_id, active, created_at, last_used_at, description.",
+		setup: setupKeysList},
+}
+
+// usageError is wrong usage: exit status 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, mainUsage)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, mainUsage)
+		return exitOK
+	case "-version", "--version", "version":
+		fmt.Fprintf(stdout, "gatewayctl %s\n", version)
+		return exitOK
+	}
+	if len(args) >= 2 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help") {
+		fmt.Fprint(stdout, mainUsage)
+		return exitOK
+	}
+	if len(args) < 2 || strings.HasPrefix(args[1], "-") {
+		fmt.Fprintf(stderr, "gatewayctl: %q needs a subcommand\n\n%s", args[0], mainUsage)
+		return exitUsage
+	}
+	name := args[0] + " " + args[1]
+	for _, c := range commands {
+		if c.name == name {
+			return c.run(ctx, args[2:], stdout, stderr, getenv)
+		}
+	}
+	fmt.Fprintf(stderr, "gatewayctl: unknown command %q\n\n%s", name, mainUsage)
+	return exitUsage
+}
+
+func (c command) run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	fs := flag.NewFlagSet("gatewayctl "+c.name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		out := fs.Output()
+		fmt.Fprintf(out, "usage: gatewayctl %s [flags]", c.name)
+		if c.args != "" {
+			fmt.Fprintf(out, " %s", c.args)
+		}
+		fmt.Fprintf(out, "\n\n%s\n\nflags:\n", c.about)
+		fs.PrintDefaults()
+	}
+	env := &cmdEnv{stdout: stdout, stderr: stderr, getenv: getenv, cloud: registerCloudFlags(fs, getenv)}
+	do := c.setup(fs, getenv)
+
+	pos, err := parseInterleaved(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		return exitUsage // flag already printed the error and the usage
+	}
+	if len(pos) != c.npos {
+		if c.npos == 0 {
+			fmt.Fprintf(stderr, "gatewayctl %s: unexpected arguments %q\n", c.name, pos)
+		} else {
+			fmt.Fprintf(stderr, "gatewayctl %s: want %s, got %d arguments\n", c.name, c.args, len(pos))
+		}
+		fs.Usage()
+		return exitUsage
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, env.cloud.timeout)
+	defer cancel()
+	err = do(ctx, env, pos)
+	var uerr usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &uerr):
+		fmt.Fprintf(stderr, "gatewayctl %s: %v\n", c.name, err)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "gatewayctl %s: %v\n", c.name, err)
+		return exitError
+	}
+}
+
+// parseInterleaved parses flags that may come before, between or after positional
+// arguments ("keys revoke KEY_ID --dynamodb-endpoint URL"); after "--" all is positional.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for len(args) > 0 {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if consumed := args[:len(args)-len(rest)]; len(consumed) > 0 && consumed[len(consumed)-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	return pos, nil
+}
+
+// cloudFlags are the flags every command takes.
+type cloudFlags struct {
+	cfg     cloud.Config
+	timeout time.Duration
+}
+
+func registerCloudFlags(fs *flag.FlagSet, getenv func(string) string) *cloudFlags {
+	f := &cloudFlags{timeout: 2 * time.Minute}
+	fs.StringVar(&f.cfg.Endpoint, "dynamodb-endpoint", getenv(envEndpoint),
+		"DynamoDB endpoint URL, e.g. http://127.0.0.1:8000 for DynamoDB Local; empty means AWS (env "+envEndpoint+")")
+	fs.StringVar(&f.cfg.Region, "aws-region", getenv(envRegion),
+		"AWS region; empty means the AWS SDK chain (AWS_REGION, ~/.aws/config) (env "+envRegion+")")
+	fs.StringVar(&f.cfg.TablePrefix, "table-prefix", getenv(envPrefix),
+		"prefix prepended verbatim to every table name (env "+envPrefix+")")
+	fs.DurationVar(&f.timeout, "timeout", f.timeout, "give up after this long")
+	return f
+}
+
+// client validates the cloud flags and returns a client and the table names.
+func (e *cmdEnv) client(ctx context.Context) (*dynamodb.Client, cloud.Tables, error) {
+	if err := e.cloud.cfg.Validate(); err != nil {
+		return nil, cloud.Tables{}, usageError{msg: err.Error()}
+	}
+	if e.cloud.timeout <= 0 {
+		return nil, cloud.Tables{}, usageError{msg: "--timeout must be positive"}
+	}
+	client, err := cloud.NewClient(ctx, e.cloud.cfg)
+	if err != nil {
+		return nil, cloud.Tables{}, err
+	}
+	return client, cloud.TableNames(e.cloud.cfg.TablePrefix), nil
+}
+
+func setupTablesCreate(*flag.FlagSet, func(string) string) func(context.Context, *cmdEnv, []string) error {
+	return func(ctx context.Context, env *cmdEnv, _ []string) error {
+		client, tables, err := env.client(ctx)
+		if err != nil {
+			return err
+		}
+		logger := slog.New(slog.NewTextHandler(env.stderr, nil)).With("component", "gatewayctl")
+		return cloud.CreateTables(ctx, client, tables, logger)
+	}
+}
+
+func setupTablesProbe(*flag.FlagSet, func(string) string) func(context.Context, *cmdEnv, []string) error {
+	return func(ctx context.Context, env *cmdEnv, _ []string) error {
+		client, tables, err := env.client(ctx)
+		if err != nil {
+			return err
+		}
+		n, err := cloud.ProbeTransactionLimit(ctx, client, tables.ProcessedBatches)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(env.stdout, n)
+		return nil
+	}
+}
+
+// registerPepperFlag registers --api-key-pepper-file on every keys command, so scripts can
+// pass it uniformly; only keys create needs the pepper.
+func registerPepperFlag(fs *flag.FlagSet, getenv func(string) string) *string {
+	return fs.String("api-key-pepper-file", getenv(envPepperFile),
+		"file holding the API key pepper (env "+envPepperFile+"; or the pepper itself in "+envPepper+")")
+}
+
+func setupKeysCreate(fs *flag.FlagSet, getenv func(string) string) func(context.Context, *cmdEnv, []string) error {
+	pepperFile := registerPepperFlag(fs, getenv)
+	description := fs.String("description", "", "operator's note stored with the key, e.g. \"greenhouse 3 sensors\"")
+	return func(ctx context.Context, env *cmdEnv, _ []string) error {
+		envPepperValue := env.getenv(envPepper)
+		if *pepperFile == "" && envPepperValue == "" {
+			_, err := cloud.LoadPepper("", "")
+			return usageError{msg: err.Error()}
+		}
+		pepper, err := cloud.LoadPepper(envPepperValue, *pepperFile)
+		if err != nil {
+			return err
+		}
+		client, tables, err := env.client(ctx)
+		if err != nil {
+			return err
+		}
+		raw, info, err := cloud.NewKeys(client, tables.APIKeys, pepper).Create(ctx, *description)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(env.stdout, raw)
+		fmt.Fprintf(env.stderr, "created api key %s in %s (created_at %s); the raw key on stdout is not stored and cannot be shown again\n",
+			info.KeyID, tables.APIKeys, cloud.FormatTime(info.CreatedAt))
+		return nil
+	}
+}
+
+func setupKeysRevoke(fs *flag.FlagSet, getenv func(string) string) func(context.Context, *cmdEnv, []string) error {
+	registerPepperFlag(fs, getenv)
+	return func(ctx context.Context, env *cmdEnv, pos []string) error {
+		client, tables, err := env.client(ctx)
+		if err != nil {
+			return err
+		}
+		if err := cloud.NewKeys(client, tables.APIKeys, "").Revoke(ctx, pos[0]); err != nil {
+			return err
+		}
+		fmt.Fprintf(env.stderr, "revoked api key %s\n", pos[0])
+		return nil
+	}
+}
+
+func setupKeysList(fs *flag.FlagSet, getenv func(string) string) func(context.Context, *cmdEnv, []string) error {
+	registerPepperFlag(fs, getenv)
+	return func(ctx context.Context, env *cmdEnv, _ []string) error {
+		client, tables, err := env.client(ctx)
+		if err != nil {
+			return err
+		}
+		keys, err := cloud.NewKeys(client, tables.APIKeys, "").List(ctx)
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(env.stdout, 0, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "KEY_ID\tACTIVE\tCREATED_AT\tLAST_USED_AT\tDESCRIPTION")
+		for _, k := range keys {
+			lastUsed := "-"
+			if !k.LastUsedAt.IsZero() {
+				lastUsed = cloud.FormatTime(k.LastUsedAt)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.KeyID, strconv.FormatBool(k.Active),
+				cloud.FormatTime(k.CreatedAt), lastUsed, oneLine(k.Description))
+		}
+		return tw.Flush()
+	}
+}
+
+// oneLine keeps a description on its table row.
+func oneLine(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < ' ' || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+}

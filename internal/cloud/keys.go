@@ -1,0 +1,283 @@
+package cloud
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/google/uuid"
+)
+
+// ErrKeyNotFound is returned (wrapped) when an API key id does not exist.
+var ErrKeyNotFound = errors.New("cloud: api key not found")
+
+// rawKeyBytes is the number of random bytes in a raw API key (64 hex characters).
+const rawKeyBytes = 32
+
+// apiKeysPartition is the constant gsi1pk of every api_keys item.
+const apiKeysPartition = "api_keys"
+
+// Attribute names of the api_keys table.
+const (
+	attrKeyID       = "key_id"
+	attrKeyHash     = "api_key_hash"
+	attrCreatedAt   = "created_at"
+	attrLastUsedAt  = "last_used_at"
+	attrIsActive    = "is_active"
+	attrDescription = "description"
+	attrGSI1PK      = "gsi1pk"
+	attrGSI1SK      = "gsi1sk"
+)
+
+// HashKey returns the stored form of a raw API key: the lowercase hex SHA-256 of pepper
+// followed by rawKey.
+func HashKey(pepper, rawKey string) string {
+	sum := sha256.Sum256([]byte(pepper + rawKey))
+	return hex.EncodeToString(sum[:])
+}
+
+// FormatTime formats t as the schema's metadata timestamps: RFC 3339 in UTC, truncated to
+// whole seconds, e.g. 2024-01-15T10:30:00Z.
+func FormatTime(t time.Time) string {
+	return t.UTC().Truncate(time.Second).Format(time.RFC3339)
+}
+
+// KeyInfo describes one API key; the raw key itself is never stored.
+type KeyInfo struct {
+	// KeyID is the key's UUID v4 identifier.
+	KeyID string
+	// Hash is HashKey(pepper, raw key).
+	Hash string
+	// Description is the operator's note; empty when none was given.
+	Description string
+	// CreatedAt is the creation time (UTC, whole seconds).
+	CreatedAt time.Time
+	// LastUsedAt is the last recorded use (UTC, whole seconds); zero if never recorded.
+	LastUsedAt time.Time
+	// Active is false once the key has been revoked.
+	Active bool
+}
+
+// Keys manages API keys in the api_keys table. It is safe for concurrent use.
+type Keys struct {
+	client *dynamodb.Client
+	table  string
+	pepper string
+	now    func() time.Time
+}
+
+// NewKeys returns a Keys for table, hashing raw keys with pepper. It does no I/O.
+func NewKeys(client *dynamodb.Client, table string, pepper string) *Keys {
+	return &Keys{client: client, table: table, pepper: pepper, now: time.Now}
+}
+
+// Create makes a new active key and returns the raw key (64 lowercase hex characters from
+// 32 random bytes; shown once, never stored) and its stored description.
+func (k *Keys) Create(ctx context.Context, description string) (raw string, info KeyInfo, err error) {
+	buf := make([]byte, rawKeyBytes)
+	if _, err := rand.Read(buf); err != nil {
+		return "", KeyInfo{}, fmt.Errorf("generating api key: %w", err)
+	}
+	raw = hex.EncodeToString(buf)
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return "", KeyInfo{}, fmt.Errorf("generating api key id: %w", err)
+	}
+	created := k.now().UTC().Truncate(time.Second)
+	info = KeyInfo{
+		KeyID:       id.String(),
+		Hash:        HashKey(k.pepper, raw),
+		Description: description,
+		CreatedAt:   created,
+		Active:      true,
+	}
+	createdAt := FormatTime(created)
+	item := map[string]types.AttributeValue{
+		attrKeyID:     &types.AttributeValueMemberS{Value: info.KeyID},
+		attrKeyHash:   &types.AttributeValueMemberS{Value: info.Hash},
+		attrCreatedAt: &types.AttributeValueMemberS{Value: createdAt},
+		attrIsActive:  &types.AttributeValueMemberBOOL{Value: true},
+		attrGSI1PK:    &types.AttributeValueMemberS{Value: apiKeysPartition},
+		attrGSI1SK:    &types.AttributeValueMemberS{Value: createdAt},
+	}
+	if description != "" {
+		item[attrDescription] = &types.AttributeValueMemberS{Value: description}
+	}
+	_, err = k.client.PutItem(ctx, &dynamodb.PutItemInput{
+		TableName:           aws.String(k.table),
+		Item:                item,
+		ConditionExpression: aws.String("attribute_not_exists(key_id)"),
+	})
+	if err != nil {
+		return "", KeyInfo{}, fmt.Errorf("creating api key %s: %w", info.KeyID, err)
+	}
+	return raw, info, nil
+}
+
+// Revoke marks the key inactive. Revoking a revoked key succeeds; an unknown keyID returns
+// an error wrapping ErrKeyNotFound.
+func (k *Keys) Revoke(ctx context.Context, keyID string) error {
+	_, err := k.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                 aws.String(k.table),
+		Key:                       keyIDKey(keyID),
+		UpdateExpression:          aws.String("SET is_active = :inactive"),
+		ConditionExpression:       aws.String("attribute_exists(key_id)"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":inactive": &types.AttributeValueMemberBOOL{Value: false}},
+	})
+	if err != nil {
+		return fmt.Errorf("revoking api key %s: %w", keyID, notFound(err))
+	}
+	return nil
+}
+
+// TouchLastUsed sets the key's last_used_at to t (UTC, whole seconds). It writes on every
+// call: throttling (the schema asks for at most one write per 5 minutes) is the caller's job.
+// An unknown keyID returns an error wrapping ErrKeyNotFound.
+func (k *Keys) TouchLastUsed(ctx context.Context, keyID string, t time.Time) error {
+	_, err := k.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                 aws.String(k.table),
+		Key:                       keyIDKey(keyID),
+		UpdateExpression:          aws.String("SET last_used_at = :t"),
+		ConditionExpression:       aws.String("attribute_exists(key_id)"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":t": &types.AttributeValueMemberS{Value: FormatTime(t)}},
+	})
+	if err != nil {
+		return fmt.Errorf("recording use of api key %s: %w", keyID, notFound(err))
+	}
+	return nil
+}
+
+// List returns all keys, active and revoked, newest first (by created_at, through gsi1).
+func (k *Keys) List(ctx context.Context) ([]KeyInfo, error) {
+	p := dynamodb.NewQueryPaginator(k.client, &dynamodb.QueryInput{
+		TableName:                 aws.String(k.table),
+		IndexName:                 aws.String(GSI1Index),
+		KeyConditionExpression:    aws.String("gsi1pk = :pk"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": &types.AttributeValueMemberS{Value: apiKeysPartition}},
+		ScanIndexForward:          aws.Bool(false),
+	})
+	var out []KeyInfo
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("listing api keys in %s: %w", k.table, err)
+		}
+		for _, item := range page.Items {
+			info, err := keyInfoFromItem(item)
+			if err != nil {
+				return nil, fmt.Errorf("listing api keys in %s: %w", k.table, err)
+			}
+			out = append(out, info)
+		}
+	}
+	return out, nil
+}
+
+// Lookup finds the key whose hash matches rawKey, through api_key_hash_index. found is false
+// when there is none; a revoked key is found with Active false. The index is eventually
+// consistent: a key created a moment ago may not be found yet on AWS.
+func (k *Keys) Lookup(ctx context.Context, rawKey string) (info KeyInfo, found bool, err error) {
+	if rawKey == "" {
+		return KeyInfo{}, false, nil
+	}
+	out, err := k.client.Query(ctx, &dynamodb.QueryInput{
+		TableName:                 aws.String(k.table),
+		IndexName:                 aws.String(APIKeyHashIndex),
+		KeyConditionExpression:    aws.String("api_key_hash = :h"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":h": &types.AttributeValueMemberS{Value: HashKey(k.pepper, rawKey)}},
+	})
+	if err != nil {
+		return KeyInfo{}, false, fmt.Errorf("looking up api key in %s: %w", k.table, err)
+	}
+	for _, item := range out.Items {
+		ki, err := keyInfoFromItem(item)
+		if err != nil {
+			return KeyInfo{}, false, fmt.Errorf("looking up api key in %s: %w", k.table, err)
+		}
+		// Two items with one hash would need a SHA-256 collision; prefer an active one anyway.
+		if !found || (ki.Active && !info.Active) {
+			info, found = ki, true
+		}
+	}
+	return info, found, nil
+}
+
+func keyIDKey(keyID string) map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{attrKeyID: &types.AttributeValueMemberS{Value: keyID}}
+}
+
+// notFound maps a failed attribute_exists(key_id) condition to ErrKeyNotFound.
+func notFound(err error) error {
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		return ErrKeyNotFound
+	}
+	return err
+}
+
+func keyInfoFromItem(item map[string]types.AttributeValue) (KeyInfo, error) {
+	var info KeyInfo
+	var ok bool
+	if info.KeyID, ok = stringAttr(item, attrKeyID); !ok {
+		return KeyInfo{}, errors.New("item without key_id")
+	}
+	info.Hash, _ = stringAttr(item, attrKeyHash)
+	info.Description, _ = stringAttr(item, attrDescription)
+	if b, ok := item[attrIsActive].(*types.AttributeValueMemberBOOL); ok {
+		info.Active = b.Value
+	}
+	for _, f := range []struct {
+		attr string
+		dst  *time.Time
+	}{{attrCreatedAt, &info.CreatedAt}, {attrLastUsedAt, &info.LastUsedAt}} {
+		s, ok := stringAttr(item, f.attr)
+		if !ok || s == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			return KeyInfo{}, fmt.Errorf("api key %s: %s: %w", info.KeyID, f.attr, err)
+		}
+		*f.dst = t.UTC()
+	}
+	return info, nil
+}
+
+func stringAttr(item map[string]types.AttributeValue, name string) (string, bool) {
+	s, ok := item[name].(*types.AttributeValueMemberS)
+	if !ok {
+		return "", false
+	}
+	return s.Value, true
+}
+
+// LoadPepper returns the API key pepper: the contents of file when file is set (one trailing
+// newline, \n or \r\n, removed), otherwise envValue (the GATEWAY_API_KEY_PEPPER variable).
+// It is an error if both are empty or the file is empty.
+func LoadPepper(envValue, file string) (string, error) {
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("reading api key pepper file: %w", err)
+		}
+		p := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+		if p == "" {
+			return "", fmt.Errorf("api key pepper file %s is empty", file)
+		}
+		return p, nil
+	}
+	if envValue == "" {
+		return "", errors.New("no api key pepper: set GATEWAY_API_KEY_PEPPER or the pepper file option " +
+			"(--api-key-pepper-file or GATEWAY_API_KEY_PEPPER_FILE)")
+	}
+	return envValue, nil
+}

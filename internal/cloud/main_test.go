@@ -1,0 +1,9 @@
+package cloud_test
+
+import (
+	"testing"
+
+	"greenhouse-gateway/internal/dynamotest"
+)
+
+func TestMain(m *testing.M) { dynamotest.Main(m) }
