@@ -68,6 +68,7 @@ commands:
   keys create     create a device API key; prints only the raw key on stdout
   keys revoke     revoke an API key: gatewayctl keys revoke [flags] KEY_ID
   keys list       list API keys, newest first
+  readings latest print the newest readings in device_readings
 
 Flags follow the command; "gatewayctl <command> -h" lists them.
 "gatewayctl --version" prints the version.
@@ -100,6 +101,8 @@ var commands = []command{
 	{name: "keys revoke", args: "KEY_ID", npos: 1, about: "Mark the API key KEY_ID inactive.", setup: setupKeysRevoke},
 	{name: "keys list", about: "List API keys, newest first: key_id, active, created_at, last_used_at, description.",
 		setup: setupKeysList},
+	{name: "readings latest", args: "[--hardware-id HW] [--limit N]", about: "Print the newest readings in device_readings, read straight from DynamoDB.",
+		setup: setupReadingsLatest},
 }
 
 // usageError is wrong usage: exit status 2.
