@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/internal/config"
 )
 
 func writeFile(t *testing.T, body string) string {
@@ -71,4 +73,15 @@ func TestConfigReportsUnknownEnvironment(t *testing.T) {
 	_, _, unknown, err := loadConfig(nil, []string{"GATEWAY_MQTT_ADRR=:1", "GATEWAY_API_KEY_PEPPER=p"})
 	require.NoError(t, err)
 	require.Equal(t, []string{"GATEWAY_MQTT_ADRR"}, unknown)
+}
+
+// TestREADMEDocumentsEverySetting keeps the README's configuration
+// reference in step with the settings gatewayd has.
+func TestREADMEDocumentsEverySetting(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	cfg := defaultConfig()
+	for _, v := range config.Vars(envPrefix, &cfg) {
+		require.Contains(t, string(readme), "| `"+v.Path+"` |", "README.md's configuration table lacks %s", v.Path)
+	}
 }

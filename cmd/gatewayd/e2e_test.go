@@ -164,8 +164,8 @@ type mqttDevice struct {
 func connect(t *testing.T, addr, hw, key string) *mqttDevice {
 	t.Helper()
 	d := &mqttDevice{hw: hw, acks: make(chan contract.Ack, 1000)}
-	d.client = paho.NewClient(paho.NewClientOptions().AddBroker("tcp://"+addr).SetClientID(hw).
-		SetUsername(hw).SetPassword(key).SetAutoReconnect(false).SetConnectTimeout(10*time.Second))
+	d.client = paho.NewClient(paho.NewClientOptions().AddBroker("tcp://" + addr).SetClientID(hw).
+		SetUsername(hw).SetPassword(key).SetAutoReconnect(false).SetConnectTimeout(10 * time.Second))
 	tok := d.client.Connect()
 	require.True(t, tok.WaitTimeout(30*time.Second))
 	require.NoError(t, tok.Error())
@@ -352,4 +352,41 @@ func TestHTTPIngestEndToEnd(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(raw))
 	require.Eventually(t, func() bool { return len(view.readings(t, hw)) == 4 }, 60*time.Second, 100*time.Millisecond)
+}
+
+// TestDynamoDBOutageAcknowledgesThenDeliversOnce hangs DynamoDB Local
+// (SIGSTOP) while a device publishes: every batch is still acknowledged
+// from the buffer, the uplink reports down, and once DynamoDB is back each
+// batch is delivered exactly once.
+func TestDynamoDBOutageAcknowledgesThenDeliversOnce(t *testing.T) {
+	local := dynamotest.Start(t)
+	view := cloudView{client: local.Client(t), tables: local.NewTables(t)}
+	key, _, err := cloud.NewKeys(view.client, view.tables.APIKeys, e2ePepper).Create(context.Background(), "outage")
+	require.NoError(t, err)
+	prefix := strings.TrimSuffix(view.tables.Devices, "devices")
+	d := startDaemon(t, t.TempDir(), local.Endpoint, prefix)
+	hw := "02:00:00:00:AA:04"
+	dev := connect(t, d.mqttAddr, hw, key)
+	boot := uuid.NewString()
+	require.Equal(t, contract.StatusAccepted, dev.send(t, batch(hw, boot, 0, 2)).Status)
+	require.Eventually(t, func() bool { return len(view.readings(t, hw)) == 2 }, 60*time.Second, 100*time.Millisecond)
+
+	local.Pause(t)
+	want := 2
+	for i := 1; i <= 15; i++ {
+		require.Equal(t, contract.StatusAccepted, dev.send(t, batch(hw, boot, i, i)).Status)
+		want += i
+	}
+	require.Eventually(t, func() bool { return d.metric(t, "gateway_uplink_up") == "0" }, 60*time.Second, 100*time.Millisecond)
+	local.Resume(t)
+
+	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" },
+		90*time.Second, 100*time.Millisecond)
+	require.Equal(t, "1", d.metric(t, "gateway_uplink_up"))
+	readings := view.readings(t, hw)
+	require.Len(t, readings, want)
+	for k, n := range readings {
+		require.Equal(t, 1, n, "reading %s stored once", k)
+	}
+	require.Len(t, view.markers(t), 16)
 }

@@ -48,9 +48,9 @@ func Decode(data []byte, dst any) error {
 
 // Var is one setting's environment variable.
 type Var struct {
-	Name string // e.g. GATEWAY_MQTT_ADDR
-	Path string // e.g. mqtt.addr
-	Type string // string, integer, boolean, number, duration
+	Name  string // e.g. GATEWAY_MQTT_ADDR
+	Path  string // e.g. mqtt.addr
+	Type  string // string, integer, boolean, number, duration
 	field reflect.Value
 }
 
