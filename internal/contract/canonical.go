@@ -1,0 +1,150 @@
+package contract
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"math"
+	"slices"
+	"strconv"
+	"unicode/utf8"
+)
+
+// Canonical returns the deterministic JSON encoding of b: compact, members in
+// the order of the struct fields, map keys sorted, numbers in their shortest
+// form that reads back to the same float64. The same logical batch gives the
+// same bytes whatever the key order, whitespace, escapes or number spelling of
+// the payload it was decoded from.
+//
+// For a valid batch the bytes are those of encoding/json.Marshal(b), except
+// that nil maps are written as {}; they decode with [DecodeBatch] to an equal
+// batch (unless the batch was repaired: devices may not send time_source, so
+// read repaired batches back with encoding/json).
+func (b *Batch) Canonical() []byte {
+	return b.appendJSON(make([]byte, 0, b.sizeHint()), true)
+}
+
+// PayloadHash returns the SHA-256 of a canonical encoding.
+func PayloadHash(canonical []byte) [32]byte {
+	return sha256.Sum256(canonical)
+}
+
+// IdentityHash returns the SHA-256 of b's canonical encoding without
+// sent_uptime_ms, the one field that legitimately changes when a device
+// resends the same batch. Two payloads with the same batch_id are the same
+// batch (a duplicate) when their identity hashes are equal, and a conflict
+// otherwise. Compute it before [Batch.RepairClock].
+func (b *Batch) IdentityHash() [32]byte {
+	return sha256.Sum256(b.appendJSON(make([]byte, 0, b.sizeHint()), false))
+}
+
+func (b *Batch) sizeHint() int {
+	n := 160 + len(b.BatchID) + len(b.FirmwareVersion)
+	for k := range b.Readings {
+		n += 64 + 24*len(b.Readings[k].Sensors) + 20*len(b.Readings[k].SensorStatus)
+	}
+	return n
+}
+
+func (b *Batch) appendJSON(dst []byte, withSentUptime bool) []byte {
+	dst = append(dst, `{"batch_id":`...)
+	dst = appendString(dst, b.BatchID)
+	dst = append(dst, `,"hardware_id":`...)
+	dst = appendString(dst, b.HardwareID)
+	dst = append(dst, `,"boot_id":`...)
+	dst = appendString(dst, b.BootID)
+	dst = append(dst, `,"firmware_version":`...)
+	dst = appendString(dst, b.FirmwareVersion)
+	if b.Seq != nil {
+		dst = append(dst, `,"seq":`...)
+		dst = strconv.AppendUint(dst, *b.Seq, 10)
+	}
+	if b.SentUptimeMS != nil && withSentUptime {
+		dst = append(dst, `,"sent_uptime_ms":`...)
+		dst = strconv.AppendInt(dst, *b.SentUptimeMS, 10)
+	}
+	dst = append(dst, `,"readings":[`...)
+	var keys []string // reused across maps
+	for k := range b.Readings {
+		r := &b.Readings[k]
+		if k > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `{"timestamp_ms":`...)
+		dst = strconv.AppendInt(dst, r.TimestampMS, 10)
+		if r.UptimeMS != nil {
+			dst = append(dst, `,"uptime_ms":`...)
+			dst = strconv.AppendInt(dst, *r.UptimeMS, 10)
+		}
+		dst = append(dst, `,"sensors":{`...)
+		keys = sortedKeys(keys[:0], r.Sensors)
+		for n, name := range keys {
+			if n > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendString(dst, name)
+			dst = append(dst, ':')
+			dst = appendFloat(dst, r.Sensors[name])
+		}
+		dst = append(dst, `},"sensor_status":{`...)
+		keys = sortedKeys(keys[:0], r.SensorStatus)
+		for n, name := range keys {
+			if n > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendString(dst, name)
+			dst = append(dst, ':')
+			dst = appendString(dst, r.SensorStatus[name])
+		}
+		dst = append(dst, '}')
+		if r.TimeSource != "" {
+			dst = append(dst, `,"time_source":`...)
+			dst = appendString(dst, r.TimeSource)
+		}
+		dst = append(dst, '}')
+	}
+	return append(dst, "]}"...)
+}
+
+func sortedKeys[V any](dst []string, m map[string]V) []string {
+	for k := range m {
+		dst = append(dst, k)
+	}
+	slices.Sort(dst)
+	return dst
+}
+
+// appendFloat formats f as encoding/json does: the shortest representation
+// that reads back as f, in exponent form below 1e-6 and from 1e21.
+func appendFloat(dst []byte, f float64) []byte {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return append(dst, "null"...) // not valid in a batch; keep the output JSON
+	}
+	abs := math.Abs(f)
+	format := byte('f')
+	if abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	dst = strconv.AppendFloat(dst, f, format, -1, 64)
+	if format == 'e' {
+		// Clean up e-09 to e-9, as encoding/json does.
+		n := len(dst)
+		if n >= 4 && dst[n-4] == 'e' && dst[n-3] == '-' && dst[n-2] == '0' {
+			dst[n-2] = dst[n-1]
+			dst = dst[:n-1]
+		}
+	}
+	return dst
+}
+
+// appendString writes s as a JSON string, escaped as encoding/json does.
+func appendString(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= utf8.RuneSelf || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s) // rare: let encoding/json do it
+			return append(dst, q...)
+		}
+	}
+	dst = append(dst, '"')
+	dst = append(dst, s...)
+	return append(dst, '"')
+}
