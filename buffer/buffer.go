@@ -530,6 +530,33 @@ func (b *Buffer) LoadState(name string) ([]byte, error) {
 	return out, nil
 }
 
+// LoadStates returns every state record whose name starts with prefix,
+// by name.
+func (b *Buffer) LoadStates(prefix string) (map[string][]byte, error) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return nil, ErrClosed
+	}
+	out := map[string][]byte{}
+	err := b.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: stateKey(prefix), PrefetchValues: true})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			v, err := it.Item().ValueCopy(nil)
+			if err != nil {
+				return err
+			}
+			out[string(it.Item().Key()[len(statePrefix):])] = v
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("loading states %s*: %w", prefix, err)
+	}
+	return out, nil
+}
+
 // SaveState durably stores a small state record under name.
 func (b *Buffer) SaveState(name string, value []byte) error {
 	b.mu.RLock()

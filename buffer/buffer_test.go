@@ -261,6 +261,11 @@ func TestStateRecords(t *testing.T) {
 	v, err = b.LoadState("keys")
 	require.NoError(t, err)
 	require.Equal(t, "cache", string(v))
+	require.NoError(t, b.SaveState("dev/A", []byte("1")))
+	require.NoError(t, b.SaveState("dev/B", []byte("2")))
+	all, err := b.LoadStates("dev/")
+	require.NoError(t, err)
+	require.Equal(t, map[string][]byte{"dev/A": []byte("1"), "dev/B": []byte("2")}, all)
 }
 
 func TestOptionsValidate(t *testing.T) {

@@ -70,15 +70,29 @@ func (failingStore) Commit(context.Context, []buffer.Entry) ([]buffer.Outcome, e
 
 type harness struct {
 	buf      *buffer.Buffer
+	devices  *gateway.Registry
+	reg      *prometheus.Registry
 	keys     *fakeKeys
 	mqttAddr string
 	httpURL  string
 }
 
+// gatewayOptions change startGateway's configuration.
+type gatewayOptions struct {
+	ingest  gateway.IngestConfig
+	devices gateway.DevicesConfig
+}
+
+const adminToken = "admin-secret"
+
 // startGateway runs the broker and HTTP API on loopback ports over a real
 // buffer. A non-nil store replaces the buffer for commits.
-func startGateway(t *testing.T, store gateway.Committer) *harness {
+func startGateway(t *testing.T, store gateway.Committer, options ...func(*gatewayOptions)) *harness {
 	t.Helper()
+	var opts gatewayOptions
+	for _, o := range options {
+		o(&opts)
+	}
 	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, buf.Close()) })
@@ -89,12 +103,17 @@ func startGateway(t *testing.T, store gateway.Committer) *harness {
 	keys := newFakeKeys()
 	auth, err := gateway.NewAuthenticator(gateway.AuthConfig{}, pepper, keys, buf, nil, reg)
 	require.NoError(t, err)
-	ingest := gateway.NewIngest(contract.DefaultLimits(), store, nil, reg)
+	devices, err := gateway.NewRegistry(opts.devices, buf, nil, reg)
+	require.NoError(t, err)
+	ingest, err := gateway.NewIngest(opts.ingest, store, devices, nil, reg)
+	require.NoError(t, err)
 	broker, err := gateway.NewBroker(gateway.MQTTConfig{Addr: "127.0.0.1:0"}, ingest, auth, nil, reg)
 	require.NoError(t, err)
 	require.NoError(t, broker.Listen())
-	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0", MaxBodyBytes: 64 << 10}, ingest, auth,
-		promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), func() error { return nil }, nil)
+	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0", MaxBodyBytes: 64 << 10}, gateway.HTTPDeps{
+		Ingest: ingest, Auth: auth, Devices: devices, AdminToken: adminToken,
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return nil },
+	}, nil)
 	require.NoError(t, err)
 	require.NoError(t, api.Listen())
 
@@ -114,7 +133,7 @@ func startGateway(t *testing.T, store gateway.Committer) *harness {
 		cancel()
 		wg.Wait()
 	})
-	return &harness{buf: buf, keys: keys, mqttAddr: "tcp://" + broker.Addr(), httpURL: "http://" + api.Addr()}
+	return &harness{buf: buf, devices: devices, reg: reg, keys: keys, mqttAddr: "tcp://" + broker.Addr(), httpURL: "http://" + api.Addr()}
 }
 
 // device is a real MQTT client (paho) that collects its acks.

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,36 +53,54 @@ func (c HTTPConfig) Validate() error {
 	return nil
 }
 
-// HTTPServer serves the device API, metrics and health endpoints.
+// HTTPDeps are what the HTTP API serves.
+type HTTPDeps struct {
+	Ingest *Ingest
+	Auth   *Authenticator
+	// Devices backs the operator endpoints; nil disables them.
+	Devices *Registry
+	// AdminToken guards the operator endpoints (Authorization: Bearer);
+	// empty disables them.
+	AdminToken string
+	// Metrics serves /metrics.
+	Metrics http.Handler
+	// Ready reports whether the gateway can take batches (for /readyz).
+	Ready func() error
+}
+
+// HTTPServer serves the device API, the operator API, metrics and health
+// endpoints.
 type HTTPServer struct {
 	cfg      HTTPConfig
+	deps     HTTPDeps
 	ingest   *Ingest
 	auth     *Authenticator
-	ready    func() error
 	logger   *slog.Logger
 	server   *http.Server
 	listener net.Listener
 }
 
-// NewHTTPServer returns the HTTP API. metrics serves /metrics; ready
-// reports whether the gateway can take batches (for /readyz).
-func NewHTTPServer(cfg HTTPConfig, ingest *Ingest, auth *Authenticator, metrics http.Handler, ready func() error, logger *slog.Logger) (*HTTPServer, error) {
+// NewHTTPServer returns the HTTP API; it does not listen yet.
+func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPServer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	h := &HTTPServer{cfg: cfg.withDefaults(), ingest: ingest, auth: auth, ready: ready,
+	h := &HTTPServer{cfg: cfg.withDefaults(), deps: deps, ingest: deps.Ingest, auth: deps.Auth,
 		logger: logger.With("component", "http")}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/readings", h.readings)
-	mux.Handle("GET /metrics", metrics)
+	mux.HandleFunc("POST /v1/register", h.register)
+	mux.HandleFunc("GET /v1/devices", h.admin(h.listDevices))
+	mux.HandleFunc("GET /v1/devices/{hardware_id}", h.admin(h.getDevice))
+	mux.Handle("GET /metrics", deps.Metrics)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if err := h.ready(); err != nil {
+		if err := h.deps.Ready(); err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "message": err.Error()})
 			return
 		}
@@ -148,18 +167,20 @@ func apiKey(r *http.Request) string {
 	return r.Header.Get("X-API-Key")
 }
 
-func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
+// deviceRequest authenticates a device request and reads its body; it has
+// answered the request when ok is false.
+func (h *HTTPServer) deviceRequest(w http.ResponseWriter, r *http.Request) (body []byte, ok bool) {
 	if h.ingest.stopping() {
 		h.unavailable(w, "the gateway is shutting down; retry later")
-		return
+		return nil, false
 	}
 	switch err := h.auth.Verify(r.Context(), apiKey(r)); {
 	case errors.Is(err, ErrAuthUnavailable):
 		h.unavailable(w, "the API key cannot be verified now; retry later")
-		return
+		return nil, false
 	case err != nil:
 		writeJSON(w, http.StatusUnauthorized, errorBody("missing, unknown or revoked API key (Authorization: Bearer KEY)"))
-		return
+		return nil, false
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
 	var tooBig *http.MaxBytesError
@@ -167,9 +188,76 @@ func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
 	case errors.As(err, &tooBig):
 		writeJSON(w, http.StatusRequestEntityTooLarge,
 			errorBody(fmt.Sprintf("request body is larger than %d bytes", h.cfg.MaxBodyBytes)))
-		return
+		return nil, false
 	case err != nil:
 		writeJSON(w, http.StatusBadRequest, errorBody("reading the request body: "+err.Error()))
+		return nil, false
+	}
+	return body, true
+}
+
+// register answers 201 with the register ack at a device's first
+// registration, 200 at the next ones, 400 when invalid.
+func (h *HTTPServer) register(w http.ResponseWriter, r *http.Request) {
+	body, ok := h.deviceRequest(w, r)
+	if !ok {
+		return
+	}
+	ack, first, err := h.ingest.Register(r.Context(), "", body)
+	switch {
+	case errors.Is(err, ErrShuttingDown):
+		h.unavailable(w, "the gateway is shutting down; retry later")
+	case err != nil && contract.AsError(err).Reason == contract.ReasonBufferFull:
+		w.Header().Set("Retry-After", strconv.Itoa(int(h.cfg.RetryAfter.Seconds())))
+		writeJSON(w, http.StatusInsufficientStorage, ack)
+	case err != nil:
+		writeJSON(w, http.StatusBadRequest, ack)
+	case first:
+		writeJSON(w, http.StatusCreated, ack)
+	default:
+		writeJSON(w, http.StatusOK, ack)
+	}
+}
+
+// admin guards an operator endpoint with the admin token.
+func (h *HTTPServer) admin(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if h.deps.AdminToken == "" || h.deps.Devices == nil {
+			writeJSON(w, http.StatusForbidden, map[string]string{"status": "error",
+				"message": "the operator API is disabled: set GATEWAY_ADMIN_TOKEN"})
+			return
+		}
+		if subtle.ConstantTimeCompare([]byte(apiKey(r)), []byte(h.deps.AdminToken)) != 1 {
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"status": "error",
+				"message": "missing or wrong admin token (Authorization: Bearer TOKEN)"})
+			return
+		}
+		next(w, r)
+	}
+}
+
+func (h *HTTPServer) listDevices(w http.ResponseWriter, r *http.Request) {
+	devices := h.deps.Devices.Devices()
+	writeJSON(w, http.StatusOK, map[string]any{"count": len(devices), "devices": devices})
+}
+
+func (h *HTTPServer) getDevice(w http.ResponseWriter, r *http.Request) {
+	hw := r.PathValue("hardware_id")
+	if err := contract.ValidHardwareID(hw); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"status": "error", "message": err.Error()})
+		return
+	}
+	d, ok := h.deps.Devices.Device(hw)
+	if !ok {
+		writeJSON(w, http.StatusNotFound, map[string]string{"status": "error", "message": "no device " + hw})
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
+	body, ok := h.deviceRequest(w, r)
+	if !ok {
 		return
 	}
 	batches, err := contract.SplitBatches(body)

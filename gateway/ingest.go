@@ -6,7 +6,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,18 +33,100 @@ type Committer interface {
 	Commit(ctx context.Context, entries []buffer.Entry) ([]buffer.Outcome, error)
 }
 
+// IngestConfig holds the contract's configurable limits and the ordering
+// rule.
+type IngestConfig struct {
+	// MaxReadingsPerBatch caps readings in one batch. Default 100.
+	MaxReadingsPerBatch int `yaml:"max_readings_per_batch"`
+	// MaxSensorsPerReading caps sensors (and sensor_status entries) per
+	// reading. Default 64.
+	MaxSensorsPerReading int `yaml:"max_sensors_per_reading"`
+	// MaxClockSkew is how far in the future a timestamp may be. Default 5m.
+	MaxClockSkew time.Duration `yaml:"max_clock_skew"`
+	// Ordering is "accept_older" (default: batches older than what the
+	// device already sent are store-and-forward replays, accepted and
+	// counted) or "reject_older" (rejected with timestamp_conflict when
+	// they start more than OrderingGrace before the newest reading
+	// accepted from the device).
+	Ordering string `yaml:"ordering"`
+	// OrderingGrace is the tolerance of reject_older. Default 5m.
+	OrderingGrace time.Duration `yaml:"ordering_grace"`
+}
+
+// DefaultIngestConfig returns the defaults documented on IngestConfig.
+func DefaultIngestConfig() IngestConfig {
+	lim := contract.DefaultLimits()
+	return IngestConfig{MaxReadingsPerBatch: lim.MaxReadings, MaxSensorsPerReading: lim.MaxSensors,
+		MaxClockSkew: lim.MaxClockSkew, Ordering: "accept_older", OrderingGrace: 5 * time.Minute}
+}
+
+// Validate reports the first invalid field.
+func (c IngestConfig) Validate() error {
+	switch {
+	case c.MaxReadingsPerBatch < 0 || c.MaxReadingsPerBatch > 1000:
+		return errors.New("ingest.max_readings_per_batch: must be between 1 and 1000")
+	case c.MaxSensorsPerReading < 0 || c.MaxSensorsPerReading > 1000:
+		return errors.New("ingest.max_sensors_per_reading: must be between 1 and 1000")
+	case c.MaxClockSkew < 0:
+		return errors.New("ingest.max_clock_skew: must not be negative")
+	case c.OrderingGrace < 0:
+		return errors.New("ingest.ordering_grace: must not be negative")
+	}
+	switch c.Ordering {
+	case "", "accept_older", "reject_older":
+	default:
+		return fmt.Errorf("ingest.ordering: %q is not one of accept_older, reject_older", c.Ordering)
+	}
+	return nil
+}
+
+func (c IngestConfig) withDefaults() IngestConfig {
+	d := DefaultIngestConfig()
+	if c.MaxReadingsPerBatch == 0 {
+		c.MaxReadingsPerBatch = d.MaxReadingsPerBatch
+	}
+	if c.MaxSensorsPerReading == 0 {
+		c.MaxSensorsPerReading = d.MaxSensorsPerReading
+	}
+	if c.MaxClockSkew == 0 {
+		c.MaxClockSkew = d.MaxClockSkew
+	}
+	if c.Ordering == "" {
+		c.Ordering = d.Ordering
+	}
+	if c.OrderingGrace == 0 {
+		c.OrderingGrace = d.OrderingGrace
+	}
+	return c
+}
+
+func (c IngestConfig) limits() contract.Limits {
+	return contract.Limits{MaxReadings: c.MaxReadingsPerBatch, MaxSensors: c.MaxSensorsPerReading, MaxClockSkew: c.MaxClockSkew}
+}
+
+// ReasonTimestampConflict rejects a batch older than the device's newest
+// accepted reading under the reject_older ordering rule.
+const ReasonTimestampConflict contract.Reason = "timestamp_conflict"
+
 // Ingest is the one ingest path behind both transports.
 type Ingest struct {
+	cfg     IngestConfig
 	limits  contract.Limits
 	store   Committer
+	devices *Registry
 	logger  *slog.Logger
 	now     func() time.Time
 	results *prometheus.CounterVec
 	stop    chan struct{}
 }
 
-// NewIngest returns the ingest path. reg may be nil.
-func NewIngest(limits contract.Limits, store Committer, logger *slog.Logger, reg prometheus.Registerer) *Ingest {
+// NewIngest returns the ingest path. devices may be nil (no registry:
+// registrations are refused); reg may be nil.
+func NewIngest(cfg IngestConfig, store Committer, devices *Registry, logger *slog.Logger, reg prometheus.Registerer) (*Ingest, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -53,11 +134,13 @@ func NewIngest(limits contract.Limits, store Committer, logger *slog.Logger, reg
 		reg = prometheus.NewRegistry()
 	}
 	in := &Ingest{
-		limits: limits,
-		store:  store,
-		logger: logger.With("component", "ingest"),
-		now:    time.Now,
-		stop:   make(chan struct{}),
+		cfg:     cfg,
+		limits:  cfg.limits(),
+		store:   store,
+		devices: devices,
+		logger:  logger.With("component", "ingest"),
+		now:     time.Now,
+		stop:    make(chan struct{}),
 		results: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "ingest", Name: "batches_total",
 			Help: "Reading batches received, by transport and result (accepted, duplicate, or the rejection reason).",
@@ -69,11 +152,11 @@ func NewIngest(limits contract.Limits, store Committer, logger *slog.Logger, reg
 			in.results.WithLabelValues(t, r)
 		}
 	}
-	return in
+	return in, nil
 }
 
-// Stop makes every later Readings call fail with ErrShuttingDown. Calls
-// already committing finish.
+// Stop makes every later call fail with ErrShuttingDown. Calls already
+// committing finish.
 func (in *Ingest) Stop() {
 	select {
 	case <-in.stop:
@@ -89,6 +172,65 @@ func (in *Ingest) stopping() bool {
 	default:
 		return false
 	}
+}
+
+// MQTTMessage handles one message a device published on devices/{hw}/{kind},
+// from the embedded broker or an external one. It returns the ack to
+// publish on the device's ack topic (nil: none) and whether the message
+// may be acknowledged at the MQTT level: false when nothing was stored
+// (the commit failed, the buffer is full, the gateway is stopping), so that
+// a QoS 1 device or broker keeps the message and delivers it again.
+func (in *Ingest) MQTTMessage(ctx context.Context, hw, kind string, payload []byte) (*contract.Ack, bool) {
+	switch kind {
+	case contract.KindReadings:
+		results, err := in.Readings(ctx, TransportMQTT, hw, [][]byte{payload})
+		if errors.Is(err, ErrShuttingDown) {
+			return nil, false
+		}
+		r := results[0]
+		ack := contract.Ack{Type: contract.AckTypeReadings, BatchID: r.BatchID, Status: r.Status, Reason: r.Reason, Message: r.Message}
+		if err != nil {
+			in.logger.Error("commit failed; MQTT acknowledgement withheld", "hardware_id", hw, "batch_id", r.BatchID, "err", err)
+			return &ack, false
+		}
+		return &ack, r.Reason == nil || *r.Reason != contract.ReasonBufferFull
+	case contract.KindRegister:
+		ack, _, err := in.Register(ctx, hw, payload)
+		if errors.Is(err, ErrShuttingDown) {
+			return nil, false
+		}
+		return &ack, err == nil || contract.AsError(err).Reason != contract.ReasonBufferFull
+	}
+	return nil, true
+}
+
+// Register handles a registration from sender (the MQTT topic's
+// hardware_id, or "" over HTTP). It returns the ack, whether this was the
+// device's first registration, and an error when it was refused: an
+// *contract.Error (invalid; reason buffer_full when it could not be saved)
+// or ErrShuttingDown.
+func (in *Ingest) Register(ctx context.Context, sender string, payload []byte) (contract.Ack, bool, error) {
+	if in.stopping() {
+		return contract.Ack{}, false, ErrShuttingDown
+	}
+	reg, err := contract.DecodeRegistration(payload, sender)
+	if err == nil && in.devices == nil {
+		err = contract.NewError(contract.ReasonUnknownDevice, "", "this gateway keeps no device registry")
+	}
+	if err != nil {
+		return contract.RegisterAck("", err), false, err
+	}
+	id, first, err := in.devices.Register(reg)
+	if err != nil {
+		in.logger.Error("registration not saved", "hardware_id", reg.HardwareID, "err", err)
+		cerr := contract.NewError(contract.ReasonBufferFull, "", "the gateway could not save the registration; retry later")
+		return contract.RegisterAck("", cerr), false, cerr
+	}
+	if first {
+		in.logger.Info("device registered", "hardware_id", reg.HardwareID, "confirmation_id", id,
+			"firmware_version", reg.FirmwareVersion)
+	}
+	return contract.RegisterAck(id, nil), first, nil
 }
 
 // Readings decodes, validates and commits reading batches, all from one
@@ -107,22 +249,21 @@ func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloa
 	results := make([]contract.Result, len(payloads))
 	var entries []buffer.Entry
 	var idx []int
+	var batches []*contract.Batch
+	var repaired []bool
 	for i, p := range payloads {
-		b, err := contract.DecodeBatch(p, sender, in.limits, now)
-		if err == nil && b.NeedsClockRepair() {
-			err = &contract.Error{Reason: contract.ReasonClockNotSynced, Field: "readings",
-				Rule: "timestamps before 2000-01-01: the device clock is not synced; resend after NTP sync"}
-		}
+		b, fixed, err := in.prepare(p, sender, now)
 		if err != nil {
-			results[i] = rejected(batchIDOf(b, p), err)
+			results[i] = rejected(batchIDOf(b, p, err), err)
 			continue
 		}
-		canon := b.Canonical()
 		entries = append(entries, buffer.Entry{
 			BatchID: b.BatchID, HardwareID: b.HardwareID,
-			Hash: b.IdentityHash(), Payload: canon, ReceivedAt: now,
+			Hash: b.hash, Payload: b.Canonical(), ReceivedAt: now,
 		})
 		idx = append(idx, i)
+		batches = append(batches, b.Batch)
+		repaired = append(repaired, fixed)
 		results[i].BatchID = b.BatchID
 	}
 	var commitErr error
@@ -136,6 +277,9 @@ func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloa
 		} else {
 			for k, i := range idx {
 				results[i] = outcomeResult(results[i].BatchID, outcomes[k])
+				if in.devices != nil && (outcomes[k] == buffer.Stored || outcomes[k] == buffer.Duplicate) {
+					in.devices.Observe(batches[k], repaired[k], outcomes[k] == buffer.Stored)
+				}
 			}
 		}
 	}
@@ -147,6 +291,64 @@ func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloa
 		}
 	}
 	return results, commitErr
+}
+
+// prepared is a decoded batch with its identity hash (taken before any
+// clock repair, as the device sent it).
+type prepared struct {
+	*contract.Batch
+	hash [32]byte
+}
+
+// prepare decodes and validates one batch and applies the registry's
+// rules: unknown devices, clock repair and ordering. It reports whether the
+// clock was repaired.
+func (in *Ingest) prepare(payload []byte, sender string, now time.Time) (prepared, bool, error) {
+	b, err := contract.DecodeBatch(payload, sender, in.limits, now)
+	if err != nil {
+		if in.devices != nil && contract.AsError(err).Reason == contract.ReasonClockNotSynced && sender != "" {
+			in.devices.NotSynced(sender)
+		}
+		return prepared{}, false, err
+	}
+	p := prepared{Batch: b, hash: b.IdentityHash()}
+	if in.devices == nil {
+		if b.NeedsClockRepair() {
+			return p, false, contract.NewError(contract.ReasonClockNotSynced, "readings",
+				"timestamps before 2000-01-01 and no device registry to repair them")
+		}
+		return p, false, nil
+	}
+	if in.devices.cfg.UnknownDevices == "reject" && !in.devices.Registered(b.HardwareID) {
+		return p, false, contract.NewError(contract.ReasonUnknownDevice, "hardware_id",
+			"the device has not registered; publish a registration first")
+	}
+	fixed := false
+	if b.NeedsClockRepair() {
+		anchor, err := in.devices.Anchor(b.HardwareID, b.BootID, now.UnixMilli(), *b.SentUptimeMS)
+		if err != nil {
+			return p, false, contract.NewError(contract.ReasonBufferFull, "", "the gateway could not save the clock anchor; retry later")
+		}
+		b.RepairClock(anchor)
+		if err := b.Validate(in.limits, now); err != nil {
+			return p, false, err
+		}
+		fixed = true
+	}
+	if in.cfg.Ordering == "reject_older" {
+		if last := in.devices.LastTimestamp(b.HardwareID); last != 0 {
+			first := b.Readings[0].TimestampMS
+			for _, r := range b.Readings {
+				first = min(first, r.TimestampMS)
+			}
+			if first < last-in.cfg.OrderingGrace.Milliseconds() {
+				return p, false, contract.NewError(ReasonTimestampConflict, "readings",
+					fmt.Sprintf("starts at %d, more than %s before the newest reading already accepted (%d)",
+						first, in.cfg.OrderingGrace, last))
+			}
+		}
+	}
+	return p, fixed, nil
 }
 
 func resultLabel(r contract.Result) string {
@@ -187,16 +389,10 @@ func rejected(batchID string, err error) contract.Result {
 }
 
 // batchIDOf names a rejected batch as well as it can: the decoded batch_id,
-// else the raw field if the payload is an object that has a usable one.
-func batchIDOf(b *contract.Batch, payload []byte) string {
-	if b != nil {
+// else the one the decoder saw in the payload.
+func batchIDOf(b prepared, payload []byte, err error) string {
+	if b.Batch != nil {
 		return b.BatchID
 	}
-	var peek struct {
-		BatchID string `json:"batch_id"`
-	}
-	if json.Unmarshal(payload, &peek) != nil || len(peek.BatchID) > 256 {
-		return ""
-	}
-	return peek.BatchID
+	return contract.AsError(err).BatchID
 }

@@ -203,32 +203,23 @@ func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 	return topic == contract.AckTopic(hw)
 }
 
-// OnPublish commits a readings batch before mochi sends the PUBACK. Only
-// packets.ErrRejectPacket withholds the PUBACK, so every failure to commit
-// maps to it; success returns CodeSuccessIgnore, which acknowledges without
-// fanning the batch out to subscribers.
+// OnPublish hands a device's message to the ingest path before mochi sends
+// the PUBACK. Only packets.ErrRejectPacket withholds the PUBACK, so every
+// message that was not stored maps to it; otherwise CodeSuccessIgnore
+// acknowledges without fanning the message out to subscribers.
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	if cl.Net.Inline {
 		return pk, nil // our own acks
 	}
 	hw, kind, ok := contract.ParseTopic(pk.TopicName)
-	if !ok || kind != "readings" {
-		// Registration is answered by a later gateway version; until then
-		// it is acknowledged at the MQTT level only.
-		return pk, packets.CodeSuccessIgnore
+	if !ok {
+		return pk, packets.CodeSuccessIgnore // unreachable: the ACL admits only device topics
 	}
-	results, err := h.b.ingest.Readings(context.Background(), TransportMQTT, hw, [][]byte{pk.Payload})
-	if errors.Is(err, ErrShuttingDown) {
-		return pk, packets.ErrRejectPacket
+	ack, ackMQTT := h.b.ingest.MQTTMessage(context.Background(), hw, kind, pk.Payload)
+	if ack != nil {
+		h.b.publishAck(hw, *ack)
 	}
-	r := results[0]
-	h.b.publishAck(hw, contract.Ack{Type: "readings", BatchID: r.BatchID, Status: r.Status, Reason: r.Reason, Message: r.Message})
-	if err != nil {
-		h.b.logger.Error("commit failed; PUBACK withheld", "hardware_id", hw, "batch_id", r.BatchID, "err", err)
-		return pk, packets.ErrRejectPacket
-	}
-	if r.Reason != nil && *r.Reason == contract.ReasonBufferFull {
-		// Nothing was stored: a QoS 1 device must keep the batch.
+	if !ackMQTT {
 		return pk, packets.ErrRejectPacket
 	}
 	return pk, packets.CodeSuccessIgnore

@@ -12,6 +12,7 @@ type metrics struct {
 	requestErrors  *prometheus.CounterVec
 	requestSeconds *prometheus.HistogramVec
 	unprocessed    prometheus.Counter
+	deviceUpserts  prometheus.Counter
 	up             prometheus.Gauge
 	txLimit        prometheus.Gauge
 }
@@ -46,6 +47,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		unprocessed: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "unprocessed_items_total",
 			Help: "Items BatchWriteItem returned unprocessed (throttling) and that were resent.",
+		}),
+		deviceUpserts: f.NewCounter(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "device_upserts_total",
+			Help: "Device records written to the devices table.",
 		}),
 		up: f.NewGauge(prometheus.GaugeOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "up",

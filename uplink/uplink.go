@@ -129,6 +129,7 @@ type DynamoDB interface {
 	TransactWriteItems(context.Context, *dynamodb.TransactWriteItemsInput, ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
 	BatchWriteItem(context.Context, *dynamodb.BatchWriteItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error)
 	PutItem(context.Context, *dynamodb.PutItemInput, ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
+	UpdateItem(context.Context, *dynamodb.UpdateItemInput, ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
 }
 
 // Prober finds the endpoint's per-transaction item limit
@@ -139,6 +140,7 @@ type Prober func(ctx context.Context) (int, error)
 type Uplink struct {
 	cfg     Config
 	store   Store
+	devices DeviceSource
 	db      DynamoDB
 	probe   Prober
 	tables  cloud.Tables
@@ -162,8 +164,9 @@ type Status struct {
 	Failures int
 }
 
-// New validates cfg and returns an uplink; it does no I/O.
-func New(cfg Config, store Store, db DynamoDB, probe Prober, tables cloud.Tables, logger *slog.Logger, reg prometheus.Registerer) (*Uplink, error) {
+// New validates cfg and returns an uplink; it does no I/O. devices may be
+// nil (no device records to write).
+func New(cfg Config, store Store, devices DeviceSource, db DynamoDB, probe Prober, tables cloud.Tables, logger *slog.Logger, reg prometheus.Registerer) (*Uplink, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -178,7 +181,7 @@ func New(cfg Config, store Store, db DynamoDB, probe Prober, tables cloud.Tables
 		logger = slog.New(slog.DiscardHandler)
 	}
 	u := &Uplink{
-		cfg: cfg, store: store, db: db, probe: probe, tables: tables,
+		cfg: cfg, store: store, devices: devices, db: db, probe: probe, tables: tables,
 		logger:  logger.With("component", "uplink"),
 		metrics: newMetrics(reg),
 		now:     time.Now,
@@ -240,12 +243,16 @@ func (u *Uplink) Run(ctx context.Context) error {
 // round forwards one lease of the oldest pending batches and returns how
 // many it took. An error means some batches must be retried later.
 func (u *Uplink) round(ctx context.Context) (int, error) {
+	devices, err := u.upsertDevices(ctx)
+	if err != nil {
+		return 0, err
+	}
 	leased, err := u.store.Pending(0, u.cfg.LeaseBatches)
 	if err != nil {
 		return 0, fmt.Errorf("reading the buffer: %w", err)
 	}
 	if len(leased) == 0 {
-		return 0, nil
+		return devices, nil
 	}
 	limit, err := u.transactionLimit(ctx)
 	if err != nil {

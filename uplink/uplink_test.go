@@ -84,7 +84,7 @@ func newEnv(t *testing.T, local *dynamotest.Local, cfg uplink.Config) *env {
 	probe := func(ctx context.Context) (int, error) {
 		return cloud.ProbeTransactionLimit(ctx, upClient, e.tables.ProcessedBatches)
 	}
-	e.up, err = uplink.New(cfg, e.buf, upClient, probe, e.tables, nil, e.reg)
+	e.up, err = uplink.New(cfg, e.buf, nil, upClient, probe, e.tables, nil, e.reg)
 	require.NoError(t, err)
 	return e
 }
@@ -339,7 +339,7 @@ func TestPerDeviceOrderSurvivesAFailure(t *testing.T) {
 	store(t, buf, a1, b1, a2)
 	db := &fakeDB{failID: a1.BatchID, failing: true}
 	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
-		buf, db, nil, cloud.TableNames(""), nil, nil)
+		buf, nil, db, nil, cloud.TableNames(""), nil, nil)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -10,7 +10,6 @@ import (
 	"greenhouse-gateway/gateway"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/config"
-	"greenhouse-gateway/internal/contract"
 	"greenhouse-gateway/uplink"
 )
 
@@ -19,19 +18,9 @@ const envPrefix = "GATEWAY"
 
 // Environment variables that are not settings of the file.
 const (
-	envPepper = "GATEWAY_API_KEY_PEPPER"
+	envPepper     = "GATEWAY_API_KEY_PEPPER"
+	envAdminToken = "GATEWAY_ADMIN_TOKEN"
 )
-
-// IngestConfig holds the device contract's configurable limits.
-type IngestConfig struct {
-	// MaxReadingsPerBatch caps readings in one batch. Default 100.
-	MaxReadingsPerBatch int `yaml:"max_readings_per_batch"`
-	// MaxSensorsPerReading caps sensors (and sensor_status entries) per
-	// reading. Default 64.
-	MaxSensorsPerReading int `yaml:"max_sensors_per_reading"`
-	// MaxClockSkew is how far in the future a timestamp may be. Default 5m.
-	MaxClockSkew time.Duration `yaml:"max_clock_skew"`
-}
 
 // Config is gatewayd's whole configuration.
 type Config struct {
@@ -54,17 +43,17 @@ type Config struct {
 	// credential); otherwise GATEWAY_API_KEY_PEPPER is used.
 	APIKeyPepperFile string `yaml:"api_key_pepper_file"`
 
-	MQTT   gateway.MQTTConfig `yaml:"mqtt"`
-	HTTP   gateway.HTTPConfig `yaml:"http"`
-	Auth   gateway.AuthConfig `yaml:"auth"`
-	Ingest IngestConfig       `yaml:"ingest"`
-	Buffer buffer.Options     `yaml:"buffer"`
-	Uplink uplink.Config      `yaml:"uplink"`
+	MQTT    gateway.MQTTConfig    `yaml:"mqtt"`
+	HTTP    gateway.HTTPConfig    `yaml:"http"`
+	Auth    gateway.AuthConfig    `yaml:"auth"`
+	Ingest  gateway.IngestConfig  `yaml:"ingest"`
+	Devices gateway.DevicesConfig `yaml:"devices"`
+	Buffer  buffer.Options        `yaml:"buffer"`
+	Uplink  uplink.Config         `yaml:"uplink"`
 }
 
 // defaultConfig returns every default, so a printed config documents them.
 func defaultConfig() Config {
-	lim := contract.DefaultLimits()
 	return Config{
 		DataDir:         "/var/lib/greenhouse-gateway",
 		LogLevel:        "info",
@@ -73,8 +62,9 @@ func defaultConfig() Config {
 		MQTT:            gateway.MQTTConfig{Addr: ":1883", MaxPacketSize: 256 << 10, MaxClients: 10000},
 		HTTP:            gateway.HTTPConfig{Addr: ":8080", MaxBodyBytes: 1 << 20, RetryAfter: 30 * time.Second},
 		Auth:            gateway.AuthConfig{RefreshInterval: time.Minute, NegativeTTL: 30 * time.Second, LookupTimeout: 5 * time.Second},
-		Ingest: IngestConfig{MaxReadingsPerBatch: lim.MaxReadings, MaxSensorsPerReading: lim.MaxSensors,
-			MaxClockSkew: lim.MaxClockSkew},
+		Ingest:          gateway.DefaultIngestConfig(),
+		Devices: gateway.DevicesConfig{UnknownDevices: "accept", RebootLoopBoots: 5, SeenWriteInterval: 5 * time.Minute,
+			FlushInterval: 5 * time.Second},
 		Buffer: buffer.DefaultOptions(),
 		Uplink: uplink.DefaultConfig(),
 	}
@@ -82,11 +72,6 @@ func defaultConfig() Config {
 
 func (c Config) cloud() cloud.Config {
 	return cloud.Config{Endpoint: c.DynamoDBEndpoint, Region: c.AWSRegion, TablePrefix: c.TablePrefix}
-}
-
-func (c Config) limits() contract.Limits {
-	return contract.Limits{MaxReadings: c.Ingest.MaxReadingsPerBatch, MaxSensors: c.Ingest.MaxSensorsPerReading,
-		MaxClockSkew: c.Ingest.MaxClockSkew}
 }
 
 // Validate reports the first invalid setting.
@@ -107,16 +92,7 @@ func (c Config) Validate() error {
 	if c.ShutdownTimeout <= 0 {
 		return errors.New("shutdown_timeout: must be positive")
 	}
-	if c.Ingest.MaxReadingsPerBatch < 1 || c.Ingest.MaxReadingsPerBatch > 1000 {
-		return errors.New("ingest.max_readings_per_batch: must be between 1 and 1000")
-	}
-	if c.Ingest.MaxSensorsPerReading < 1 || c.Ingest.MaxSensorsPerReading > 1000 {
-		return errors.New("ingest.max_sensors_per_reading: must be between 1 and 1000")
-	}
-	if c.Ingest.MaxClockSkew < 0 {
-		return errors.New("ingest.max_clock_skew: must not be negative")
-	}
-	for _, v := range []interface{ Validate() error }{c.cloud(), c.MQTT, c.HTTP, c.Auth, c.Buffer, c.Uplink} {
+	for _, v := range []interface{ Validate() error }{c.cloud(), c.MQTT, c.HTTP, c.Auth, c.Ingest, c.Devices, c.Buffer, c.Uplink} {
 		if err := v.Validate(); err != nil {
 			return err
 		}
@@ -178,7 +154,7 @@ func loadConfig(args, environ []string) (Config, *flags, []string, error) {
 			return Config{}, nil, nil, err
 		}
 	}
-	unknown, err := config.ApplyEnv(envPrefix, environ, &cfg, envPepper, "GATEWAY_ADMIN_TOKEN")
+	unknown, err := config.ApplyEnv(envPrefix, environ, &cfg, envPepper, envAdminToken)
 	if err != nil {
 		return Config{}, nil, nil, err
 	}

@@ -138,7 +138,14 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	if err != nil {
 		return err
 	}
-	ingest := gateway.NewIngest(cfg.limits(), buf, logger, reg)
+	devices, err := gateway.NewRegistry(cfg.Devices, buf, logger, reg)
+	if err != nil {
+		return err
+	}
+	ingest, err := gateway.NewIngest(cfg.Ingest, buf, devices, logger, reg)
+	if err != nil {
+		return err
+	}
 	broker, err := gateway.NewBroker(cfg.MQTT, ingest, auth, logger, reg)
 	if err != nil {
 		return err
@@ -146,7 +153,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	probe := func(ctx context.Context) (int, error) {
 		return cloud.ProbeTransactionLimit(ctx, uplinkClient, tables.ProcessedBatches)
 	}
-	up, err := uplink.New(cfg.Uplink, buf, uplinkClient, probe, tables, logger, reg)
+	up, err := uplink.New(cfg.Uplink, buf, devices, uplinkClient, probe, tables, logger, reg)
 	if err != nil {
 		return err
 	}
@@ -156,8 +163,10 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		}
 		return nil
 	}
-	api, err := gateway.NewHTTPServer(cfg.HTTP, ingest, auth,
-		promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ready, logger)
+	api, err := gateway.NewHTTPServer(cfg.HTTP, gateway.HTTPDeps{
+		Ingest: ingest, Auth: auth, Devices: devices, AdminToken: lookupEnv(environ, envAdminToken),
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready,
+	}, logger)
 	if err != nil {
 		return err
 	}
@@ -180,6 +189,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	g.Go(func() error { return api.Run(gctx) })    // 2.
 	g.Go(func() error { return up.Run(gctx) })     // 3.
 	g.Go(func() error { return buf.Run(gctx) })
+	g.Go(func() error { return devices.Run(gctx) }) // saves device records once more on the way out
 
 	done := make(chan error, 1)
 	go func() { done <- g.Wait() }()
