@@ -356,3 +356,82 @@ func TestPerDeviceOrderSurvivesAFailure(t *testing.T) {
 	require.Equal(t, []string{b1.BatchID, a1.BatchID, a2.BatchID}, db.order)
 	require.True(t, up.Status().Up)
 }
+
+// fakeDevices is a device registry with one pending record.
+type fakeDevices struct {
+	mu      sync.Mutex
+	pending []uplink.DeviceUpsert
+	done    []uplink.DeviceUpsert
+}
+
+func (f *fakeDevices) PendingUpserts(limit int) []uplink.DeviceUpsert {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]uplink.DeviceUpsert(nil), f.pending...)
+}
+
+func (f *fakeDevices) Upserted(u uplink.DeviceUpsert) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.done = append(f.done, u)
+	f.pending = nil
+}
+
+func (f *fakeDevices) add(u uplink.DeviceUpsert) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pending = append(f.pending, u)
+}
+
+func (f *fakeDevices) written() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.done)
+}
+
+func TestDeviceUpsertKeepsFirstRegistration(t *testing.T) {
+	local := dynamotest.Shared(t)
+	tables := local.NewTables(t)
+	client := local.Client(t)
+	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	defer buf.Close()
+	devs := &fakeDevices{}
+	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, PollInterval: 10 * time.Millisecond}, buf, devs, client, nil, tables, nil, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- up.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	hw := "AA:BB:CC:00:00:05"
+	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	rec := uplink.DeviceUpsert{HardwareID: hw, ConfirmationID: uuid.NewString(), FriendlyName: "greenhouse-sensor-01",
+		FirmwareVersion: "1.0.16", LastBootID: uuid.NewString(), FirstRegisteredAt: first, LastSeenAt: first,
+		Capabilities: contract.Capabilities{Sensors: []string{"bme280"}, Features: map[string]bool{"tft_display": true}}, Version: 1}
+	devs.add(rec)
+	require.Eventually(t, func() bool { return devs.written() == 1 }, 30*time.Second, 10*time.Millisecond)
+
+	rec.FirstRegisteredAt = first.Add(time.Hour) // a later registration must not move it
+	rec.LastSeenAt = first.Add(2 * time.Hour)
+	rec.FirmwareVersion = "1.0.17"
+	rec.Version = 2
+	devs.add(rec)
+	require.Eventually(t, func() bool { return devs.written() == 2 }, 30*time.Second, 10*time.Millisecond)
+
+	out, err := client.GetItem(context.Background(), &dynamodb.GetItemInput{TableName: aws.String(tables.Devices),
+		Key: map[string]types.AttributeValue{"hardware_id": &types.AttributeValueMemberS{Value: hw}}, ConsistentRead: aws.Bool(true)})
+	require.NoError(t, err)
+	it := out.Item
+	require.Equal(t, "2026-01-02T03:04:05Z", str(t, it, "first_registered_at"))
+	require.Equal(t, "2026-01-02T05:04:05Z", str(t, it, "last_seen_at"))
+	require.Equal(t, "2026-01-02T05:04:05Z", str(t, it, "gsi1sk"))
+	require.Equal(t, "devices", str(t, it, "gsi1pk"))
+	require.Equal(t, "1.0.17", str(t, it, "firmware_version"))
+	require.Equal(t, rec.ConfirmationID, str(t, it, "confirmation_id"))
+	require.Equal(t, rec.LastBootID, str(t, it, "last_boot_id"))
+	require.Equal(t, "greenhouse-sensor-01", str(t, it, "friendly_name"))
+	caps := it["capabilities"].(*types.AttributeValueMemberM).Value
+	require.Equal(t, "bme280", caps["sensors"].(*types.AttributeValueMemberL).Value[0].(*types.AttributeValueMemberS).Value)
+	require.True(t, caps["features"].(*types.AttributeValueMemberM).Value["tft_display"].(*types.AttributeValueMemberBOOL).Value)
+}
