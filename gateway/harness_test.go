@@ -81,6 +81,8 @@ type harness struct {
 type gatewayOptions struct {
 	ingest  gateway.IngestConfig
 	devices gateway.DevicesConfig
+	auth    gateway.AuthConfig
+	clock   gateway.Clock
 }
 
 const adminToken = "admin-secret"
@@ -101,11 +103,11 @@ func startGateway(t *testing.T, store gateway.Committer, options ...func(*gatewa
 	}
 	reg := prometheus.NewRegistry()
 	keys := newFakeKeys()
-	auth, err := gateway.NewAuthenticator(gateway.AuthConfig{}, pepper, keys, buf, nil, reg)
+	auth, err := gateway.NewAuthenticator(opts.auth, pepper, keys, buf, nil, reg)
 	require.NoError(t, err)
-	devices, err := gateway.NewRegistry(opts.devices, buf, nil, reg)
+	devices, err := gateway.NewRegistry(opts.devices, buf, opts.clock, nil, reg)
 	require.NoError(t, err)
-	ingest, err := gateway.NewIngest(opts.ingest, store, devices, nil, reg)
+	ingest, err := gateway.NewIngest(opts.ingest, store, devices, opts.clock, nil, reg)
 	require.NoError(t, err)
 	broker, err := gateway.NewBroker(gateway.MQTTConfig{Addr: "127.0.0.1:0"}, ingest, auth, nil, reg)
 	require.NoError(t, err)

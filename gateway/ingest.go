@@ -108,21 +108,35 @@ func (c IngestConfig) limits() contract.Limits {
 // accepted reading under the reject_older ordering rule.
 const ReasonTimestampConflict contract.Reason = "timestamp_conflict"
 
+// Clock tells the gateway's time (internal/clock.Clock).
+type Clock interface {
+	Now() time.Time
+	// Plausible is false while the time cannot be trusted (a Pi without
+	// RTC before NTP).
+	Plausible() bool
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time  { return time.Now() }
+func (systemClock) Plausible() bool { return true }
+
 // Ingest is the one ingest path behind both transports.
 type Ingest struct {
 	cfg     IngestConfig
 	limits  contract.Limits
 	store   Committer
 	devices *Registry
+	clock   Clock
 	logger  *slog.Logger
-	now     func() time.Time
 	results *prometheus.CounterVec
 	stop    chan struct{}
 }
 
 // NewIngest returns the ingest path. devices may be nil (no registry:
-// registrations are refused); reg may be nil.
-func NewIngest(cfg IngestConfig, store Committer, devices *Registry, logger *slog.Logger, reg prometheus.Registerer) (*Ingest, error) {
+// registrations are refused); clock nil means the system clock; reg may be
+// nil.
+func NewIngest(cfg IngestConfig, store Committer, devices *Registry, clock Clock, logger *slog.Logger, reg prometheus.Registerer) (*Ingest, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -133,13 +147,16 @@ func NewIngest(cfg IngestConfig, store Committer, devices *Registry, logger *slo
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
+	if clock == nil {
+		clock = systemClock{}
+	}
 	in := &Ingest{
 		cfg:     cfg,
 		limits:  cfg.limits(),
 		store:   store,
 		devices: devices,
+		clock:   clock,
 		logger:  logger.With("component", "ingest"),
-		now:     time.Now,
 		stop:    make(chan struct{}),
 		results: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "ingest", Name: "batches_total",
@@ -245,7 +262,7 @@ func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloa
 	if in.stopping() {
 		return nil, ErrShuttingDown
 	}
-	now := in.now()
+	now := in.clock.Now()
 	results := make([]contract.Result, len(payloads))
 	var entries []buffer.Entry
 	var idx []int
@@ -304,7 +321,12 @@ type prepared struct {
 // rules: unknown devices, clock repair and ordering. It reports whether the
 // clock was repaired.
 func (in *Ingest) prepare(payload []byte, sender string, now time.Time) (prepared, bool, error) {
-	b, err := contract.DecodeBatch(payload, sender, in.limits, now)
+	plausible := in.clock.Plausible()
+	check := now
+	if !plausible {
+		check = time.Time{} // no "too far in the future" check against a wrong clock
+	}
+	b, err := contract.DecodeBatch(payload, sender, in.limits, check)
 	if err != nil {
 		if in.devices != nil && contract.AsError(err).Reason == contract.ReasonClockNotSynced && sender != "" {
 			in.devices.NotSynced(sender)
@@ -324,13 +346,17 @@ func (in *Ingest) prepare(payload []byte, sender string, now time.Time) (prepare
 			"the device has not registered; publish a registration first")
 	}
 	fixed := false
+	if b.NeedsClockRepair() && !plausible {
+		return p, false, contract.NewError(contract.ReasonClockNotSynced, "readings",
+			"timestamps before 2000-01-01, and the gateway's own clock is not synced yet to repair them; resend later")
+	}
 	if b.NeedsClockRepair() {
 		anchor, err := in.devices.Anchor(b.HardwareID, b.BootID, now.UnixMilli(), *b.SentUptimeMS)
 		if err != nil {
 			return p, false, contract.NewError(contract.ReasonBufferFull, "", "the gateway could not save the clock anchor; retry later")
 		}
 		b.RepairClock(anchor)
-		if err := b.Validate(in.limits, now); err != nil {
+		if err := b.Validate(in.limits, check); err != nil {
 			return p, false, err
 		}
 		fixed = true

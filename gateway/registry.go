@@ -140,7 +140,7 @@ type Registry struct {
 		LoadStates(prefix string) (map[string][]byte, error)
 	}
 	logger *slog.Logger
-	now    func() time.Time
+	clock  Clock
 
 	mu      sync.Mutex
 	devices map[string]*Device
@@ -156,11 +156,12 @@ type registryMetrics struct {
 	reboots, gaps, replays, repaired, older, notSynced prometheus.Counter
 }
 
-// NewRegistry loads the registry from state.
+// NewRegistry loads the registry from state. clock nil means the system
+// clock.
 func NewRegistry(cfg DevicesConfig, state interface {
 	StateStore
 	LoadStates(prefix string) (map[string][]byte, error)
-}, logger *slog.Logger, reg prometheus.Registerer) (*Registry, error) {
+}, clock Clock, logger *slog.Logger, reg prometheus.Registerer) (*Registry, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -170,7 +171,10 @@ func NewRegistry(cfg DevicesConfig, state interface {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	r := &Registry{cfg: cfg.withDefaults(), state: state, logger: logger.With("component", "devices"), now: time.Now,
+	if clock == nil {
+		clock = systemClock{}
+	}
+	r := &Registry{cfg: cfg.withDefaults(), state: state, logger: logger.With("component", "devices"), clock: clock,
 		devices: map[string]*Device{}, dirty: map[string]bool{}, recentBootIDs: map[string][]string{}}
 	recs, err := state.LoadStates(deviceStatePrefix)
 	if err != nil {
@@ -261,7 +265,7 @@ func (r *Registry) Registered(hw string) bool {
 func (r *Registry) Register(reg *contract.Registration) (confirmationID string, first bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := r.now()
+	now := r.clock.Now()
 	d := r.device(reg.HardwareID, now)
 	first = !d.Registered
 	if d.ConfirmationID == "" {
@@ -330,7 +334,7 @@ func (r *Registry) boot(d *Device, bootID string, bootAt time.Time) bool {
 func (r *Registry) Anchor(hw, bootID string, receivedMS, sentUptimeMS int64) (int64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	d := r.device(hw, r.now())
+	d := r.device(hw, r.clock.Now())
 	for _, a := range d.Anchors {
 		if a.BootID == bootID {
 			return a.AnchorMS, nil
@@ -362,7 +366,7 @@ func (r *Registry) LastTimestamp(hw string) int64 {
 func (r *Registry) NotSynced(hw string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.device(hw, r.now()).NotSynced++
+	r.device(hw, r.clock.Now()).NotSynced++
 	r.dirty[hw] = true
 	r.m.notSynced.Inc()
 }
@@ -372,7 +376,7 @@ func (r *Registry) NotSynced(hw string) {
 func (r *Registry) Observe(b *contract.Batch, repaired, stored bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := r.now()
+	now := r.clock.Now()
 	d := r.device(b.HardwareID, now)
 	d.LastSeenAt = now
 	r.dirty[d.HardwareID] = true

@@ -97,9 +97,9 @@ func TestConfirmationIDSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
 	buf, err := buffer.Open(dir, buffer.Options{}, nil, nil)
 	require.NoError(t, err)
-	reg, err := gateway.NewRegistry(gateway.DevicesConfig{}, buf, nil, nil)
+	reg, err := gateway.NewRegistry(gateway.DevicesConfig{}, buf, nil, nil, nil)
 	require.NoError(t, err)
-	in, err := gateway.NewIngest(gateway.IngestConfig{}, buf, reg, nil, nil)
+	in, err := gateway.NewIngest(gateway.IngestConfig{}, buf, reg, nil, nil, nil)
 	require.NoError(t, err)
 	hw := "AA:BB:CC:DD:EE:22"
 	ack, first, err := in.Register(context.Background(), hw, registration(hw, newBoot()))
@@ -110,9 +110,9 @@ func TestConfirmationIDSurvivesRestart(t *testing.T) {
 	buf, err = buffer.Open(dir, buffer.Options{}, nil, nil)
 	require.NoError(t, err)
 	defer buf.Close()
-	reg, err = gateway.NewRegistry(gateway.DevicesConfig{}, buf, nil, nil)
+	reg, err = gateway.NewRegistry(gateway.DevicesConfig{}, buf, nil, nil, nil)
 	require.NoError(t, err)
-	in, err = gateway.NewIngest(gateway.IngestConfig{}, buf, reg, nil, nil)
+	in, err = gateway.NewIngest(gateway.IngestConfig{}, buf, reg, nil, nil, nil)
 	require.NoError(t, err)
 	again, first, err := in.Register(context.Background(), hw, registration(hw, newBoot()))
 	require.NoError(t, err)
@@ -214,10 +214,10 @@ func TestClockRepairIsIdenticalOnResend(t *testing.T) {
 	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
 	require.NoError(t, err)
 	defer buf.Close()
-	reg, err := gateway.NewRegistry(gateway.DevicesConfig{}, buf, nil, nil)
+	reg, err := gateway.NewRegistry(gateway.DevicesConfig{}, buf, nil, nil, nil)
 	require.NoError(t, err)
 	store := &toggleStore{Buffer: buf, failing: true}
-	in, err := gateway.NewIngest(gateway.IngestConfig{}, store, reg, nil, nil)
+	in, err := gateway.NewIngest(gateway.IngestConfig{}, store, reg, nil, nil, nil)
 	require.NoError(t, err)
 	hw, boot := "AA:BB:CC:DD:EE:25", newBoot()
 
@@ -267,9 +267,9 @@ func TestOrderingModes(t *testing.T) {
 			buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
 			require.NoError(t, err)
 			defer buf.Close()
-			reg, err := gateway.NewRegistry(gateway.DevicesConfig{}, buf, nil, nil)
+			reg, err := gateway.NewRegistry(gateway.DevicesConfig{}, buf, nil, nil, nil)
 			require.NoError(t, err)
-			in, err := gateway.NewIngest(gateway.IngestConfig{Ordering: mode, OrderingGrace: time.Minute}, buf, reg, nil, nil)
+			in, err := gateway.NewIngest(gateway.IngestConfig{Ordering: mode, OrderingGrace: time.Minute}, buf, reg, nil, nil, nil)
 			require.NoError(t, err)
 			hw, boot := "AA:BB:CC:DD:EE:26", uuid.NewString()
 			newer := seqBatch(hw, boot, 5, 10)
@@ -305,4 +305,31 @@ func TestUnknownDevicesRejectedWhenRequired(t *testing.T) {
 	require.Equal(t, contract.StatusRegistered, d.register(t, registration(hw, boot)).Status)
 	require.True(t, d.publish(seqBatch(hw, boot, 0, 0)).WaitTimeout(20*time.Second))
 	require.Equal(t, contract.StatusAccepted, d.nextAck(t).Status)
+}
+
+// wrongClock is a gateway clock that booted without NTP.
+type wrongClock struct{}
+
+func (wrongClock) Now() time.Time  { return time.Date(1970, 1, 1, 0, 5, 0, 0, time.UTC) }
+func (wrongClock) Plausible() bool { return false }
+
+func TestGatewayClockNotSynced(t *testing.T) {
+	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	defer buf.Close()
+	reg, err := gateway.NewRegistry(gateway.DevicesConfig{}, buf, wrongClock{}, nil, nil)
+	require.NoError(t, err)
+	in, err := gateway.NewIngest(gateway.IngestConfig{}, buf, reg, wrongClock{}, nil, nil)
+	require.NoError(t, err)
+	hw := "AA:BB:CC:DD:EE:28"
+	// A synced device's batch is not "from the future" for a gateway that
+	// does not know the time.
+	res, err := in.Readings(context.Background(), gateway.TransportHTTP, "", [][]byte{seqBatch(hw, newBoot(), 0, 0)})
+	require.NoError(t, err)
+	require.Equal(t, contract.StatusAccepted, res[0].Status)
+	// But an unsynced device cannot be repaired from a wrong clock.
+	res, err = in.Readings(context.Background(), gateway.TransportMQTT, hw, [][]byte{unsyncedBatch(hw, newBoot(), 5000)})
+	require.NoError(t, err)
+	require.Equal(t, contract.ReasonClockNotSynced, *res[0].Reason)
+	require.Contains(t, *res[0].Message, "gateway's own clock")
 }

@@ -29,7 +29,7 @@ const markerCondition = "attribute_not_exists(batch_id)"
 // forward sends one batch. nil means the batch is in the cloud (written now
 // or before).
 func (u *Uplink) forward(ctx context.Context, p buffer.Pending, limit int) error {
-	cb, err := buildBatch(p, u.cfg.ReadingsRetention, u.now())
+	cb, err := buildBatch(p, u.cfg.ReadingsRetention, u.clock.Now())
 	if err != nil {
 		// The buffer only holds payloads the gateway validated and encoded
 		// itself, so this is damage on disk: keep it for an operator.

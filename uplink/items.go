@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/contract"
 )
 
@@ -41,10 +42,16 @@ func buildBatch(p buffer.Pending, readingsRetention time.Duration, now time.Time
 	for _, r := range b.Readings {
 		cb.readings = append(cb.readings, readingItem(&b, r, readingsRetention))
 	}
+	received := p.ReceivedAt
+	if received.Before(clock.DefaultFloor) {
+		// Stamped by a clock that was not set yet: the forwarding time is
+		// the best receive time there is.
+		received = now
+	}
 	cb.marker = map[string]types.AttributeValue{
 		"batch_id":        s(b.BatchID),
 		"hardware_id":     s(b.HardwareID),
-		"received_at":     s(p.ReceivedAt.UTC().Format(rfc3339)),
+		"received_at":     s(received.UTC().Format(rfc3339)),
 		"expiration_time": n(strconv.FormatInt(now.Add(markerTTL).Unix(), 10)),
 	}
 	return cb, nil

@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -129,8 +130,25 @@ type DynamoDB interface {
 	TransactWriteItems(context.Context, *dynamodb.TransactWriteItemsInput, ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
 	BatchWriteItem(context.Context, *dynamodb.BatchWriteItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error)
 	PutItem(context.Context, *dynamodb.PutItemInput, ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
+	DescribeTable(context.Context, *dynamodb.DescribeTableInput, ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error)
 	UpdateItem(context.Context, *dynamodb.UpdateItemInput, ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
 }
+
+// Clock tells the gateway's time (internal/clock.Clock).
+type Clock interface {
+	Now() time.Time
+	// Plausible is false while the time cannot be trusted.
+	Plausible() bool
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time  { return time.Now() }
+func (systemClock) Plausible() bool { return true }
+
+// errClockImplausible stops forwarding while the gateway's clock is wrong:
+// markers and TTLs would carry wrong times.
+var errClockImplausible = errors.New("the gateway's clock is not plausible (before its release date) and no DynamoDB answer corrected it yet")
 
 // Prober finds the endpoint's per-transaction item limit
 // (cloud.ProbeTransactionLimit).
@@ -146,7 +164,7 @@ type Uplink struct {
 	tables  cloud.Tables
 	logger  *slog.Logger
 	metrics *metrics
-	now     func() time.Time
+	clock   Clock
 
 	mu      sync.Mutex
 	txLimit int // 0 until known
@@ -165,8 +183,8 @@ type Status struct {
 }
 
 // New validates cfg and returns an uplink; it does no I/O. devices may be
-// nil (no device records to write).
-func New(cfg Config, store Store, devices DeviceSource, db DynamoDB, probe Prober, tables cloud.Tables, logger *slog.Logger, reg prometheus.Registerer) (*Uplink, error) {
+// nil (no device records to write); clock nil means the system clock.
+func New(cfg Config, store Store, devices DeviceSource, clock Clock, db DynamoDB, probe Prober, tables cloud.Tables, logger *slog.Logger, reg prometheus.Registerer) (*Uplink, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -180,11 +198,14 @@ func New(cfg Config, store Store, devices DeviceSource, db DynamoDB, probe Probe
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	if clock == nil {
+		clock = systemClock{}
+	}
 	u := &Uplink{
 		cfg: cfg, store: store, devices: devices, db: db, probe: probe, tables: tables,
 		logger:  logger.With("component", "uplink"),
 		metrics: newMetrics(reg),
-		now:     time.Now,
+		clock:   clock,
 		txLimit: cfg.TransactionMaxItems,
 		status:  Status{Up: true, Since: time.Now()},
 	}
@@ -243,6 +264,16 @@ func (u *Uplink) Run(ctx context.Context) error {
 // round forwards one lease of the oldest pending batches and returns how
 // many it took. An error means some batches must be retried later.
 func (u *Uplink) round(ctx context.Context) (int, error) {
+	if !u.clock.Plausible() {
+		// Any answer from DynamoDB teaches the clock its offset.
+		_ = u.call(ctx, "DescribeTable", func(ctx context.Context) error {
+			_, err := u.db.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(u.tables.ProcessedBatches)})
+			return err
+		})
+		if !u.clock.Plausible() {
+			return 0, errClockImplausible
+		}
+	}
 	devices, err := u.upsertDevices(ctx)
 	if err != nil {
 		return 0, err
@@ -367,7 +398,7 @@ func (u *Uplink) setDown(err error) {
 	u.status.Failures++
 	if u.status.Up {
 		u.status.Up = false
-		u.status.Since = u.now()
+		u.status.Since = u.clock.Now()
 		u.metrics.up.Set(0)
 		// Logged once per state change; repeats are counted, not logged.
 		u.logger.Warn("uplink down; batches stay buffered and are retried", "err", err)
@@ -381,9 +412,9 @@ func (u *Uplink) setUp() {
 		return
 	}
 	u.logger.Info("uplink recovered", "failed_rounds", u.status.Failures,
-		"down_for", u.now().Sub(u.status.Since).Round(time.Millisecond).String(),
+		"down_for", u.clock.Now().Sub(u.status.Since).Round(time.Millisecond).String(),
 		"last_err", u.status.LastError)
-	u.status = Status{Up: true, Since: u.now()}
+	u.status = Status{Up: true, Since: u.clock.Now()}
 	u.metrics.up.Set(1)
 }
 

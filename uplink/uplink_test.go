@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,7 +85,7 @@ func newEnv(t *testing.T, local *dynamotest.Local, cfg uplink.Config) *env {
 	probe := func(ctx context.Context) (int, error) {
 		return cloud.ProbeTransactionLimit(ctx, upClient, e.tables.ProcessedBatches)
 	}
-	e.up, err = uplink.New(cfg, e.buf, nil, upClient, probe, e.tables, nil, e.reg)
+	e.up, err = uplink.New(cfg, e.buf, nil, nil, upClient, probe, e.tables, nil, e.reg)
 	require.NoError(t, err)
 	return e
 }
@@ -339,7 +340,7 @@ func TestPerDeviceOrderSurvivesAFailure(t *testing.T) {
 	store(t, buf, a1, b1, a2)
 	db := &fakeDB{failID: a1.BatchID, failing: true}
 	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
-		buf, nil, db, nil, cloud.TableNames(""), nil, nil)
+		buf, nil, nil, db, nil, cloud.TableNames(""), nil, nil)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -397,7 +398,7 @@ func TestDeviceUpsertKeepsFirstRegistration(t *testing.T) {
 	require.NoError(t, err)
 	defer buf.Close()
 	devs := &fakeDevices{}
-	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, PollInterval: 10 * time.Millisecond}, buf, devs, client, nil, tables, nil, nil)
+	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, PollInterval: 10 * time.Millisecond}, buf, devs, nil, client, nil, tables, nil, nil)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -434,4 +435,41 @@ func TestDeviceUpsertKeepsFirstRegistration(t *testing.T) {
 	caps := it["capabilities"].(*types.AttributeValueMemberM).Value
 	require.Equal(t, "bme280", caps["sensors"].(*types.AttributeValueMemberL).Value[0].(*types.AttributeValueMemberS).Value)
 	require.True(t, caps["features"].(*types.AttributeValueMemberM).Value["tft_display"].(*types.AttributeValueMemberBOOL).Value)
+}
+
+// settableClock is implausible until set.
+type settableClock struct{ ok atomic.Bool }
+
+func (c *settableClock) Now() time.Time  { return time.Now() }
+func (c *settableClock) Plausible() bool { return c.ok.Load() }
+
+func TestNoForwardingWhileTheClockIsImplausible(t *testing.T) {
+	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	defer buf.Close()
+	store(t, buf, testBatch(t, "CC:00:00:00:00:01", 0, 1))
+	db := &fakeDB{}
+	clk := &settableClock{}
+	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
+		buf, nil, clk, &describingDB{fakeDB: db}, nil, cloud.TableNames(""), nil, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- up.Run(ctx) }()
+	require.Eventually(t, func() bool { return !up.Status().Up }, 10*time.Second, time.Millisecond)
+	require.Contains(t, up.Status().LastError, "clock")
+	db.mu.Lock()
+	require.Empty(t, db.order, "nothing forwarded with a wrong clock")
+	db.mu.Unlock()
+	clk.ok.Store(true)
+	require.Eventually(t, func() bool { return buf.Stats().PendingBatches == 0 }, 10*time.Second, time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// describingDB answers DescribeTable (the clock-learning request).
+type describingDB struct{ *fakeDB }
+
+func (d *describingDB) DescribeTable(context.Context, *dynamodb.DescribeTableInput, ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error) {
+	return &dynamodb.DescribeTableOutput{}, nil
 }

@@ -22,6 +22,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/uplink"
 )
@@ -123,13 +124,14 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		}
 	}()
 
+	clk := clock.New(time.Time{}, reg)
 	tables := cloud.TableNames(cfg.TablePrefix)
-	keysClient, err := cloud.NewClient(ctx, cfg.cloud())
+	keysClient, err := cloud.NewClient(ctx, cfg.cloud(), clk.DynamoDBOption())
 	if err != nil {
 		return fmt.Errorf("configuring DynamoDB: %w", err)
 	}
 	// The uplink owns retries (forever, with backoff): no SDK retries.
-	uplinkClient, err := cloud.NewClient(ctx, cfg.cloud(), cloud.WithRetryMaxAttempts(1))
+	uplinkClient, err := cloud.NewClient(ctx, cfg.cloud(), cloud.WithRetryMaxAttempts(1), clk.DynamoDBOption())
 	if err != nil {
 		return fmt.Errorf("configuring DynamoDB: %w", err)
 	}
@@ -138,11 +140,11 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	if err != nil {
 		return err
 	}
-	devices, err := gateway.NewRegistry(cfg.Devices, buf, logger, reg)
+	devices, err := gateway.NewRegistry(cfg.Devices, buf, clk, logger, reg)
 	if err != nil {
 		return err
 	}
-	ingest, err := gateway.NewIngest(cfg.Ingest, buf, devices, logger, reg)
+	ingest, err := gateway.NewIngest(cfg.Ingest, buf, devices, clk, logger, reg)
 	if err != nil {
 		return err
 	}
@@ -153,7 +155,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	probe := func(ctx context.Context) (int, error) {
 		return cloud.ProbeTransactionLimit(ctx, uplinkClient, tables.ProcessedBatches)
 	}
-	up, err := uplink.New(cfg.Uplink, buf, devices, uplinkClient, probe, tables, logger, reg)
+	up, err := uplink.New(cfg.Uplink, buf, devices, clk, uplinkClient, probe, tables, logger, reg)
 	if err != nil {
 		return err
 	}
