@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,9 +25,22 @@ var (
 	ErrAuthUnavailable = errors.New("gateway: API key cannot be verified now")
 )
 
-// KeyLookup finds an API key in the api_keys table (cloud.Keys).
-type KeyLookup interface {
-	Lookup(ctx context.Context, rawKey string) (cloud.KeyInfo, bool, error)
+// KeyStore is the api_keys table (cloud.Keys).
+type KeyStore interface {
+	// LookupHash finds the key stored with a peppered hash.
+	LookupHash(ctx context.Context, hash string) (cloud.KeyInfo, bool, error)
+	// TouchLastUsed records a use of the key.
+	TouchLastUsed(ctx context.Context, keyID string, t time.Time) error
+	// Rehash replaces the key's hash after a pepper rotation.
+	Rehash(ctx context.Context, keyID, oldHash, newHash string) error
+}
+
+// Peppers are the secrets mixed into API key hashes. Previous, when set,
+// is the pepper being rotated out: a key still stored under it is
+// accepted and rehashed under Current at its first use.
+type Peppers struct {
+	Current  string
+	Previous string
 }
 
 // StateStore keeps small durable records (the buffer).
@@ -46,6 +60,9 @@ type AuthConfig struct {
 	NegativeTTL time.Duration `yaml:"negative_ttl"`
 	// LookupTimeout bounds one api_keys lookup. Default 5s.
 	LookupTimeout time.Duration `yaml:"lookup_timeout"`
+	// LastUsedInterval is the most often a key's last_used_at is written.
+	// Default 5m.
+	LastUsedInterval time.Duration `yaml:"last_used_interval"`
 }
 
 func (c AuthConfig) withDefaults() AuthConfig {
@@ -58,12 +75,15 @@ func (c AuthConfig) withDefaults() AuthConfig {
 	if c.LookupTimeout == 0 {
 		c.LookupTimeout = 5 * time.Second
 	}
+	if c.LastUsedInterval == 0 {
+		c.LastUsedInterval = 5 * time.Minute
+	}
 	return c
 }
 
 // Validate reports the first invalid field.
 func (c AuthConfig) Validate() error {
-	if c.RefreshInterval < 0 || c.NegativeTTL < 0 || c.LookupTimeout < 0 {
+	if c.RefreshInterval < 0 || c.NegativeTTL < 0 || c.LookupTimeout < 0 || c.LastUsedInterval < 0 {
 		return errors.New("auth: durations must not be negative")
 	}
 	return nil
@@ -81,29 +101,30 @@ type cachedKey struct {
 // Authenticator verifies device API keys against api_keys, through a cache
 // that is kept on disk so that known devices keep working while the cloud
 // is unreachable, across restarts too. Keys are held by their peppered
-// hash only.
+// hash only, and never logged.
 type Authenticator struct {
-	cfg    AuthConfig
-	pepper string
-	lookup KeyLookup
-	state  StateStore
+	cfg     AuthConfig
+	peppers Peppers
+	keys    KeyStore
+	state   StateStore
 	logger *slog.Logger
 	now    func() time.Time
 
 	mu       sync.Mutex
-	keys     map[string]cachedKey // by hash
+	cache    map[string]cachedKey // by hash
 	unknown  map[string]time.Time // hash → until
 	inflight map[string]chan struct{}
+	touched  map[string]time.Time // key_id → last_used_at written
 
 	outcomes *prometheus.CounterVec
 }
 
 // NewAuthenticator returns an authenticator and loads its saved cache.
-func NewAuthenticator(cfg AuthConfig, pepper string, lookup KeyLookup, state StateStore, logger *slog.Logger, reg prometheus.Registerer) (*Authenticator, error) {
+func NewAuthenticator(cfg AuthConfig, peppers Peppers, keys KeyStore, state StateStore, logger *slog.Logger, reg prometheus.Registerer) (*Authenticator, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if pepper == "" {
+	if peppers.Current == "" {
 		return nil, errors.New("auth: the API key pepper is empty")
 	}
 	if logger == nil {
@@ -113,9 +134,10 @@ func NewAuthenticator(cfg AuthConfig, pepper string, lookup KeyLookup, state Sta
 		reg = prometheus.NewRegistry()
 	}
 	a := &Authenticator{
-		cfg: cfg.withDefaults(), pepper: pepper, lookup: lookup, state: state,
+		cfg: cfg.withDefaults(), peppers: peppers, keys: keys, state: state,
 		logger: logger.With("component", "auth"), now: time.Now,
-		keys: map[string]cachedKey{}, unknown: map[string]time.Time{}, inflight: map[string]chan struct{}{},
+		cache: map[string]cachedKey{}, unknown: map[string]time.Time{}, inflight: map[string]chan struct{}{},
+		touched: map[string]time.Time{},
 		outcomes: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "auth", Name: "verifications_total",
 			Help: "API key verifications, by result (ok, ok_cached_offline, unauthorized, unavailable).",
@@ -126,9 +148,9 @@ func NewAuthenticator(cfg AuthConfig, pepper string, lookup KeyLookup, state Sta
 		return nil, err
 	}
 	if raw != nil {
-		if err := json.Unmarshal(raw, &a.keys); err != nil {
+		if err := json.Unmarshal(raw, &a.cache); err != nil {
 			a.logger.Warn("discarding unreadable API key cache", "err", err)
-			a.keys = map[string]cachedKey{}
+			a.cache = map[string]cachedKey{}
 		}
 	}
 	return a, nil
@@ -142,14 +164,14 @@ func (a *Authenticator) Verify(ctx context.Context, rawKey string) error {
 		a.outcomes.WithLabelValues("unauthorized").Inc()
 		return ErrUnauthorized
 	}
-	hash := cloud.HashKey(a.pepper, rawKey)
+	hash := cloud.HashKey(a.peppers.Current, rawKey)
 	for {
 		a.mu.Lock()
 		now := a.now()
-		k, cached := a.keys[hash]
+		k, cached := a.cache[hash]
 		if cached && now.Sub(k.CheckedAt) < a.cfg.RefreshInterval {
 			a.mu.Unlock()
-			return a.result(k.Active, "ok")
+			return a.result(k, "ok")
 		}
 		if until, ok := a.unknown[hash]; ok && now.Before(until) {
 			a.mu.Unlock()
@@ -180,15 +202,40 @@ func (a *Authenticator) Verify(ctx context.Context, rawKey string) error {
 	}
 }
 
-func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old cachedKey, cached bool) error {
+// lookup finds a key by its hash under the current pepper, else under the
+// previous one (rehashing it then).
+func (a *Authenticator) lookup(ctx context.Context, hash, rawKey string) (cloud.KeyInfo, bool, error) {
 	lctx, cancel := context.WithTimeout(ctx, a.cfg.LookupTimeout)
-	info, found, err := a.lookup.Lookup(lctx, rawKey)
-	cancel()
+	defer cancel()
+	info, found, err := a.keys.LookupHash(lctx, hash)
+	if err != nil || found || a.peppers.Previous == "" {
+		return info, found && sameHash(info.Hash, hash), err
+	}
+	old := cloud.HashKey(a.peppers.Previous, rawKey)
+	info, found, err = a.keys.LookupHash(lctx, old)
+	if err != nil || !found || !sameHash(info.Hash, old) {
+		return info, false, err
+	}
+	if info.Active {
+		if err := a.keys.Rehash(lctx, info.KeyID, old, hash); err != nil {
+			a.logger.Warn("API key kept its previous-pepper hash; rehashing failed", "key_id", info.KeyID, "err", err)
+		} else {
+			a.logger.Info("API key rehashed under the current pepper", "key_id", info.KeyID)
+		}
+	}
+	return info, true, nil
+}
+
+// sameHash compares hashes in constant time.
+func sameHash(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+
+func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old cachedKey, cached bool) error {
+	info, found, err := a.lookup(ctx, hash, rawKey)
 	now := a.now()
 	if err != nil {
 		if cached {
 			// The cloud is unreachable: trust what we knew.
-			return a.result(old.Active, "ok_cached_offline")
+			return a.result(old, "ok_cached_offline")
 		}
 		a.logger.Warn("API key cannot be verified: not cached and the api_keys table is unreachable", "err", err)
 		a.outcomes.WithLabelValues("unavailable").Inc()
@@ -196,7 +243,7 @@ func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old ca
 	}
 	a.mu.Lock()
 	if !found {
-		delete(a.keys, hash)
+		delete(a.cache, hash)
 		a.unknown[hash] = now.Add(a.cfg.NegativeTTL)
 		for h, until := range a.unknown {
 			if now.After(until) {
@@ -204,9 +251,9 @@ func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old ca
 			}
 		}
 	} else {
-		a.keys[hash] = cachedKey{KeyID: info.KeyID, Active: info.Active, CheckedAt: now}
+		a.cache[hash] = cachedKey{KeyID: info.KeyID, Active: info.Active, CheckedAt: now}
 	}
-	snapshot, merr := json.Marshal(a.keys)
+	snapshot, merr := json.Marshal(a.cache)
 	a.mu.Unlock()
 	if merr == nil {
 		if err := a.state.SaveState(authStateName, snapshot); err != nil {
@@ -216,14 +263,42 @@ func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old ca
 	if cached && old.Active && (!found || !info.Active) {
 		a.logger.Info("API key revoked; refusing it from now on", "key_id", old.KeyID)
 	}
-	return a.result(found && info.Active, "ok")
+	return a.result(cachedKey{KeyID: info.KeyID, Active: found && info.Active}, "ok")
 }
 
-func (a *Authenticator) result(active bool, okLabel string) error {
-	if !active {
+func (a *Authenticator) result(k cachedKey, okLabel string) error {
+	if !k.Active {
 		a.outcomes.WithLabelValues("unauthorized").Inc()
 		return ErrUnauthorized
 	}
 	a.outcomes.WithLabelValues(okLabel).Inc()
+	a.touch(k.KeyID)
 	return nil
+}
+
+// touch writes the key's last_used_at, at most once per LastUsedInterval,
+// in the background: a device's connection does not wait for it, and a
+// failure only means the next use writes it.
+func (a *Authenticator) touch(keyID string) {
+	if keyID == "" {
+		return
+	}
+	a.mu.Lock()
+	now := a.now()
+	if last, ok := a.touched[keyID]; ok && now.Sub(last) < a.cfg.LastUsedInterval {
+		a.mu.Unlock()
+		return
+	}
+	a.touched[keyID] = now
+	a.mu.Unlock()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.LookupTimeout)
+		defer cancel()
+		if err := a.keys.TouchLastUsed(ctx, keyID, now); err != nil {
+			a.logger.Debug("recording an API key's last use", "key_id", keyID, "err", err)
+			a.mu.Lock()
+			delete(a.touched, keyID)
+			a.mu.Unlock()
+		}
+	}()
 }

@@ -21,7 +21,7 @@ func TestAuthenticatorRevocationOutageAndRestart(t *testing.T) {
 	keys := newFakeKeys()
 	// Refresh on every verification, so revocation shows at once.
 	cfg := gateway.AuthConfig{RefreshInterval: time.Nanosecond, NegativeTTL: time.Hour}
-	auth, err := gateway.NewAuthenticator(cfg, pepper, keys, buf, nil, nil)
+	auth, err := gateway.NewAuthenticator(cfg, gateway.Peppers{Current: pepper}, keys, buf, nil, nil)
 	require.NoError(t, err)
 	ctx := context.Background()
 
@@ -39,7 +39,7 @@ func TestAuthenticatorRevocationOutageAndRestart(t *testing.T) {
 	buf, err = buffer.Open(dir, buffer.Options{}, nil, nil)
 	require.NoError(t, err)
 	defer buf.Close()
-	auth, err = gateway.NewAuthenticator(cfg, pepper, keys, buf, nil, nil)
+	auth, err = gateway.NewAuthenticator(cfg, gateway.Peppers{Current: pepper}, keys, buf, nil, nil)
 	require.NoError(t, err)
 	require.NoError(t, auth.Verify(ctx, goodKey))
 	require.ErrorIs(t, auth.Verify(ctx, otherKey), gateway.ErrAuthUnavailable)
@@ -47,9 +47,9 @@ func TestAuthenticatorRevocationOutageAndRestart(t *testing.T) {
 	// Back online, the key is revoked: refused from the next refresh on.
 	keys.set(func(f *fakeKeys) {
 		f.down = false
-		k := f.keys[goodKey]
+		k := f.keys["k1"]
 		k.Active = false
-		f.keys[goodKey] = k
+		f.keys["k1"] = k
 	})
 	require.ErrorIs(t, auth.Verify(ctx, goodKey), gateway.ErrUnauthorized)
 	keys.set(func(f *fakeKeys) { f.down = true })
@@ -61,7 +61,7 @@ func TestAuthenticatorSharesConcurrentLookups(t *testing.T) {
 	require.NoError(t, err)
 	defer buf.Close()
 	slow := &slowKeys{release: make(chan struct{})}
-	auth, err := gateway.NewAuthenticator(gateway.AuthConfig{}, pepper, slow, buf, nil, nil)
+	auth, err := gateway.NewAuthenticator(gateway.AuthConfig{}, gateway.Peppers{Current: pepper}, slow, buf, nil, nil)
 	require.NoError(t, err)
 	var wg sync.WaitGroup
 	for range 20 {
@@ -84,8 +84,51 @@ type slowKeys struct {
 	calls   atomic.Int64
 }
 
-func (s *slowKeys) Lookup(ctx context.Context, raw string) (cloud.KeyInfo, bool, error) {
+func (s *slowKeys) LookupHash(ctx context.Context, hash string) (cloud.KeyInfo, bool, error) {
 	s.calls.Add(1)
 	<-s.release
-	return cloud.KeyInfo{KeyID: "k", Active: true}, true, nil
+	return cloud.KeyInfo{KeyID: "k", Hash: hash, Active: true}, true, nil
+}
+
+func (s *slowKeys) TouchLastUsed(context.Context, string, time.Time) error { return nil }
+func (s *slowKeys) Rehash(context.Context, string, string, string) error   { return nil }
+
+func TestPepperRotationRehashesOnUse(t *testing.T) {
+	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	defer buf.Close()
+	keys := newFakeKeys() // goodKey stored under "test-pepper"
+	auth, err := gateway.NewAuthenticator(gateway.AuthConfig{}, gateway.Peppers{Current: "new-pepper", Previous: pepper}, keys, buf, nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, auth.Verify(context.Background(), goodKey))
+	keys.mu.Lock()
+	require.Equal(t, cloud.HashKey("new-pepper", goodKey), keys.keys["k1"].Hash, "rehashed under the new pepper")
+	keys.mu.Unlock()
+
+	// Once every key is rehashed the previous pepper can go.
+	auth, err = gateway.NewAuthenticator(gateway.AuthConfig{}, gateway.Peppers{Current: "new-pepper"}, keys, buf, nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, auth.Verify(context.Background(), goodKey))
+	require.ErrorIs(t, auth.Verify(context.Background(), otherKey), gateway.ErrUnauthorized)
+}
+
+func TestLastUsedIsWrittenAtMostOncePerInterval(t *testing.T) {
+	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	defer buf.Close()
+	keys := newFakeKeys()
+	auth, err := gateway.NewAuthenticator(gateway.AuthConfig{RefreshInterval: time.Nanosecond}, gateway.Peppers{Current: pepper}, keys, buf, nil, nil)
+	require.NoError(t, err)
+	for range 50 {
+		require.NoError(t, auth.Verify(context.Background(), goodKey))
+	}
+	require.Eventually(t, func() bool {
+		keys.mu.Lock()
+		defer keys.mu.Unlock()
+		return keys.touched["k1"] == 1
+	}, 5*time.Second, time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+	keys.mu.Lock()
+	defer keys.mu.Unlock()
+	require.Equal(t, 1, keys.touched["k1"], "fifty uses within five minutes write last_used_at once")
 }

@@ -32,27 +32,51 @@ const (
 
 // fakeKeys is an api_keys table in memory.
 type fakeKeys struct {
-	mu   sync.Mutex
-	keys map[string]cloud.KeyInfo // by raw key
-	down bool
-	hits int
+	mu      sync.Mutex
+	keys    map[string]cloud.KeyInfo // by key_id
+	down    bool
+	hits    int
+	touched map[string]int
 }
 
 func newFakeKeys() *fakeKeys {
 	return &fakeKeys{keys: map[string]cloud.KeyInfo{
-		goodKey: {KeyID: "k1", Hash: cloud.HashKey(pepper, goodKey), Active: true},
-	}}
+		"k1": {KeyID: "k1", Hash: cloud.HashKey(pepper, goodKey), Active: true},
+	}, touched: map[string]int{}}
 }
 
-func (f *fakeKeys) Lookup(ctx context.Context, raw string) (cloud.KeyInfo, bool, error) {
+func (f *fakeKeys) LookupHash(ctx context.Context, hash string) (cloud.KeyInfo, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.hits++
 	if f.down {
 		return cloud.KeyInfo{}, false, errors.New("connection refused")
 	}
-	k, ok := f.keys[raw]
-	return k, ok, nil
+	for _, k := range f.keys {
+		if k.Hash == hash {
+			return k, true, nil
+		}
+	}
+	return cloud.KeyInfo{}, false, nil
+}
+
+func (f *fakeKeys) TouchLastUsed(ctx context.Context, keyID string, t time.Time) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.touched[keyID]++
+	return nil
+}
+
+func (f *fakeKeys) Rehash(ctx context.Context, keyID, oldHash, newHash string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k := f.keys[keyID]
+	if k.Hash != oldHash {
+		return errors.New("conditional check failed")
+	}
+	k.Hash = newHash
+	f.keys[keyID] = k
+	return nil
 }
 
 func (f *fakeKeys) set(fn func(*fakeKeys)) {
@@ -103,7 +127,7 @@ func startGateway(t *testing.T, store gateway.Committer, options ...func(*gatewa
 	}
 	reg := prometheus.NewRegistry()
 	keys := newFakeKeys()
-	auth, err := gateway.NewAuthenticator(opts.auth, pepper, keys, buf, nil, reg)
+	auth, err := gateway.NewAuthenticator(opts.auth, gateway.Peppers{Current: pepper}, keys, buf, nil, reg)
 	require.NoError(t, err)
 	devices, err := gateway.NewRegistry(opts.devices, buf, opts.clock, nil, reg)
 	require.NoError(t, err)
@@ -252,4 +276,8 @@ func reorder(t *testing.T, payload []byte) []byte {
 	}
 	b.WriteString("\n}")
 	return b.Bytes()
+}
+
+func contextWithCancel() (context.Context, context.CancelFunc) {
+	return context.WithCancel(context.Background())
 }

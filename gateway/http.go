@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,6 +28,10 @@ type HTTPConfig struct {
 	// RetryAfter is the Retry-After sent with 503 and 507 answers.
 	// Default 30s.
 	RetryAfter time.Duration `yaml:"retry_after"`
+	// TLSCertFile and TLSKeyFile, when both set, serve HTTPS (TLS 1.2 or
+	// later) with this PEM certificate and key.
+	TLSCertFile string `yaml:"tls_cert_file"`
+	TLSKeyFile  string `yaml:"tls_key_file"`
 }
 
 func (c HTTPConfig) withDefaults() HTTPConfig {
@@ -49,6 +54,9 @@ func (c HTTPConfig) Validate() error {
 	}
 	if c.RetryAfter < 0 {
 		return errors.New("http.retry_after: must not be negative")
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		return errors.New("http.tls_cert_file and http.tls_key_file: set both or neither")
 	}
 	return nil
 }
@@ -120,9 +128,16 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 
 // Listen binds the TCP listener.
 func (h *HTTPServer) Listen() error {
+	tlsConfig, err := loadTLS(h.cfg.TLSCertFile, h.cfg.TLSKeyFile)
+	if err != nil {
+		return fmt.Errorf("http TLS: %w", err)
+	}
 	l, err := net.Listen("tcp", h.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listening for HTTP on %s: %w", h.cfg.Addr, err)
+	}
+	if tlsConfig != nil {
+		l = tls.NewListener(l, tlsConfig)
 	}
 	h.listener = l
 	return nil
@@ -292,6 +307,19 @@ func (h *HTTPServer) unavailable(w http.ResponseWriter, msg string) {
 
 func errorBody(msg string) contract.ReadingsResponse {
 	return contract.RequestErrorResponse(msg)
+}
+
+// loadTLS returns the TLS configuration of a listener, or nil without
+// certificate.
+func loadTLS(certFile, keyFile string) (*tls.Config, error) {
+	if certFile == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("loading %s and %s: %w", certFile, keyFile, err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -27,6 +27,10 @@ type MQTTConfig struct {
 	MaxPacketSize uint32 `yaml:"max_packet_size"`
 	// MaxClients caps simultaneous connections. Default 10000.
 	MaxClients int64 `yaml:"max_clients"`
+	// TLSCertFile and TLSKeyFile, when both set, make the listener speak
+	// MQTT over TLS (TLS 1.2 or later) with this PEM certificate and key.
+	TLSCertFile string `yaml:"tls_cert_file"`
+	TLSKeyFile  string `yaml:"tls_key_file"`
 }
 
 func (c MQTTConfig) withDefaults() MQTTConfig {
@@ -49,6 +53,9 @@ func (c MQTTConfig) Validate() error {
 	}
 	if c.MaxPacketSize != 0 && c.MaxPacketSize < 1024 {
 		return errors.New("mqtt.max_packet_size: must be at least 1024 bytes")
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		return errors.New("mqtt.tls_cert_file and mqtt.tls_key_file: set both or neither")
 	}
 	return nil
 }
@@ -111,7 +118,11 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 
 // Listen binds the TCP listener.
 func (b *Broker) Listen() error {
-	b.listener = listeners.NewTCP(listeners.Config{ID: "tcp", Address: b.cfg.Addr})
+	tlsConfig, err := loadTLS(b.cfg.TLSCertFile, b.cfg.TLSKeyFile)
+	if err != nil {
+		return fmt.Errorf("mqtt TLS: %w", err)
+	}
+	b.listener = listeners.NewTCP(listeners.Config{ID: "tcp", Address: b.cfg.Addr, TLSConfig: tlsConfig})
 	if err := b.server.AddListener(b.listener); err != nil {
 		return fmt.Errorf("listening for MQTT on %s: %w", b.cfg.Addr, err)
 	}

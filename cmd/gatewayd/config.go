@@ -18,8 +18,9 @@ const envPrefix = "GATEWAY"
 
 // Environment variables that are not settings of the file.
 const (
-	envPepper     = "GATEWAY_API_KEY_PEPPER"
-	envAdminToken = "GATEWAY_ADMIN_TOKEN"
+	envPepper         = "GATEWAY_API_KEY_PEPPER"
+	envPepperPrevious = "GATEWAY_API_KEY_PEPPER_PREVIOUS"
+	envAdminToken     = "GATEWAY_ADMIN_TOKEN"
 )
 
 // Config is gatewayd's whole configuration.
@@ -42,6 +43,12 @@ type Config struct {
 	// APIKeyPepperFile holds the API key pepper (e.g. a systemd
 	// credential); otherwise GATEWAY_API_KEY_PEPPER is used.
 	APIKeyPepperFile string `yaml:"api_key_pepper_file"`
+	// APIKeyPepperPreviousFile holds the pepper being rotated out, if any;
+	// otherwise GATEWAY_API_KEY_PEPPER_PREVIOUS is used.
+	APIKeyPepperPreviousFile string `yaml:"api_key_pepper_previous_file"`
+	// AdminTokenFile holds the operator API's token; otherwise
+	// GATEWAY_ADMIN_TOKEN is used. Without one the operator API is off.
+	AdminTokenFile string `yaml:"admin_token_file"`
 
 	MQTT    gateway.MQTTConfig    `yaml:"mqtt"`
 	HTTP    gateway.HTTPConfig    `yaml:"http"`
@@ -154,7 +161,7 @@ func loadConfig(args, environ []string) (Config, *flags, []string, error) {
 			return Config{}, nil, nil, err
 		}
 	}
-	unknown, err := config.ApplyEnv(envPrefix, environ, &cfg, envPepper, envAdminToken)
+	unknown, err := config.ApplyEnv(envPrefix, environ, &cfg, envPepper, envPepperPrevious, envAdminToken)
 	if err != nil {
 		return Config{}, nil, nil, err
 	}

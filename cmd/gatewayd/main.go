@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -102,6 +103,19 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	if err != nil {
 		return err
 	}
+	peppers := gateway.Peppers{Current: pepper}
+	if lookupEnv(environ, envPepperPrevious) != "" || cfg.APIKeyPepperPreviousFile != "" {
+		if peppers.Previous, err = cloud.LoadPepper(lookupEnv(environ, envPepperPrevious), cfg.APIKeyPepperPreviousFile); err != nil {
+			return err
+		}
+	}
+	adminToken, err := secret(lookupEnv(environ, envAdminToken), cfg.AdminTokenFile)
+	if err != nil {
+		return err
+	}
+	if adminToken == "" {
+		logger.Info("operator API disabled: no admin token (GATEWAY_ADMIN_TOKEN or admin_token_file)")
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -136,7 +150,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		return fmt.Errorf("configuring DynamoDB: %w", err)
 	}
 
-	auth, err := gateway.NewAuthenticator(cfg.Auth, pepper, cloud.NewKeys(keysClient, tables.APIKeys, pepper), buf, logger, reg)
+	auth, err := gateway.NewAuthenticator(cfg.Auth, peppers, cloud.NewKeys(keysClient, tables.APIKeys, pepper), buf, logger, reg)
 	if err != nil {
 		return err
 	}
@@ -166,7 +180,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		return nil
 	}
 	api, err := gateway.NewHTTPServer(cfg.HTTP, gateway.HTTPDeps{
-		Ingest: ingest, Auth: auth, Devices: devices, AdminToken: lookupEnv(environ, envAdminToken),
+		Ingest: ingest, Auth: auth, Devices: devices, AdminToken: adminToken,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready,
 	}, logger)
 	if err != nil {
@@ -211,6 +225,19 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	case <-time.After(cfg.ShutdownTimeout):
 		return fmt.Errorf("shutdown did not finish within %s", cfg.ShutdownTimeout)
 	}
+}
+
+// secret returns the content of file (trailing newline trimmed) when file
+// is set, else value.
+func secret(value, file string) (string, error) {
+	if file == "" {
+		return value, nil
+	}
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("reading secret: %w", err)
+	}
+	return strings.TrimRight(string(raw), "\r\n"), nil
 }
 
 func endpointName(e string) string {

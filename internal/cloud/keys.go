@@ -156,6 +156,28 @@ func (k *Keys) TouchLastUsed(ctx context.Context, keyID string, t time.Time) err
 	return nil
 }
 
+// Rehash replaces a key's stored hash, from oldHash to newHash, when the
+// pepper is rotated: the gateway sees the raw key when a device
+// authenticates and can compute its hash under the new pepper. The write
+// is conditional on the old hash, so a concurrent rotation or revocation
+// is not undone.
+func (k *Keys) Rehash(ctx context.Context, keyID, oldHash, newHash string) error {
+	_, err := k.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:           aws.String(k.table),
+		Key:                 keyIDKey(keyID),
+		UpdateExpression:    aws.String("SET api_key_hash = :new"),
+		ConditionExpression: aws.String("api_key_hash = :old"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":new": &types.AttributeValueMemberS{Value: newHash},
+			":old": &types.AttributeValueMemberS{Value: oldHash},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("rehashing api key %s: %w", keyID, notFound(err))
+	}
+	return nil
+}
+
 // List returns all keys, active and revoked, newest first (by created_at, through gsi1).
 func (k *Keys) List(ctx context.Context) ([]KeyInfo, error) {
 	p := dynamodb.NewQueryPaginator(k.client, &dynamodb.QueryInput{
@@ -189,11 +211,17 @@ func (k *Keys) Lookup(ctx context.Context, rawKey string) (info KeyInfo, found b
 	if rawKey == "" {
 		return KeyInfo{}, false, nil
 	}
+	return k.LookupHash(ctx, HashKey(k.pepper, rawKey))
+}
+
+// LookupHash finds the key stored with hash (HashKey of some pepper and raw
+// key), as Lookup does.
+func (k *Keys) LookupHash(ctx context.Context, hash string) (info KeyInfo, found bool, err error) {
 	out, err := k.client.Query(ctx, &dynamodb.QueryInput{
 		TableName:                 aws.String(k.table),
 		IndexName:                 aws.String(APIKeyHashIndex),
 		KeyConditionExpression:    aws.String("api_key_hash = :h"),
-		ExpressionAttributeValues: map[string]types.AttributeValue{":h": &types.AttributeValueMemberS{Value: HashKey(k.pepper, rawKey)}},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":h": &types.AttributeValueMemberS{Value: hash}},
 	})
 	if err != nil {
 		return KeyInfo{}, false, fmt.Errorf("looking up api key in %s: %w", k.table, err)

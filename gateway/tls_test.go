@@ -1,0 +1,106 @@
+package gateway_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	paho "github.com/eclipse/paho.mqtt.golang"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/internal/contract"
+)
+
+// selfSigned writes a certificate for 127.0.0.1 and its key, and returns
+// their paths and a pool that trusts the certificate.
+func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "gateway"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	require.NoError(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+	require.NoError(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600))
+	cert, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
+
+func TestTLSListeners(t *testing.T) {
+	certFile, keyFile, pool := selfSigned(t)
+	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	defer buf.Close()
+	reg := prometheus.NewRegistry()
+	auth, err := gateway.NewAuthenticator(gateway.AuthConfig{}, gateway.Peppers{Current: pepper}, newFakeKeys(), buf, nil, reg)
+	require.NoError(t, err)
+	ingest, err := gateway.NewIngest(gateway.IngestConfig{}, buf, nil, nil, nil, reg)
+	require.NoError(t, err)
+	broker, err := gateway.NewBroker(gateway.MQTTConfig{Addr: "127.0.0.1:0", TLSCertFile: certFile, TLSKeyFile: keyFile}, ingest, auth, nil, reg)
+	require.NoError(t, err)
+	require.NoError(t, broker.Listen())
+	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0", TLSCertFile: certFile, TLSKeyFile: keyFile},
+		gateway.HTTPDeps{Ingest: ingest, Auth: auth, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return nil }}, nil)
+	require.NoError(t, err)
+	require.NoError(t, api.Listen())
+	ctx, cancel := contextWithCancel()
+	defer cancel()
+	go func() { _ = broker.Run(ctx) }()
+	go func() { _ = api.Run(ctx) }()
+
+	hw := "AA:BB:CC:DD:EE:30"
+	c := paho.NewClient(paho.NewClientOptions().AddBroker("ssl://"+broker.Addr()).SetClientID(hw).
+		SetUsername(hw).SetPassword(goodKey).SetTLSConfig(&tls.Config{RootCAs: pool}).SetAutoReconnect(false))
+	tok := c.Connect()
+	require.True(t, tok.WaitTimeout(20*time.Second))
+	require.NoError(t, tok.Error())
+	pub := c.Publish(contract.ReadingsTopic(hw), 1, false, batchJSON(hw, newBoot(), 0, 1))
+	require.True(t, pub.WaitTimeout(20*time.Second))
+	require.NoError(t, pub.Error())
+	c.Disconnect(10)
+
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := client.Get("https://" + api.Addr() + "/healthz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	plain, err := http.Get("http://" + api.Addr() + "/healthz")
+	require.NoError(t, err)
+	plain.Body.Close()
+	require.Equal(t, http.StatusBadRequest, plain.StatusCode, "plain HTTP is refused on a TLS listener")
+	require.EqualValues(t, 1, buf.Stats().PendingBatches)
+
+	_, err = gateway.NewBroker(gateway.MQTTConfig{TLSCertFile: certFile}, ingest, auth, nil, nil)
+	require.ErrorContains(t, err, "set both or neither")
+	bad, err := gateway.NewBroker(gateway.MQTTConfig{Addr: "127.0.0.1:0", TLSCertFile: keyFile, TLSKeyFile: keyFile}, ingest, auth, nil, prometheus.NewRegistry())
+	require.NoError(t, err)
+	require.True(t, strings.Contains(bad.Listen().Error(), "mqtt TLS"))
+}
