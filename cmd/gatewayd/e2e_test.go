@@ -390,3 +390,55 @@ func TestDynamoDBOutageAcknowledgesThenDeliversOnce(t *testing.T) {
 	}
 	require.Len(t, view.markers(t), 16)
 }
+
+// TestRegistrationReachesDevicesTableAndRevocationTakesEffect registers a
+// device through the daemon, checks its record in the devices table, then
+// revokes its key in api_keys and checks that the next CONNECT is refused
+// once the refresh interval has passed.
+func TestRegistrationReachesDevicesTableAndRevocationTakesEffect(t *testing.T) {
+	local, view, key, prefix := setup(t)
+	d := startDaemon(t, t.TempDir(), local.Endpoint, prefix, "GATEWAY_AUTH_REFRESH_INTERVAL=1s")
+	hw := "02:00:00:00:AA:05"
+	dev := connect(t, d.mqttAddr, hw, key)
+	boot := uuid.NewString()
+	tok := dev.client.Publish(contract.RegisterTopic(hw), 1, false, []byte(`{"hardware_id":"`+hw+`","boot_id":"`+boot+
+		`","firmware_version":"1.0.16","friendly_name":"bench-3","capabilities":{"sensors":["bme280"],"features":{"tft_display":false}}}`))
+	require.True(t, tok.WaitTimeout(30*time.Second))
+	var ack contract.Ack
+	select {
+	case ack = <-dev.acks:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no register ack")
+	}
+	require.Equal(t, contract.StatusRegistered, ack.Status)
+
+	var item map[string]types.AttributeValue
+	require.Eventually(t, func() bool {
+		out, err := view.client.GetItem(context.Background(), &dynamodb.GetItemInput{TableName: aws.String(view.tables.Devices),
+			Key: map[string]types.AttributeValue{"hardware_id": &types.AttributeValueMemberS{Value: hw}}})
+		require.NoError(t, err)
+		item = out.Item
+		return item != nil
+	}, 60*time.Second, 100*time.Millisecond)
+	require.Equal(t, ack.ConfirmationID, item["confirmation_id"].(*types.AttributeValueMemberS).Value)
+	require.Equal(t, boot, item["last_boot_id"].(*types.AttributeValueMemberS).Value)
+	require.Equal(t, "bench-3", item["friendly_name"].(*types.AttributeValueMemberS).Value)
+	dev.client.Disconnect(50)
+
+	keys := cloud.NewKeys(view.client, view.tables.APIKeys, e2ePepper)
+	info, found, err := keys.Lookup(context.Background(), key)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.NoError(t, keys.Revoke(context.Background(), info.KeyID))
+	require.Eventually(t, func() bool {
+		c := paho.NewClient(paho.NewClientOptions().AddBroker("tcp://"+d.mqttAddr).SetClientID(hw).
+			SetUsername(hw).SetPassword(key).SetAutoReconnect(false))
+		tok := c.Connect()
+		tok.WaitTimeout(10 * time.Second)
+		if tok.Error() == nil {
+			c.Disconnect(10)
+			return false
+		}
+		return strings.Contains(tok.Error().Error(), "not Authorized")
+	}, 30*time.Second, 200*time.Millisecond, "the revoked key is refused at CONNECT")
+}
