@@ -9,7 +9,39 @@
 // The API key may also come from $DEVICESIM_API_KEY. Each device stops producing after --batches
 // batches or after --duration, then keeps re-sending its unconfirmed batches for up to
 // --drain-timeout; SIGINT and SIGTERM stop every device at once. A one-line summary per device
-// is logged every --summary-every, and a final summary on exit.
+// is logged every --summary-every, and a final summary on exit (with the number of reboots).
+//
+// Flags:
+//
+//	--mqtt-url URL          MQTT broker (default tcp://127.0.0.1:1883 unless --http-url is set)
+//	--http-url URL          gateway HTTP base URL, to send over HTTP instead of MQTT
+//	--api-key KEY           API key: MQTT password or HTTP bearer token (default $DEVICESIM_API_KEY)
+//	--devices N             number of simulated devices (3)
+//	--first-mac MAC         hardware_id of the first device (02:00:00:00:00:01)
+//	--firmware-version V    firmware_version sent by the devices (1.0.16)
+//	--interval D            time between two batches of a device (5s)
+//	--readings N            readings per batch, 1..100 (5)
+//	--batches N             batches per device, then drain and stop (0 = no limit)
+//	--duration D            time devices produce batches, then drain and stop (0 = no limit)
+//	--drain-timeout D       time to keep retrying unconfirmed batches after producing (30s)
+//	--qos 0|1               MQTT QoS of registrations and readings (1); acks always come on the ack topic
+//	--max-inflight N        batches sent before waiting for their answers (1)
+//	--buffer-size N         offline buffer per device, in batches (1000)
+//	--ack-timeout D         time to wait for an answer before retrying (10s)
+//	--clock-sync-after D    no NTP time for this long after each boot: timestamps from 1970 (0 = synced)
+//	--reboot-every D        reboot each device after D ± 20% of uptime, per device and boot from the seed (0 = never)
+//	--reboots N             at most N reboots per device (0 = no limit; needs --reboot-every)
+//	--seed N                seed for sensor values, jitter and reboot times (0 = random, logged)
+//	--report FILE           one JSON line per batch with a final answer
+//	--summary-every D       time between per-device summary lines (30s; 0 = final summary only)
+//	--log-level L           debug, info, warn or error (info)
+//
+// A reboot behaves like an ESP32 reset: the MQTT connection is cut without a DISCONNECT (over
+// plain TCP), the device draws a new boot_id, restarts seq and its uptime at 0, loses the
+// answers it was waiting for, and registers again (MQTT devices/{hw}/register, or
+// POST /v1/register); with --clock-sync-after it has no NTP time again until the delay passes.
+// Its offline buffer is in flash and survives: batches of earlier boots keep their boot_id,
+// batch_id and seq and are sent first. Batches and duration count over all boots.
 //
 // With --report FILE, every batch that received a final answer (accepted, duplicate, or a
 // rejection other than buffer_full and unknown_device) is written to FILE as one JSON line:
@@ -86,7 +118,11 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (de
 	fs := flag.NewFlagSet("devicesim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: devicesim [flags]\n\nSimulated greenhouse ESP32 devices for the gateway.\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "Usage: devicesim [--mqtt-url URL | --http-url URL] --api-key KEY [flags]\n\n"+
+			"Simulated greenhouse ESP32 devices for the gateway. Each device registers at every boot,\n"+
+			"sends batches of readings and keeps them in its offline buffer until the gateway confirms\n"+
+			"them. With --reboot-every, devices reboot: new boot_id, seq and uptime from 0, the\n"+
+			"connection cut without a DISCONNECT, the buffer kept and its old batches sent first.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 
@@ -105,8 +141,10 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (de
 	fs.IntVar(&cfg.MaxInflight, "max-inflight", cfg.MaxInflight, "batches a device sends before waiting for their answers")
 	fs.IntVar(&cfg.BufferSize, "buffer-size", cfg.BufferSize, "offline buffer capacity per device, in batches (oldest dropped when full)")
 	fs.DurationVar(&cfg.AckTimeout, "ack-timeout", cfg.AckTimeout, "time to wait for the answer to a batch before retrying it")
-	fs.DurationVar(&cfg.ClockSyncAfter, "clock-sync-after", cfg.ClockSyncAfter, "simulate no NTP time for this long after boot: timestamps count from 1970 (0 = synced)")
-	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed for sensor values and jitter (0 = random, logged)")
+	fs.DurationVar(&cfg.ClockSyncAfter, "clock-sync-after", cfg.ClockSyncAfter, "simulate no NTP time for this long after each boot: timestamps count from 1970, with uptime_ms (0 = synced)")
+	fs.DurationVar(&cfg.RebootEvery, "reboot-every", cfg.RebootEvery, "reboot each device after this much uptime, ±20% per device and boot from the seed (0 = never)")
+	fs.IntVar(&cfg.Reboots, "reboots", cfg.Reboots, "at most this many reboots per device (0 = no limit; needs --reboot-every)")
+	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed for sensor values, jitter and reboot times (0 = random, logged)")
 	fs.StringVar(&cfg.ReportPath, "report", "", "file to write one JSON line per batch with a final answer")
 	fs.DurationVar(&cfg.SummaryInterval, "summary-every", cfg.SummaryInterval, "time between per-device summary lines (0 = only the final summary)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")

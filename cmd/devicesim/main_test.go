@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,6 +42,17 @@ func TestParseFlags(t *testing.T) {
 				require.Equal(t, "1.0.16", cfg.FirmwareVersion)
 				require.Zero(t, cfg.Batches)
 				require.Zero(t, cfg.Duration)
+				require.Zero(t, cfg.RebootEvery, "no reboots by default")
+				require.Zero(t, cfg.Reboots)
+			},
+		},
+		{
+			name: "reboots",
+			args: []string{"--api-key", "k", "--reboot-every", "90s", "--reboots", "4", "--clock-sync-after", "20s"},
+			check: func(t *testing.T, cfg devicesim.Config) {
+				require.Equal(t, 90*time.Second, cfg.RebootEvery)
+				require.Equal(t, 4, cfg.Reboots)
+				require.Equal(t, 20*time.Second, cfg.ClockSyncAfter)
 			},
 		},
 		{
@@ -84,6 +96,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "no key", args: nil, wantErr: "api key"},
 		{name: "both transports", args: []string{"--api-key", "k", "--mqtt-url", "tcp://a:1883", "--http-url", "http://a"}, wantErr: "only one"},
 		{name: "qos 2", args: []string{"--api-key", "k", "--qos", "2"}, wantErr: "qos"},
+		{name: "reboots without interval", args: []string{"--api-key", "k", "--reboots", "2"}, wantErr: "reboot interval"},
+		{name: "negative reboot interval", args: []string{"--api-key", "k", "--reboot-every", "-1s"}, wantErr: "reboot interval"},
 		{name: "unknown flag", args: []string{"--api-key", "k", "--nope"}, wantErr: "not defined"},
 		{name: "stray argument", args: []string{"--api-key", "k", "extra"}, wantErr: "unexpected arguments"},
 		{name: "bad log level", args: []string{"--api-key", "k", "--log-level", "loud"}, wantErr: "log-level"},
@@ -106,7 +120,11 @@ func TestRunExitCodes(t *testing.T) {
 	var stderr bytes.Buffer
 	require.Equal(t, 2, run([]string{"--devices", "0", "--api-key", "k"}, noEnv, &stderr), "bad flags")
 	require.Contains(t, stderr.String(), "devices")
-	require.Equal(t, 0, run([]string{"-h"}, noEnv, &bytes.Buffer{}), "help")
+	var help bytes.Buffer
+	require.Equal(t, 0, run([]string{"-h"}, noEnv, &help), "help")
+	for _, f := range []string{"-reboot-every", "-reboots", "-clock-sync-after", "-qos"} {
+		require.Contains(t, help.String(), f)
+	}
 
 	missing := filepath.Join(t.TempDir(), "no", "such", "dir", "report.jsonl")
 	require.Equal(t, 1, run([]string{"--http-url", "http://127.0.0.1:1", "--api-key", "k", "--report", missing},
@@ -146,4 +164,46 @@ func TestRunHTTP(t *testing.T) {
 	data, err := os.ReadFile(report)
 	require.NoError(t, err)
 	require.Len(t, strings.Split(strings.TrimSpace(string(data)), "\n"), 4)
+}
+
+// TestRunHTTPReboots runs bounded reboots over HTTP: every boot registers, and the final
+// summary counts the reboots.
+func TestRunHTTPReboots(t *testing.T) {
+	var mu sync.Mutex
+	boots := map[string]bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		buf := new(bytes.Buffer)
+		_, _ = buf.ReadFrom(r.Body)
+		var b struct {
+			BatchID string `json:"batch_id"`
+			BootID  string `json:"boot_id"`
+		}
+		_ = json.Unmarshal(buf.Bytes(), &b)
+		if r.URL.Path == "/v1/register" {
+			mu.Lock()
+			code := http.StatusOK
+			if len(boots) == 0 {
+				code = http.StatusCreated
+			}
+			boots[b.BootID] = true
+			mu.Unlock()
+			w.WriteHeader(code)
+			_, _ = w.Write([]byte(`{"type":"register","status":"registered","confirmation_id":"550e8400-e29b-41d4-a716-446655440000"}`))
+			return
+		}
+		_, _ = w.Write([]byte(`{"status":"ok","summary":{"received":1,"accepted":1,"duplicates":0,"rejected":0},` +
+			`"results":[{"batch_id":"` + b.BatchID + `","status":"accepted","reason":null,"message":null}]}`))
+	}))
+	defer srv.Close()
+
+	var stderr bytes.Buffer
+	code := run([]string{"--http-url", srv.URL, "--api-key", "k", "--devices", "1", "--interval", "20ms",
+		"--duration", "700ms", "--reboot-every", "150ms", "--reboots", "2", "--summary-every", "0"}, noEnv, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	require.Contains(t, stderr.String(), `msg="final summary" component=devicesim devices=1 reboots=2 registrations=3`)
+	require.Equal(t, 2, strings.Count(stderr.String(), `msg="device rebooted"`))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, boots, 3, "a registration per boot, each with its own boot_id")
 }

@@ -121,11 +121,31 @@ func (g *generator) next(now time.Time) contract.Batch {
 // uptime returns the device's uptime at wall-clock time t in milliseconds.
 func (g *generator) uptime(t time.Time) int64 { return max(t.Sub(g.boot).Milliseconds(), 0) }
 
+// reboot starts a new boot at wall-clock time boot: a new boot_id, seq from 0, uptime from 0,
+// and, with a clock sync delay, no NTP time again until it passes. The greenhouse and the
+// random stream of sensor values go on.
+func (g *generator) reboot(bootID string, boot time.Time) {
+	g.bootID = bootID
+	g.boot = boot
+	g.seq = 0
+	g.lastEndMS = 0
+}
+
+// entry returns the next batch, built at wall-clock time now, as an offline buffer entry.
+func (g *generator) entry(now time.Time) *entry { return newEntry(g.next(now), g.boot) }
+
 // entry is one batch in a device's offline buffer. Every attempt sends the same content; only
 // sent_uptime_ms, which the contract defines per attempt, changes.
+//
+// An entry outlives the boot that built it (the offline buffer is in flash): after a reboot it
+// is re-sent with its own boot_id, batch_id and seq, and its sent_uptime_ms still counts from
+// its own boot, as the contract requires (uptime fields come from the batch's boot). Firmware
+// does the same by keeping the previous boot's uptime at reset (RTC memory) and adding the
+// current uptime; the gateway's clock anchor of that boot then stays right.
 type entry struct {
 	id       string
 	batch    contract.Batch
+	boot     time.Time // wall-clock time of the boot that built the batch
 	seq      uint64
 	readings int
 	firstTS  int64
@@ -137,8 +157,9 @@ type entry struct {
 	attempts int       // times sent
 }
 
-func newEntry(b contract.Batch) *entry {
-	e := &entry{id: b.BatchID, batch: b, readings: len(b.Readings)}
+// newEntry wraps batch b, built in the boot that started at wall-clock time boot.
+func newEntry(b contract.Batch, boot time.Time) *entry {
+	e := &entry{id: b.BatchID, batch: b, boot: boot, readings: len(b.Readings)}
 	if b.Seq != nil {
 		e.seq = *b.Seq
 	}
@@ -151,6 +172,9 @@ func newEntry(b contract.Batch) *entry {
 	}
 	return e
 }
+
+// uptime returns the time since the batch's own boot at wall-clock time t, in milliseconds.
+func (e *entry) uptime(t time.Time) int64 { return max(t.Sub(e.boot).Milliseconds(), 0) }
 
 // encode serialises the batch for an attempt sent at the given uptime. sent_uptime_ms is
 // never before the last reading, whose window may end a few milliseconds ahead of the clock.

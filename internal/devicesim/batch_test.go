@@ -69,7 +69,7 @@ func TestGeneratorBatchesAreValid(t *testing.T) {
 			g := newGenerator("02:00:00:00:00:0A", uuid.NewString(), "sim-10", &cfg, testBoot, rand.New(rand.NewPCG(7, 7)))
 			for i := range 3 {
 				now := testBoot.Add(time.Duration(i+1) * cfg.Interval)
-				e := newEntry(g.next(now))
+				e := g.entry(now)
 				payload, err := e.encode(g.uptime(now))
 				require.NoError(t, err)
 				got, err := contract.DecodeBatch(payload, "02:00:00:00:00:0A", contract.Limits{}, now)
@@ -134,7 +134,7 @@ func TestGeneratorUnsyncedClock(t *testing.T) {
 
 	// The contract's decoder takes an unsynced batch with uptimes and asks for a repair.
 	g = newTestGenerator(&cfg, testBoot)
-	e := newEntry(g.next(testBoot.Add(10 * time.Second)))
+	e := g.entry(testBoot.Add(10 * time.Second))
 	payload, err := e.encode(10_000)
 	require.NoError(t, err)
 	_, err = contract.DecodeBatch(payload, "", contract.Limits{}, testBoot.Add(10*time.Second))
@@ -144,7 +144,7 @@ func TestGeneratorUnsyncedClock(t *testing.T) {
 func TestEntryEncodeKeepsContent(t *testing.T) {
 	cfg := testConfig()
 	g := newTestGenerator(&cfg, testBoot)
-	e := newEntry(g.next(testBoot.Add(cfg.Interval)))
+	e := g.entry(testBoot.Add(cfg.Interval))
 	require.Equal(t, 5, e.readings)
 	require.Equal(t, uint64(0), e.seq)
 

@@ -15,6 +15,11 @@ const (
 	MaxReadingsPerBatch = 100
 	// MaxBufferSize is the largest offline buffer a device may have, in batches.
 	MaxBufferSize = 100_000
+	// MinRebootEvery is the shortest RebootEvery, so that a rebooting device cannot spin.
+	MinRebootEvery = 10 * time.Millisecond
+	// RebootJitter is the spread of a device's time between reboots: each boot lasts
+	// RebootEvery ± 20%.
+	RebootJitter = 0.2
 )
 
 // Config configures a simulator. The zero value is not valid: start from [DefaultConfig].
@@ -74,11 +79,22 @@ type Config struct {
 	// ClockSyncAfter simulates an ESP32 that has no NTP time yet: during the first
 	// ClockSyncAfter of a boot, timestamps are counted from 1970-01-01 (timestamp_ms equals
 	// uptime_ms), which the gateway answers with clock_not_synced or repairs from uptime_ms.
-	// Zero means the clock is synced from boot.
+	// Zero means the clock is synced from boot. It applies to every boot, reboots included.
 	ClockSyncAfter time.Duration
 
-	// Seed makes sensor values and backoff jitter reproducible. Zero picks a random seed,
-	// which is logged so that a run can be repeated. Boot ids are always random.
+	// RebootEvery makes devices reboot: each boot of a device lasts RebootEvery ± 20%
+	// (RebootJitter), drawn per device and per boot from the seed. A reboot drops the
+	// connection without a clean MQTT DISCONNECT (as a power cut or a watchdog reset would),
+	// draws a new boot_id, restarts seq and the uptime clock at 0, loses the answers it was
+	// waiting for, keeps the offline buffer (flash) and registers again. Zero means never;
+	// otherwise at least MinRebootEvery.
+	RebootEvery time.Duration
+	// Reboots caps the number of reboots of each device; zero means no cap. It needs
+	// RebootEvery.
+	Reboots int
+
+	// Seed makes sensor values, backoff jitter and reboot times reproducible. Zero picks a
+	// random seed, which is logged so that a run can be repeated. Boot ids are always random.
 	Seed uint64
 	// ReportPath, if set, is a file that receives one JSON line (a [ReportLine]) per batch that
 	// received a final answer. It is created (truncated) when Run starts.
@@ -174,6 +190,17 @@ func (c *Config) Validate() error {
 	}
 	if c.ClockSyncAfter < 0 {
 		add("clock sync delay must not be negative, got %s", c.ClockSyncAfter)
+	}
+	switch {
+	case c.RebootEvery < 0:
+		add("reboot interval must not be negative, got %s", c.RebootEvery)
+	case c.RebootEvery > 0 && c.RebootEvery < MinRebootEvery:
+		add("reboot interval must be at least %s, got %s", MinRebootEvery, c.RebootEvery)
+	}
+	if c.Reboots < 0 {
+		add("reboots must not be negative, got %d", c.Reboots)
+	} else if c.Reboots > 0 && c.RebootEvery == 0 {
+		add("reboots (%d) needs a reboot interval", c.Reboots)
 	}
 	if c.SummaryInterval < 0 {
 		add("summary interval must not be negative, got %s", c.SummaryInterval)

@@ -35,6 +35,12 @@ func TestConfigValidate(t *testing.T) {
 		{name: "negative batches", mutate: func(c *Config) { c.Batches = -1 }, wantErr: "batches"},
 		{name: "inflight over buffer", mutate: func(c *Config) { c.BufferSize = 2; c.MaxInflight = 3 }, wantErr: "max inflight"},
 		{name: "retry bounds", mutate: func(c *Config) { c.RetryMax = c.RetryMin / 2 }, wantErr: "retry"},
+		{name: "reboots", mutate: func(c *Config) { c.RebootEvery = time.Minute; c.Reboots = 3 }},
+		{name: "unbounded reboots", mutate: func(c *Config) { c.RebootEvery = time.Minute }},
+		{name: "negative reboot interval", mutate: func(c *Config) { c.RebootEvery = -time.Second }, wantErr: "reboot interval"},
+		{name: "reboot interval too short", mutate: func(c *Config) { c.RebootEvery = time.Millisecond }, wantErr: "at least 10ms"},
+		{name: "negative reboots", mutate: func(c *Config) { c.RebootEvery = time.Minute; c.Reboots = -1 }, wantErr: "reboots"},
+		{name: "reboots without interval", mutate: func(c *Config) { c.Reboots = 2 }, wantErr: "needs a reboot interval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

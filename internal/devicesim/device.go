@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"greenhouse-gateway/internal/contract"
 )
 
@@ -21,6 +23,7 @@ const (
 	causeTransport    = "transport"    // not connected, network error, retryable HTTP status
 	causeDisconnected = "disconnected" // the connection was lost while the batch was in flight
 	causeUnexpected   = "unexpected"   // an answer with a status the contract does not know
+	causeReboot       = "reboot"       // the device rebooted while the batch was in flight
 )
 
 // eventBuffer is the capacity of a device's event channel.
@@ -28,11 +31,18 @@ const eventBuffer = 256
 
 // DeviceStats counts what one simulated device did during a run.
 type DeviceStats struct {
-	// HardwareID and BootID identify the device and its boot.
+	// HardwareID identifies the device; BootID is its current (last) boot.
 	HardwareID string
 	BootID     string
-	// Registered reports whether the gateway confirmed a registration of this boot.
+	// Reboots is the number of times the device rebooted (Config.RebootEvery).
+	Reboots int
+	// Registered reports whether the gateway confirmed a registration of the current boot.
 	Registered bool
+	// Registrations counts the registrations the gateway confirmed, over all boots.
+	Registrations int
+	// ConfirmationID is the confirmation_id of the last confirmed registration that carried
+	// one; empty if none did.
+	ConfirmationID string
 	// Built is the number of batches built.
 	Built int
 	// Sent is the number of transmissions of batches, first sends and re-sends;
@@ -45,7 +55,8 @@ type DeviceStats struct {
 	// Rejected counts batches dropped after a final rejection, by reason.
 	Rejected map[string]int
 	// Retried counts failed attempts that kept the batch for a later retry, by cause:
-	// "buffer_full", "unknown_device", "timeout", "transport", "disconnected", "unexpected".
+	// "buffer_full", "unknown_device", "timeout", "transport", "disconnected", "reboot",
+	// "unexpected".
 	Retried map[string]int
 	// Overflow is the number of unconfirmed batches dropped because the offline buffer was full.
 	Overflow int
@@ -81,14 +92,16 @@ func formatCounts(m map[string]int) string {
 type regState int
 
 const (
-	regNone    regState = iota // not sent on this connection
-	regWaiting                 // sent, waiting for the answer until regDeadline
-	regDone                    // confirmed by the gateway
-	regGaveUp                  // not confirmed; readings are sent anyway
+	regNone     regState = iota // not sent on this connection
+	regWaiting                  // sent, readings held back until the answer or regDeadline
+	regRetrying                 // sent again, waiting for the answer until regDeadline; readings go
+	regDone                     // confirmed by the gateway
+	regGaveUp                   // not confirmed; readings are sent anyway, and regRetryAt, if set, registers again
 )
 
 // device is one simulated ESP32: a sampling generator, an offline buffer and a link, driven
-// by one goroutine.
+// by one goroutine. A reboot keeps the offline buffer (flash), the counters and the
+// confirmation_id, and resets everything else a real device holds in RAM.
 type device struct {
 	cfg        *Config
 	log        *slog.Logger
@@ -96,8 +109,10 @@ type device struct {
 	out        *outbox
 	dial       dialFunc
 	report     *reportWriter
-	jitter     *rand.Rand
+	jitter     *rand.Rand // backoff jitter
+	rebootRNG  *rand.Rand // time between reboots
 	now        func() time.Time
+	newBootID  func() (string, error)
 	regPayload []byte
 
 	stats DeviceStats
@@ -106,6 +121,8 @@ type device struct {
 	everConnected bool
 	reg           regState
 	regDeadline   time.Time
+	regFailures   int       // consecutive registrations of this boot not confirmed
+	regRetryAt    time.Time // when a registration not confirmed is sent again; zero: not
 
 	failures     int       // consecutive failed attempts
 	failingSince time.Time // first of those failures
@@ -114,9 +131,21 @@ type device struct {
 	producing  bool
 	stopAt     time.Time // when producing stops (Duration); zero: never
 	drainUntil time.Time // when a device that stopped producing gives up on its buffer
+	rebootAt   time.Time // when the device reboots next; zero: never
 }
 
-func newDevice(cfg *Config, logger *slog.Logger, gen *generator, dial dialFunc, report *reportWriter, jitter *rand.Rand, now func() time.Time) (*device, error) {
+// randomBootID draws a boot_id: a random UUID v4.
+func randomBootID() (string, error) {
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return "", err
+	}
+	return id.String(), nil
+}
+
+// newDevice prepares a device. jitter drives the backoff and rebootRNG the time between
+// reboots, so that reboot times depend on the seed only, not on what the network does.
+func newDevice(cfg *Config, logger *slog.Logger, gen *generator, dial dialFunc, report *reportWriter, jitter, rebootRNG *rand.Rand, now func() time.Time) (*device, error) {
 	regPayload, err := json.Marshal(gen.registration())
 	if err != nil {
 		return nil, fmt.Errorf("encoding registration of %s: %w", gen.hardwareID, err)
@@ -129,7 +158,9 @@ func newDevice(cfg *Config, logger *slog.Logger, gen *generator, dial dialFunc, 
 		dial:       dial,
 		report:     report,
 		jitter:     jitter,
+		rebootRNG:  rebootRNG,
 		now:        now,
+		newBootID:  randomBootID,
 		regPayload: regPayload,
 		stats: DeviceStats{
 			HardwareID: gen.hardwareID,
@@ -141,7 +172,8 @@ func newDevice(cfg *Config, logger *slog.Logger, gen *generator, dial dialFunc, 
 }
 
 // run drives the device until ctx is done, or until it stopped producing and its buffer is
-// empty or the drain timeout passed. It returns the device's counters.
+// empty or the drain timeout passed. It returns the device's counters. Batches and Duration
+// count over the whole run, across reboots.
 func (d *device) run(ctx context.Context) (DeviceStats, error) {
 	linkCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -156,6 +188,7 @@ func (d *device) run(ctx context.Context) (DeviceStats, error) {
 	if d.cfg.Duration > 0 {
 		d.stopAt = start.Add(d.cfg.Duration)
 	}
+	d.scheduleReboot(start)
 	d.log.Info("device booted", "boot_id", d.gen.bootID)
 
 	ticker := time.NewTicker(d.cfg.Interval)
@@ -169,12 +202,21 @@ func (d *device) run(ctx context.Context) (DeviceStats, error) {
 	wake := time.NewTimer(time.Hour)
 	defer wake.Stop()
 
+	var runErr error
 	stopped := false
 	for !stopped {
 		now := d.now()
 		d.advance(now)
 		if d.finished(now) {
 			break
+		}
+		if d.rebootDue(now) {
+			l, runErr = d.reboot(linkCtx, l, events, now)
+			if runErr != nil {
+				break
+			}
+			ticker.Reset(d.cfg.Interval) // the sampling timer starts again with the boot
+			continue
 		}
 		d.pump(l, now)
 		tickC := ticker.C
@@ -196,15 +238,89 @@ func (d *device) run(ctx context.Context) (DeviceStats, error) {
 	}
 
 	cancel()
-	closeErr := l.Close()
+	if l != nil {
+		if err := l.Close(); err != nil {
+			d.log.Warn("closing connection", "err", err)
+		}
+	}
 	d.stats.Pending = d.out.len()
 	if d.stats.Pending > 0 {
 		d.log.Info("device stopped with unconfirmed batches", "pending", d.stats.Pending)
 	}
-	if closeErr != nil {
-		d.log.Warn("closing connection", "err", closeErr)
+	return d.stats, runErr
+}
+
+// scheduleReboot sets the time of the next reboot for a boot that started at boot:
+// RebootEvery ± RebootJitter, unless reboots are off or their cap is reached.
+func (d *device) scheduleReboot(boot time.Time) {
+	d.rebootAt = time.Time{}
+	if d.cfg.RebootEvery <= 0 || (d.cfg.Reboots > 0 && d.stats.Reboots >= d.cfg.Reboots) {
+		return
 	}
-	return d.stats, nil
+	d.rebootAt = boot.Add(rebootDelay(d.cfg.RebootEvery, d.rebootRNG))
+}
+
+// rebootDelay returns a boot's lifetime: a uniform random time in every ± RebootJitter.
+func rebootDelay(every time.Duration, rng *rand.Rand) time.Duration {
+	spread := time.Duration(float64(every) * RebootJitter)
+	return every - spread + time.Duration(rng.Int64N(int64(2*spread)+1))
+}
+
+func (d *device) rebootDue(now time.Time) bool {
+	return !d.rebootAt.IsZero() && !now.Before(d.rebootAt)
+}
+
+// reboot restarts the device at now as a reset ESP32 does. The connection is dropped without
+// a clean disconnect and what the device held in RAM is lost: answers not yet handled, the
+// batches it was waiting for (they are sent again), the registration state, the backoff. The
+// offline buffer is in flash and survives, its batches keeping their boot_id, batch_id and
+// seq; being the oldest, they are sent first. The new boot has a new boot_id, seq and uptime
+// from 0, no NTP time for ClockSyncAfter, and registers as soon as it is connected.
+// It returns the new link.
+func (d *device) reboot(ctx context.Context, old link, events chan event, now time.Time) (link, error) {
+	if err := old.Drop(); err != nil {
+		d.log.Warn("dropping the connection", "err", err)
+	}
+	// Nothing arrives from the old link any more; what it already delivered died with the RAM.
+	for discarding := true; discarding; {
+		select {
+		case <-events:
+		default:
+			discarding = false
+		}
+	}
+
+	bootID, err := d.newBootID()
+	if err != nil {
+		return nil, fmt.Errorf("devicesim: boot id for %s: %w", d.gen.hardwareID, err)
+	}
+	prev := d.gen.bootID
+	d.gen.reboot(bootID, now)
+	regPayload, err := json.Marshal(d.gen.registration())
+	if err != nil {
+		return nil, fmt.Errorf("devicesim: encoding registration of %s: %w", d.gen.hardwareID, err)
+	}
+	d.regPayload = regPayload
+
+	lost := d.out.releaseAll()
+	if lost > 0 {
+		d.stats.Retried[causeReboot] += lost
+	}
+	d.stats.Reboots++
+	d.stats.BootID = bootID
+	d.stats.Registered = false
+	d.connected, d.everConnected = false, false
+	d.reg, d.regDeadline, d.regFailures, d.regRetryAt = regNone, time.Time{}, 0, time.Time{}
+	d.failures, d.failingSince, d.nextAttempt = 0, time.Time{}, time.Time{}
+	d.scheduleReboot(now)
+
+	d.log.Info("device rebooted", "boot_id", bootID, "previous_boot_id", prev, "reboots", d.stats.Reboots,
+		"kept_batches", d.out.len(), "in_flight_lost", lost)
+	l, err := d.dial(ctx, d.gen.hardwareID, events)
+	if err != nil {
+		return nil, fmt.Errorf("devicesim: setting up the link of %s: %w", d.gen.hardwareID, err)
+	}
+	return l, nil
 }
 
 // advance applies everything that is due at now: the end of production, answers that did not
@@ -217,9 +333,8 @@ func (d *device) advance(now time.Time) {
 		d.stats.Retried[causeTimeout] += len(expired)
 		d.failed(now, 0, "no answer within the ack timeout", nil, "batch_id", expired[0].id, "batches", len(expired))
 	}
-	if d.reg == regWaiting && !now.Before(d.regDeadline) {
-		d.reg = regGaveUp
-		d.log.Warn("registration not confirmed within the ack timeout; sending readings anyway")
+	if (d.reg == regWaiting || d.reg == regRetrying) && !now.Before(d.regDeadline) {
+		d.registrationFailed(now, 0, "registration not answered within the ack timeout", nil)
 	}
 }
 
@@ -241,7 +356,12 @@ func (d *device) finished(now time.Time) bool {
 
 // pump sends the oldest unsent batches while the link is up, the backoff has passed and fewer
 // than MaxInflight batches wait for their answer.
+//
+// It also sends again a registration that was not confirmed, when its backoff has passed.
 func (d *device) pump(l link, now time.Time) {
+	if d.connected && d.reg == regGaveUp && !d.regRetryAt.IsZero() && !now.Before(d.regRetryAt) {
+		d.register(l, now, false)
+	}
 	if !d.connected || d.reg == regWaiting || now.Before(d.nextAttempt) {
 		return
 	}
@@ -250,7 +370,7 @@ func (d *device) pump(l link, now time.Time) {
 		if e == nil {
 			return
 		}
-		payload, err := e.encode(d.gen.uptime(now))
+		payload, err := e.encode(e.uptime(now))
 		if err != nil {
 			// Cannot happen with the values a generator builds; drop rather than loop.
 			d.out.remove(e.id)
@@ -282,14 +402,20 @@ func (d *device) nextWake(now time.Time) time.Duration {
 	if t, ok := d.out.earliestDeadline(); ok {
 		consider(t)
 	}
-	if d.reg == regWaiting {
+	if d.reg == regWaiting || d.reg == regRetrying {
 		consider(d.regDeadline)
+	}
+	if d.connected && d.reg == regGaveUp && !d.regRetryAt.IsZero() {
+		consider(d.regRetryAt)
 	}
 	if now.Before(d.nextAttempt) && d.out.len() > d.out.inflight {
 		consider(d.nextAttempt)
 	}
 	if d.producing && !d.stopAt.IsZero() {
 		consider(d.stopAt)
+	}
+	if !d.rebootAt.IsZero() {
+		consider(d.rebootAt)
 	}
 	if !d.producing {
 		consider(d.drainUntil)
@@ -302,7 +428,7 @@ func (d *device) produce(now time.Time) {
 	if !d.producing {
 		return
 	}
-	e := newEntry(d.gen.next(now))
+	e := d.gen.entry(now)
 	if dropped := d.out.push(e); dropped != nil {
 		d.stats.Overflow++
 		level := slog.LevelDebug
@@ -318,16 +444,40 @@ func (d *device) produce(now time.Time) {
 	}
 }
 
-// register sends the boot's registration and holds readings back until it is answered or the
-// ack timeout passes.
-func (d *device) register(l link, now time.Time) {
+// register sends the boot's registration. With hold (the first registration of a connection,
+// or after "unknown_device") readings are held back until it is answered or the ack timeout
+// passes; a retry of a registration that was not confirmed does not hold them.
+func (d *device) register(l link, now time.Time, hold bool) {
+	d.regRetryAt = time.Time{}
 	if err := l.Register(d.regPayload); err != nil {
-		d.reg = regGaveUp
-		d.log.Warn("sending registration", "err", err)
+		d.registrationFailed(now, 0, "sending registration", err)
 		return
 	}
-	d.reg = regWaiting
+	d.reg = regRetrying
+	if hold {
+		d.reg = regWaiting
+	}
 	d.regDeadline = now.Add(d.cfg.AckTimeout)
+}
+
+// registrationFailed records a registration of this boot that was not confirmed for a reason
+// that may pass (not delivered, not answered, buffer_full): readings go anyway, and the
+// registration is sent again after a backoff, or after the server's retry-after if longer.
+// The first failure of a series is a warning, the following ones are logged at debug level.
+func (d *device) registrationFailed(now time.Time, retryAfter time.Duration, msg string, err error, attrs ...any) {
+	d.reg = regGaveUp
+	d.regFailures++
+	wait := max(backoff(d.regFailures, d.cfg.RetryMin, d.cfg.RetryMax, d.jitter), retryAfter)
+	d.regRetryAt = now.Add(wait)
+	attrs = append(attrs, "boot_id", d.gen.bootID, "register_again_in", wait.Round(time.Millisecond))
+	if err != nil {
+		attrs = append(attrs, "err", err)
+	}
+	if d.regFailures == 1 {
+		d.log.Warn(msg+"; sending readings anyway", attrs...)
+		return
+	}
+	d.log.Debug(msg+"; sending readings anyway", append(attrs, "failures", d.regFailures)...)
 }
 
 func (d *device) handle(l link, ev event, now time.Time) {
@@ -339,22 +489,23 @@ func (d *device) handle(l link, ev event, now time.Time) {
 			d.log.Info("connected")
 		}
 		d.connected, d.everConnected = true, true
-		d.register(l, now)
+		d.register(l, now, true)
 	case evDisconnected:
 		d.connected = false
 		n := d.out.releaseAll()
 		if n > 0 {
 			d.stats.Retried[causeDisconnected] += n
 		}
-		if d.reg == regWaiting {
-			d.reg = regNone
+		if d.reg == regWaiting || d.reg == regRetrying {
+			d.reg = regNone // registered again on reconnect
 		}
 		d.log.Warn("connection lost", "err", ev.err, "in_flight", n)
 	case evRegisterFailed:
-		if d.reg == regWaiting {
-			d.reg = regGaveUp
+		if d.reg != regWaiting && d.reg != regRetrying {
+			d.log.Debug("ignoring a failure of an earlier registration", "err", ev.err)
+			return
 		}
-		d.log.Warn("registration not delivered; sending readings anyway", "err", ev.err)
+		d.registrationFailed(now, ev.retryAfter, "registration not delivered", ev.err)
 	case evSendFailed:
 		e := d.out.get(ev.batchID)
 		if e == nil || !e.inflight {
@@ -374,16 +525,24 @@ func (d *device) handleAck(l link, ev event, now time.Time) {
 	a := ev.ack
 	if a.Type == contract.AckTypeRegister || (a.BatchID == "" && a.Status == contract.StatusRegistered) {
 		if a.Status == contract.StatusRegistered {
-			d.reg = regDone
-			d.stats.Registered = true
-			d.log.Info("registered", "confirmation_id", a.ConfirmationID)
+			d.registered(a.ConfirmationID, ev.httpStatus)
 			return
 		}
-		if d.reg == regWaiting {
-			d.reg = regGaveUp
+		reason := rejectionReason(a.Reason)
+		if d.reg == regDone {
+			d.log.Debug("ignoring a rejection of an earlier registration", "reason", reason)
+			return
 		}
-		d.log.Warn("registration refused; sending readings anyway",
-			"status", string(a.Status), "reason", reasonOf(a.Reason), "message", deref(a.Message))
+		if reason == string(contract.ReasonBufferFull) {
+			d.registrationFailed(now, ev.retryAfter, "registration rejected", nil,
+				"reason", reason, "message", deref(a.Message))
+			return
+		}
+		// Sending the same registration again would be rejected again: not before the next boot
+		// or reconnect.
+		d.reg, d.regRetryAt = regGaveUp, time.Time{}
+		d.log.Warn("registration rejected; sending readings anyway", "boot_id", d.gen.bootID,
+			"status", string(a.Status), "reason", reason, "message", deref(a.Message))
 		return
 	}
 
@@ -414,7 +573,7 @@ func (d *device) handleAck(l link, ev event, now time.Time) {
 			d.stats.Retried[reason]++
 			d.failed(now, ev.retryAfter, "gateway does not know the device, registering again", nil, "batch_id", e.id)
 			if d.reg != regWaiting {
-				d.register(l, now)
+				d.register(l, now, true)
 			}
 		default:
 			d.out.remove(e.id)
@@ -430,12 +589,43 @@ func (d *device) handleAck(l link, ev event, now time.Time) {
 	}
 }
 
-// final records a batch's final answer in the report.
+// registered applies a confirmed registration. The confirmation_id is kept and logged the
+// first time; the contract keeps it stable, so a different one is worth a warning. Later
+// confirmations (reconnects, reboots) are logged at debug level.
+func (d *device) registered(confirmationID string, httpStatus int) {
+	if d.regFailures > 0 {
+		d.log.Info("registration confirmed after failures", "failures", d.regFailures)
+	}
+	d.reg, d.regFailures, d.regRetryAt = regDone, 0, time.Time{}
+	d.stats.Registered = true
+	d.stats.Registrations++
+	attrs := []any{"boot_id", d.gen.bootID}
+	if httpStatus != 0 {
+		attrs = append(attrs, "http_status", httpStatus)
+	}
+	prev := d.stats.ConfirmationID
+	switch {
+	case confirmationID == "" && d.stats.Registrations == 1:
+		d.log.Info("registered; the answer carried no confirmation_id", attrs...)
+	case confirmationID == "" || confirmationID == prev:
+		d.log.Debug("registration confirmed", append(attrs, "registrations", d.stats.Registrations)...)
+	case prev == "":
+		d.stats.ConfirmationID = confirmationID
+		d.log.Info("registered", append(attrs, "confirmation_id", confirmationID)...)
+	default:
+		d.stats.ConfirmationID = confirmationID
+		d.log.Warn("the gateway answered a different confirmation_id",
+			append(attrs, "confirmation_id", confirmationID, "previous_confirmation_id", prev)...)
+	}
+}
+
+// final records a batch's final answer in the report, with the batch's own boot_id (which
+// is not the current one for a batch built before a reboot).
 func (d *device) final(e *entry, a contract.Ack) {
 	d.report.write(ReportLine{
 		BatchID:          e.id,
 		HardwareID:       d.gen.hardwareID,
-		BootID:           d.gen.bootID,
+		BootID:           e.batch.BootID,
 		Seq:              e.seq,
 		Status:           string(a.Status),
 		Reason:           reasonOf(a.Reason),
@@ -478,6 +668,9 @@ func (d *device) recovered(now time.Time) {
 
 func (d *device) logSummary(msg string) {
 	d.log.Info(msg,
+		"boot_id", d.gen.bootID,
+		"reboots", d.stats.Reboots,
+		"registered", d.stats.Registered,
 		"built", d.stats.Built,
 		"sent", d.stats.Sent,
 		"accepted", d.stats.Accepted,

@@ -8,13 +8,15 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
-
-	"github.com/google/uuid"
 )
 
-// jitterStream separates the random stream of backoff jitter from the one of sensor values,
-// so that values stay the same for a seed whatever the network does.
-const jitterStream = 0x6a69_7474_6572 // "jitter"
+// jitterStream and rebootStream separate the random streams of backoff jitter and of reboot
+// times from the one of sensor values, so that values and reboot times stay the same for a
+// seed whatever the network does.
+const (
+	jitterStream = 0x6a69_7474_6572 // "jitter"
+	rebootStream = 0x7265_626f_6f74 // "reboot"
+)
 
 // Sim runs a fleet of simulated devices.
 type Sim struct {
@@ -56,7 +58,8 @@ func (s *Sim) HardwareIDs() []string { return append([]string(nil), s.ids...) }
 // Run boots every device and runs them until ctx is done, or until each device stopped
 // producing (Batches or Duration reached) and its buffer is confirmed or its drain timeout
 // passed. It logs a final summary. It returns an error only when the simulation could not be
-// set up or its report could not be written.
+// set up, a device could not reboot (no randomness for its boot_id) or the report could not
+// be written.
 func (s *Sim) Run(ctx context.Context) error {
 	var report *reportWriter
 	if s.cfg.ReportPath != "" {
@@ -79,19 +82,22 @@ func (s *Sim) Run(ctx context.Context) error {
 	}
 	s.log.Info("starting devices", "transport", transport, "url", target, "devices", len(s.ids),
 		"first_hardware_id", s.ids[0], "interval", s.cfg.Interval, "readings", s.cfg.Readings,
-		"batches", s.cfg.Batches, "duration", s.cfg.Duration, "seed", seed)
+		"batches", s.cfg.Batches, "duration", s.cfg.Duration, "qos", s.cfg.QoS,
+		"reboot_every", s.cfg.RebootEvery, "reboots", s.cfg.Reboots, "clock_sync_after", s.cfg.ClockSyncAfter,
+		"seed", seed)
 
 	devices := make([]*device, len(s.ids))
 	boot := s.now()
 	for i, hw := range s.ids {
-		bootID, err := uuid.NewRandom()
+		bootID, err := randomBootID()
 		if err != nil {
 			return fmt.Errorf("devicesim: boot id for %s: %w", hw, err)
 		}
 		values := rand.New(rand.NewPCG(seed, uint64(i)))
 		jitter := rand.New(rand.NewPCG(seed^jitterStream, uint64(i)))
-		gen := newGenerator(hw, bootID.String(), fmt.Sprintf("sim-%02d", i+1), &s.cfg, boot, values)
-		d, err := newDevice(&s.cfg, s.log, gen, s.dial, report, jitter, s.now)
+		reboots := rand.New(rand.NewPCG(seed^rebootStream, uint64(i)))
+		gen := newGenerator(hw, bootID, fmt.Sprintf("sim-%02d", i+1), &s.cfg, boot, values)
+		d, err := newDevice(&s.cfg, s.log, gen, s.dial, report, jitter, reboots, s.now)
 		if err != nil {
 			return fmt.Errorf("devicesim: %w", err)
 		}
@@ -126,10 +132,13 @@ func (s *Sim) logFinal(stats []DeviceStats) {
 	total.Rejected, total.Retried = map[string]int{}, map[string]int{}
 	for _, st := range stats {
 		s.log.Info("device final summary", "hardware_id", st.HardwareID, "boot_id", st.BootID,
-			"registered", st.Registered, "built", st.Built, "sent", st.Sent, "resent", st.Resent,
+			"reboots", st.Reboots, "registered", st.Registered, "registrations", st.Registrations,
+			"confirmation_id", st.ConfirmationID, "built", st.Built, "sent", st.Sent, "resent", st.Resent,
 			"accepted", st.Accepted, "duplicates", st.Duplicates,
 			"rejected", formatCounts(st.Rejected), "retried", formatCounts(st.Retried),
 			"overflow", st.Overflow, "pending", st.Pending)
+		total.Reboots += st.Reboots
+		total.Registrations += st.Registrations
 		total.Built += st.Built
 		total.Sent += st.Sent
 		total.Resent += st.Resent
@@ -144,7 +153,8 @@ func (s *Sim) logFinal(stats []DeviceStats) {
 			total.Retried[k] += v
 		}
 	}
-	s.log.Info("final summary", "devices", len(stats), "built", total.Built, "sent", total.Sent,
+	s.log.Info("final summary", "devices", len(stats), "reboots", total.Reboots,
+		"registrations", total.Registrations, "built", total.Built, "sent", total.Sent,
 		"resent", total.Resent, "accepted", total.Accepted, "duplicates", total.Duplicates,
 		"rejected", total.rejectedTotal(), "rejected_by_reason", formatCounts(total.Rejected),
 		"retried", formatCounts(total.Retried), "overflow", total.Overflow, "pending", total.Pending)

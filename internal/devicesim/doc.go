@@ -12,16 +12,39 @@
 // registers again. Any other rejection drops the batch and logs the reason, as firmware would
 // for a bug on its side. A full buffer drops its oldest batch and counts it.
 //
-// After registering, a device holds its readings back until the registration is answered or
-// the ack timeout passes. Devices stop producing after Config.Batches batches or after
-// Config.Duration, then drain their buffers for at most Config.DrainTimeout; a cancelled
+// A device registers at every boot and on every reconnect: on devices/{hardware_id}/register
+// (answered on the ack topic with "registered" and the confirmation_id), or with
+// POST /v1/register (201 the first time, 200 after, the register ack as body). It holds its
+// readings back until the registration is answered or the ack timeout passes, so a gateway
+// that never answers does not stop the readings. A registration that was not confirmed (not
+// delivered, not answered, "buffer_full") is sent again with the same backoff as batches,
+// without holding readings back, until it is; one rejected for another reason is logged with
+// its reason and message and not sent again before the next boot or reconnect, and readings
+// go anyway. The confirmation_id is kept and logged once.
+// Devices stop producing after Config.Batches batches or after Config.Duration (both counted
+// over all boots), then drain their buffers for at most Config.DrainTimeout; a cancelled
 // context stops them at once.
+//
+// With Config.RebootEvery a device reboots after that much uptime, ±20%, drawn from the seed
+// per device and per boot, at most Config.Reboots times. A reboot is an ESP32 reset: the
+// connection is cut (over MQTT on plain TCP, without a DISCONNECT, so the broker sees the
+// connection drop), everything in RAM is lost (answers not yet handled, the batches in flight,
+// the backoff), a new boot_id is drawn, seq and the uptime restart at 0 and, with
+// Config.ClockSyncAfter, the clock is back in 1970 until the delay passes. The offline buffer
+// is flash and survives: its batches keep their boot_id, batch_id and seq, are sent first
+// (oldest first) once the new boot's registration is answered (or the ack timeout passed),
+// and their sent_uptime_ms keeps counting from their own boot, so that the gateway's per-boot
+// clock anchor repairs them right.
+//
+// At MQTT QoS 0 there is no PUBACK: a batch leaves the buffer only when the ack topic answers
+// for its batch_id, at any QoS.
 //
 // A batch's content is fixed when it is built and every retry sends the same content, so the
 // gateway answers "duplicate" rather than "conflict" for a batch it already holds. Only
-// sent_uptime_ms, the device uptime at the attempt, changes from one attempt to the next, as the
-// contract defines it (the gateway leaves it out of its duplicate check).
+// sent_uptime_ms, the time since the batch's boot at the attempt, changes from one attempt to
+// the next, as the contract defines it (the gateway leaves it out of its duplicate check).
 //
 // The simulator is used by "make run" and by the gateway's integration tests; the optional report
-// file (see [ReportLine]) tells a test exactly which batches received a final answer.
+// file (see [ReportLine]) tells a test exactly which batches received a final answer, and
+// [Sim.Stats] and the final summary log line count what each device did, reboots included.
 package devicesim

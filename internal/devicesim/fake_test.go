@@ -17,16 +17,21 @@ import (
 	"greenhouse-gateway/internal/contract"
 )
 
-// fakeLink is a link whose sends the test reads and answers by hand.
+// fakeLink is a link whose sends the test reads and answers by hand. One fakeLink stands for
+// every link of a device: a reboot drops it and dials it again.
 type fakeLink struct {
-	events chan<- event
-
-	mu     sync.Mutex
-	down   bool // Send and Register fail with errNotConnected
-	sends  []sentBatch
-	regs   int
-	closed bool
-	unsent int // index of the first send the test has not taken yet
+	mu        sync.Mutex
+	events    chan<- event
+	connect   bool // dialling delivers evConnected at once
+	dials     int
+	drops     int
+	down      bool // Send and Register fail with errNotConnected
+	sends     []sentBatch
+	regs      int
+	regBoots  []string // boot_id of every registration sent, in order
+	closed    bool
+	unsent    int // index of the first send the test has not taken yet
+	dropTimes []time.Time
 }
 
 type sentBatch struct {
@@ -34,13 +39,18 @@ type sentBatch struct {
 	batch contract.Batch
 }
 
-func (f *fakeLink) Register([]byte) error {
+func (f *fakeLink) Register(payload []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {
 		return errNotConnected
 	}
+	reg, err := contract.DecodeRegistration(payload, "")
+	if err != nil {
+		panic(err) // the test fails with the stack
+	}
 	f.regs++
+	f.regBoots = append(f.regBoots, reg.BootID)
 	return nil
 }
 
@@ -63,6 +73,61 @@ func (f *fakeLink) Close() error {
 	defer f.mu.Unlock()
 	f.closed = true
 	return nil
+}
+
+func (f *fakeLink) Drop() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.drops++
+	f.dropTimes = append(f.dropTimes, time.Now())
+	return nil
+}
+
+// dial is the fake's dialFunc.
+func (f *fakeLink) dial(_ context.Context, _ string, events chan<- event) (link, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = events
+	f.dials++
+	f.closed = false
+	if f.connect {
+		events <- event{kind: evConnected}
+	}
+	return f, nil
+}
+
+// setConnect sets whether the next dials connect at once.
+func (f *fakeLink) setConnect(connect bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.connect = connect
+}
+
+// counts returns the number of dials, drops and registrations so far.
+func (f *fakeLink) counts() (dials, drops, regs int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.dials, f.drops, f.regs
+}
+
+// registeredBoots returns the boot_id of every registration sent so far.
+func (f *fakeLink) registeredBoots() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.regBoots...)
+}
+
+// allSends returns every send so far, taken or not.
+func (f *fakeLink) allSends() []sentBatch {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]sentBatch(nil), f.sends...)
+}
+
+func (f *fakeLink) eventChan() chan<- event {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.events
 }
 
 // take returns the sends made since the last call.
@@ -90,10 +155,24 @@ func (f *fakeLink) setDown(down bool) {
 type testHarness struct {
 	t      testing.TB
 	link   *fakeLink
-	events chan<- event
 	dev    *device
 	report string
 	done   chan DeviceStats
+
+	answeredRegs int // registrations the test confirmed (autoAnswer)
+}
+
+// rebootSeed seeds the reboot times of harness devices; testRebootDelays draws the same.
+const rebootSeed = 77
+
+// testRebootDelays returns the lifetimes of the first n boots of a harness device.
+func testRebootDelays(cfg Config, n int) []time.Duration {
+	rng := rand.New(rand.NewPCG(rebootSeed, 0))
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = rebootDelay(cfg.RebootEvery, rng)
+	}
+	return out
 }
 
 // testConfig is a small, fast configuration for device tests.
@@ -130,24 +209,22 @@ func newTestGenerator(cfg *Config, boot time.Time) *generator {
 // connected is false. Call it inside a synctest bubble.
 func startDevice(t *testing.T, ctx context.Context, cfg Config, connected bool) *testHarness {
 	t.Helper()
+	return startDeviceLog(t, ctx, cfg, connected, testLogger(t))
+}
+
+// startDeviceLog is startDevice with the device logging to logger.
+func startDeviceLog(t *testing.T, ctx context.Context, cfg Config, connected bool, logger *slog.Logger) *testHarness {
+	t.Helper()
 	require.NoError(t, cfg.Validate())
-	h := &testHarness{t: t, link: &fakeLink{}, done: make(chan DeviceStats, 1)}
+	h := &testHarness{t: t, link: &fakeLink{connect: connected}, done: make(chan DeviceStats, 1)}
 	h.report = filepath.Join(t.TempDir(), "report.jsonl")
 	report, err := createReport(h.report)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = report.close() })
 
-	dial := func(ctx context.Context, _ string, events chan<- event) (link, error) {
-		h.link.events = events
-		h.events = events
-		if connected {
-			events <- event{kind: evConnected}
-		}
-		return h.link, nil
-	}
 	c := cfg
-	d, err := newDevice(&c, testLogger(t), newTestGenerator(&c, time.Now()), dial, report,
-		rand.New(rand.NewPCG(1, 2)), time.Now)
+	d, err := newDevice(&c, logger, newTestGenerator(&c, time.Now()), h.link.dial, report,
+		rand.New(rand.NewPCG(1, 2)), rand.New(rand.NewPCG(rebootSeed, 0)), time.Now)
 	require.NoError(t, err)
 	h.dev = d
 	go func() {
@@ -164,7 +241,7 @@ func startDevice(t *testing.T, ctx context.Context, cfg Config, connected bool) 
 }
 
 // send delivers an event to the device.
-func (h *testHarness) send(ev event) { h.events <- ev }
+func (h *testHarness) send(ev event) { h.link.eventChan() <- ev }
 
 func (h *testHarness) ack(batchID string, status contract.Status, reason *contract.Reason) {
 	h.send(event{kind: evAck, ack: contract.Ack{Type: contract.AckTypeReadings, BatchID: batchID, Status: status, Reason: reason}})
@@ -188,3 +265,10 @@ func (h *testHarness) wait() (DeviceStats, []ReportLine) {
 }
 
 func reasonPtr(r contract.Reason) *contract.Reason { return &r }
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return b
+}

@@ -102,6 +102,9 @@ func (l *httpLink) Send(batchID string, payload []byte) error {
 	})
 }
 
+// Drop abandons the requests in flight, as a reboot does; over HTTP it is Close.
+func (l *httpLink) Drop() error { return l.Close() }
+
 // Close cancels the requests in flight and waits for them. It is idempotent.
 func (l *httpLink) Close() error {
 	l.mu.Lock()
@@ -201,24 +204,37 @@ func (l *httpLink) register(payload []byte) (event, bool) {
 		}
 		return event{kind: evRegisterFailed, err: err}, true
 	}
-	return registerEvent(resp.StatusCode, body), true
+	return registerEvent(resp.StatusCode, resp.Header.Get("Retry-After"), body, time.Now()), true
 }
 
-// registerEvent maps the gateway's answer to POST /v1/register: 200 and 201 confirm it,
-// and the body may carry the confirmation_id.
-func registerEvent(code int, body []byte) event {
+// registerEvent maps the gateway's answer to POST /v1/register. 201 (first registration)
+// and 200 (again) confirm it, with the register ack as body and its confirmation_id. A
+// rejected register ack in the body (400 invalid, 507 not saved) is passed on with its reason
+// and message; 400 without one is a validation_error. 401/403 and other answers mean the
+// registration was not delivered.
+func registerEvent(code int, retryAfterHeader string, body []byte, now time.Time) event {
 	status := fmt.Sprintf("%d %s", code, http.StatusText(code))
+	var a contract.Ack
+	decoded := json.Unmarshal(body, &a) == nil
 	switch {
 	case code == http.StatusOK || code == http.StatusCreated:
-		var a contract.Ack
-		_ = json.Unmarshal(body, &a) // the confirmation id is informative only
+		if !decoded {
+			a = contract.Ack{} // the confirmation id is informative only
+		}
 		a.Type, a.Status = contract.AckTypeRegister, contract.StatusRegistered
-		return event{kind: evAck, ack: a}
+		return event{kind: evAck, ack: a, httpStatus: code}
+	case decoded && a.Status == contract.StatusRejected && a.Reason != nil:
+		a.Type = contract.AckTypeRegister
+		if a.Message == nil {
+			msg := "gateway answered " + status
+			a.Message = &msg
+		}
+		return event{kind: evAck, ack: a, httpStatus: code, retryAfter: parseRetryAfter(retryAfterHeader, now)}
 	case code == http.StatusBadRequest:
 		reason := contract.ReasonValidation
 		msg := fmt.Sprintf("gateway answered %s: %s", status, snippet(body))
-		return event{kind: evAck, ack: contract.Ack{Type: contract.AckTypeRegister, Status: contract.StatusRejected,
-			Reason: &reason, Message: &msg}}
+		return event{kind: evAck, httpStatus: code, ack: contract.Ack{Type: contract.AckTypeRegister,
+			Status: contract.StatusRejected, Reason: &reason, Message: &msg}}
 	case code == http.StatusUnauthorized || code == http.StatusForbidden:
 		return event{kind: evRegisterFailed, err: fmt.Errorf("%w (%s)", errUnauthorized, status)}
 	default:

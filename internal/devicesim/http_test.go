@@ -33,13 +33,17 @@ type fakeGateway struct {
 	full         map[string]time.Time        // hardware_id -> time of its 507
 	retryGap     map[string]time.Duration    // hardware_id -> time from the 507 to the next try
 	firstByBatch map[string]contract.Reading // batch_id -> first reading as stored
+	regCodes     map[string][]int            // hardware_id -> status code of every registration
+	regBoots     map[string][]string         // hardware_id -> boot_id of every registration
+	batchBoots   map[string]string           // batch_id -> boot_id
 }
 
 func newFakeGateway(t testing.TB, apiKey string) *fakeGateway {
 	return &fakeGateway{t: t, apiKey: apiKey,
 		registered: map[string]string{}, stored: map[string]string{},
 		full: map[string]time.Time{}, retryGap: map[string]time.Duration{},
-		firstByBatch: map[string]contract.Reading{}}
+		firstByBatch: map[string]contract.Reading{}, regCodes: map[string][]int{},
+		regBoots: map[string][]string{}, batchBoots: map[string]string{}}
 }
 
 func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -70,6 +74,8 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			g.registered[reg.HardwareID] = uuid.NewString()
 			code = http.StatusCreated
 		}
+		g.regCodes[reg.HardwareID] = append(g.regCodes[reg.HardwareID], code)
+		g.regBoots[reg.HardwareID] = append(g.regBoots[reg.HardwareID], reg.BootID)
 		writeJSON(w, code, contract.RegisterAck(g.registered[reg.HardwareID], nil))
 	case "/v1/readings":
 		b, err := contract.DecodeBatch(body, "", contract.Limits{}, time.Now())
@@ -105,6 +111,7 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		g.stored[b.BatchID] = hash
 		g.firstByBatch[b.BatchID] = b.Readings[0]
+		g.batchBoots[b.BatchID] = b.BootID
 		resp := contract.NewReadingsResponse([]contract.Result{contract.NewResult(b.BatchID, status, nil)})
 		writeJSON(w, resp.HTTPStatus(), resp)
 	default:
@@ -180,6 +187,71 @@ func TestHTTPModeAgainstGateway(t *testing.T) {
 		require.Equal(t, 1, st.Retried["buffer_full"])
 		require.Zero(t, st.Pending)
 	}
+}
+
+// TestHTTPModeReboots: devices that reboot register with POST /v1/register at every boot
+// (201 the first time, 200 after), with a fresh boot_id, and every batch is confirmed.
+func TestHTTPModeReboots(t *testing.T) {
+	gw := newFakeGateway(t, "secret")
+	srv := httptest.NewServer(gw)
+	t.Cleanup(srv.Close)
+
+	cfg := DefaultConfig()
+	cfg.HTTPURL = srv.URL
+	cfg.APIKey = "secret"
+	cfg.Devices = 2
+	cfg.Interval = 50 * time.Millisecond
+	cfg.Readings = 5
+	cfg.Duration = 1500 * time.Millisecond
+	cfg.RebootEvery = 400 * time.Millisecond
+	cfg.Reboots = 2
+	cfg.RetryMin = 10 * time.Millisecond
+	cfg.RetryMax = 100 * time.Millisecond
+	cfg.AckTimeout = 5 * time.Second
+	cfg.DrainTimeout = 10 * time.Second
+	cfg.Seed = 3
+	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
+
+	sim, err := New(cfg, testLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, sim.Run(ctx))
+	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+
+	f, err := os.Open(cfg.ReportPath)
+	require.NoError(t, err)
+	defer f.Close()
+	lines, err := ReadReport(f)
+	require.NoError(t, err)
+
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	stats := sim.Stats()
+	require.Len(t, stats, 2)
+	for _, st := range stats {
+		hw := st.HardwareID
+		require.Equal(t, 2, st.Reboots)
+		require.Equal(t, []int{201, 200, 200}, gw.regCodes[hw], "a registration per boot")
+		boots := gw.regBoots[hw]
+		require.Len(t, boots, 3)
+		require.NotEqual(t, boots[0], boots[1])
+		require.NotEqual(t, boots[1], boots[2])
+		require.Equal(t, boots[2], st.BootID)
+		require.Equal(t, 3, st.Registrations)
+		require.Equal(t, gw.registered[hw], st.ConfirmationID)
+		require.Zero(t, st.Pending)
+		require.Equal(t, st.Built, st.Accepted)
+	}
+	require.Len(t, lines, stats[0].Built+stats[1].Built)
+	bootsSeen := map[string]bool{}
+	for _, l := range lines {
+		require.Equal(t, "accepted", l.Status)
+		require.Equal(t, gw.batchBoots[l.BatchID], l.BootID, "the report has the batch's own boot_id")
+		require.Contains(t, gw.regBoots[l.HardwareID], l.BootID, "batches come from registered boots")
+		bootsSeen[l.BootID] = true
+	}
+	require.Len(t, bootsSeen, 6, "every boot of both devices delivered batches")
 }
 
 func TestHTTPModeWrongKeyKeepsBatches(t *testing.T) {
@@ -277,19 +349,44 @@ func TestReadingsEvent(t *testing.T) {
 }
 
 func TestRegisterEvent(t *testing.T) {
-	ev := registerEvent(201, []byte(`{"type":"register","status":"registered","confirmation_id":"550e8400-e29b-41d4-a716-446655440000"}`))
+	now := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
+	ev := registerEvent(201, "", []byte(`{"type":"register","status":"registered","confirmation_id":"550e8400-e29b-41d4-a716-446655440000"}`), now)
 	require.Equal(t, evAck, ev.kind)
 	require.Equal(t, contract.StatusRegistered, ev.ack.Status)
 	require.Equal(t, "550e8400-e29b-41d4-a716-446655440000", ev.ack.ConfirmationID)
+	require.Equal(t, 201, ev.httpStatus)
 
-	ev = registerEvent(200, nil)
+	ev = registerEvent(200, "", []byte(`{"type":"register","status":"registered","confirmation_id":"550e8400-e29b-41d4-a716-446655440000"}`), now)
+	require.Equal(t, contract.StatusRegistered, ev.ack.Status, "200: registered again")
+	require.Equal(t, "550e8400-e29b-41d4-a716-446655440000", ev.ack.ConfirmationID)
+	require.Equal(t, 200, ev.httpStatus)
+
+	ev = registerEvent(200, "", nil, now)
 	require.Equal(t, contract.StatusRegistered, ev.ack.Status, "200 confirms even without a body")
+	require.Empty(t, ev.ack.ConfirmationID)
 
-	ev = registerEvent(400, []byte(`{"type":"register","status":"rejected","reason":"validation_error","message":"boot_id: bad"}`))
+	ev = registerEvent(400, "", []byte(`{"type":"register","status":"rejected","reason":"validation_error","message":"boot_id: bad"}`), now)
 	require.Equal(t, evAck, ev.kind)
 	require.Equal(t, contract.StatusRejected, ev.ack.Status)
+	require.Equal(t, "validation_error", reasonOf(ev.ack.Reason))
+	require.Equal(t, "boot_id: bad", deref(ev.ack.Message), "the gateway's own message is kept")
 
-	ev = registerEvent(401, nil)
+	ev = registerEvent(400, "", []byte(`{"status":"error","results":[],"message":"unreadable"}`), now)
+	require.Equal(t, evAck, ev.kind)
+	require.Equal(t, contract.StatusRejected, ev.ack.Status)
+	require.Equal(t, "validation_error", reasonOf(ev.ack.Reason))
+	require.Contains(t, deref(ev.ack.Message), "unreadable")
+
+	ev = registerEvent(507, "30", []byte(`{"type":"register","status":"rejected","reason":"buffer_full","message":"retry later"}`), now)
+	require.Equal(t, evAck, ev.kind)
+	require.Equal(t, contract.StatusRejected, ev.ack.Status)
+	require.Equal(t, "buffer_full", reasonOf(ev.ack.Reason))
+	require.Equal(t, 30*time.Second, ev.retryAfter)
+
+	ev = registerEvent(401, "", nil, now)
 	require.Equal(t, evRegisterFailed, ev.kind)
 	require.ErrorIs(t, ev.err, errUnauthorized)
+
+	ev = registerEvent(503, "", []byte(`{"status":"error","results":[],"message":"shutting down"}`), now)
+	require.Equal(t, evRegisterFailed, ev.kind)
 }

@@ -25,6 +25,10 @@ type link interface {
 	// Close stops the link and waits for its goroutines. No event is delivered after it
 	// returns.
 	Close() error
+	// Drop stops the link as a reboot does: the connection is cut without a clean MQTT
+	// DISCONNECT where the transport allows it, and requests in flight are abandoned. It
+	// waits for the link's goroutines; no event is delivered after it returns.
+	Drop() error
 }
 
 // dialFunc creates the link of the device with the given hardware id. It does no blocking I/O:
@@ -53,6 +57,7 @@ type event struct {
 	batchID    string        // evSendFailed
 	err        error         // evDisconnected, evSendFailed, evRegisterFailed
 	retryAfter time.Duration // evAck, evSendFailed: the server asked to wait this long
+	httpStatus int           // evAck of a registration over HTTP: the status code (201 or 200)
 }
 
 // deliver hands ev to the device unless ctx is done first.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
+	"net/url"
 	"sync"
 	"time"
 
@@ -25,8 +27,17 @@ const (
 
 // mqttDialer returns the dialFunc of the MQTT transport: one client per device, with client
 // ID and username the hardware id and password the API key, auto-reconnecting. The ack topic
-// is subscribed at QoS 1 on every (re)connect, before the device may publish.
+// is subscribed at QoS 1 on every (re)connect, before the device may publish. A reboot dials
+// a new client.
+//
+// Over plain TCP ("tcp", "mqtt") the link opens the connection itself and keeps it, so that
+// Drop can cut it without a DISCONNECT packet, as a device losing power does; over TLS and
+// websockets Drop falls back to a clean disconnect.
 func mqttDialer(cfg *Config, logger *slog.Logger) dialFunc {
+	rawTCP := false
+	if u, err := url.Parse(cfg.MQTTURL); err == nil && (u.Scheme == "tcp" || u.Scheme == "mqtt") {
+		rawTCP = true
+	}
 	return func(ctx context.Context, hardwareID string, events chan<- event) (link, error) {
 		lctx, cancel := context.WithCancel(ctx)
 		l := &mqttLink{
@@ -52,6 +63,9 @@ func mqttDialer(cfg *Config, logger *slog.Logger) dialFunc {
 			SetOrderMatters(false).
 			SetOnConnectHandler(l.onConnect).
 			SetConnectionLostHandler(l.onConnectionLost)
+		if rawTCP {
+			opts.SetCustomOpenConnectionFn(l.openTCP)
+		}
 		l.client = mqtt.NewClient(opts)
 		if !l.enter() {
 			cancel()
@@ -75,7 +89,25 @@ type mqttLink struct {
 
 	mu     sync.Mutex
 	closed bool
+	conn   net.Conn // the current TCP connection, when the link opens it itself
 	wg     sync.WaitGroup
+}
+
+// openTCP opens the TCP connection to the broker for paho and remembers it for Drop.
+func (l *mqttLink) openTCP(uri *url.URL, opts mqtt.ClientOptions) (net.Conn, error) {
+	d := net.Dialer{Timeout: opts.ConnectTimeout}
+	conn, err := d.DialContext(l.ctx, "tcp", uri.Host)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		_ = conn.Close()
+		return nil, errNotConnected
+	}
+	l.conn = conn
+	return conn, nil
 }
 
 // enter registers a goroutine that will call wg.Done, unless the link is closed.
@@ -205,16 +237,30 @@ func (l *mqttLink) publish(topic string, payload []byte, failure func(error) eve
 	return nil
 }
 
-// Close disconnects and waits for every handler and watcher of the link. It is idempotent.
-func (l *mqttLink) Close() error {
+// Close disconnects cleanly and waits for every handler and watcher of the link. It is
+// idempotent.
+func (l *mqttLink) Close() error { return l.stop(false) }
+
+// Drop cuts the TCP connection without a DISCONNECT, as a rebooting device does: the broker
+// sees the connection drop (and would publish a will). Over TLS or websockets it disconnects
+// cleanly. It waits like Close, and is idempotent with it.
+func (l *mqttLink) Drop() error { return l.stop(true) }
+
+func (l *mqttLink) stop(cut bool) error {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
 		return nil
 	}
 	l.closed = true
+	conn := l.conn
 	l.mu.Unlock()
 	l.cancel()
+	if cut && conn != nil {
+		// Closed before paho's Disconnect, so that its DISCONNECT packet cannot go out; paho
+		// then only stops its goroutines (and does not reconnect).
+		_ = conn.Close()
+	}
 	l.client.Disconnect(mqttQuiesceMS)
 	l.wg.Wait()
 	return nil

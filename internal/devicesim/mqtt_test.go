@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -30,16 +31,34 @@ type ackingHook struct {
 	apiKey string
 	server *mochi.Server
 
-	mu       sync.Mutex
-	full     map[string]bool   // hardware_id -> got its buffer_full
-	stored   map[string]bool   // batch_id
-	registry map[string]string // hardware_id -> boot_id
+	mu          sync.Mutex
+	full        map[string]bool     // hardware_id -> got its buffer_full
+	stored      map[string]bool     // batch_id
+	registry    map[string]string   // hardware_id -> boot_id
+	boots       map[string][]string // hardware_id -> boot_id of every registration
+	readingsQoS map[byte]int        // QoS of readings publishes -> count
+	unclean     map[string]int      // client id -> connections lost without a DISCONNECT
+	clean       map[string]int      // client id -> clean disconnects
 }
 
 func (h *ackingHook) ID() string { return "acking" }
 
 func (h *ackingHook) Provides(b byte) bool {
-	return bytes.Contains([]byte{mochi.OnConnectAuthenticate, mochi.OnACLCheck, mochi.OnPublished}, []byte{b})
+	return bytes.Contains([]byte{mochi.OnConnectAuthenticate, mochi.OnACLCheck, mochi.OnPublished,
+		mochi.OnDisconnect}, []byte{b})
+}
+
+func (h *ackingHook) OnDisconnect(cl *mochi.Client, err error, _ bool) {
+	if cl.Net.Inline {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err == nil || errors.Is(err, packets.CodeDisconnect) {
+		h.clean[cl.ID]++
+	} else {
+		h.unclean[cl.ID]++
+	}
 }
 
 func (h *ackingHook) OnConnectAuthenticate(cl *mochi.Client, pk packets.Packet) bool {
@@ -72,9 +91,11 @@ func (h *ackingHook) OnPublished(cl *mochi.Client, pk packets.Packet) {
 		reg, err := contract.DecodeRegistration(pk.Payload, hw)
 		if err == nil {
 			h.registry[hw] = reg.BootID
+			h.boots[hw] = append(h.boots[hw], reg.BootID)
 		}
 		ack = contract.RegisterAck("550e8400-e29b-41d4-a716-446655440000", err)
 	case contract.KindReadings:
+		h.readingsQoS[pk.FixedHeader.Qos]++
 		b, err := contract.DecodeBatch(pk.Payload, hw, contract.Limits{}, time.Now())
 		switch {
 		case err != nil:
@@ -104,7 +125,9 @@ func (h *ackingHook) OnPublished(cl *mochi.Client, pk packets.Packet) {
 func startBroker(t *testing.T, apiKey string) (func(), *ackingHook, string) {
 	t.Helper()
 	hook := &ackingHook{t: t, apiKey: apiKey,
-		full: map[string]bool{}, stored: map[string]bool{}, registry: map[string]string{}}
+		full: map[string]bool{}, stored: map[string]bool{}, registry: map[string]string{},
+		boots: map[string][]string{}, readingsQoS: map[byte]int{},
+		unclean: map[string]int{}, clean: map[string]int{}}
 	closeServer, addr := startBrokerAt(t, hook, "127.0.0.1:0")
 	return closeServer, hook, "tcp://" + addr
 }
@@ -238,4 +261,99 @@ func TestMQTTModeReconnects(t *testing.T) {
 	hook.mu.Lock()
 	defer hook.mu.Unlock()
 	require.Len(t, hook.stored, 40)
+}
+
+// TestMQTTModeReboots: a rebooting device drops its connection without a DISCONNECT, comes
+// back with a new boot_id, registers on devices/{hw}/register again and keeps its buffer.
+func TestMQTTModeReboots(t *testing.T) {
+	_, hook, url := startBroker(t, "secret")
+
+	cfg := DefaultConfig()
+	cfg.MQTTURL = url
+	cfg.APIKey = "secret"
+	cfg.Devices = 2
+	cfg.Interval = 50 * time.Millisecond
+	cfg.Duration = 1500 * time.Millisecond
+	cfg.RebootEvery = 400 * time.Millisecond
+	cfg.Reboots = 2
+	cfg.RetryMin = 10 * time.Millisecond
+	cfg.RetryMax = 50 * time.Millisecond
+	cfg.AckTimeout = 5 * time.Second
+	cfg.DrainTimeout = 10 * time.Second
+	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
+
+	sim, err := New(cfg, testLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, sim.Run(ctx))
+	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+
+	f, err := os.Open(cfg.ReportPath)
+	require.NoError(t, err)
+	defer f.Close()
+	lines, err := ReadReport(f)
+	require.NoError(t, err)
+
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	total := 0
+	for _, st := range sim.Stats() {
+		hw := st.HardwareID
+		require.Equal(t, 2, st.Reboots)
+		boots := hook.boots[hw]
+		require.Len(t, boots, 3, "a registration per boot")
+		require.NotEqual(t, boots[0], boots[1])
+		require.NotEqual(t, boots[1], boots[2])
+		require.Equal(t, boots[2], st.BootID)
+		require.Equal(t, 3, st.Registrations)
+		require.Equal(t, "550e8400-e29b-41d4-a716-446655440000", st.ConfirmationID)
+		require.Equal(t, 2, hook.unclean[hw], "each reboot cut the connection without a DISCONNECT")
+		require.Zero(t, st.Pending)
+		require.Equal(t, st.Built, st.Accepted+st.Duplicates)
+		total += st.Built
+	}
+	require.Len(t, lines, total)
+	require.Len(t, hook.stored, total)
+	for _, l := range lines {
+		require.True(t, hook.stored[l.BatchID])
+		require.Contains(t, hook.boots[l.HardwareID], l.BootID)
+	}
+}
+
+// TestMQTTModeQoS0: at QoS 0 there is no PUBACK; the device frees its batches on the ack topic
+// only, matched by batch_id.
+func TestMQTTModeQoS0(t *testing.T) {
+	_, hook, url := startBroker(t, "secret")
+
+	cfg := DefaultConfig()
+	cfg.MQTTURL = url
+	cfg.APIKey = "secret"
+	cfg.Devices = 2
+	cfg.QoS = 0
+	cfg.Interval = 50 * time.Millisecond
+	cfg.Batches = 3
+	cfg.MaxInflight = 3
+	cfg.RetryMin = 10 * time.Millisecond
+	cfg.RetryMax = 50 * time.Millisecond
+	cfg.AckTimeout = 5 * time.Second
+	cfg.DrainTimeout = 10 * time.Second
+
+	sim, err := New(cfg, testLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, sim.Run(ctx))
+	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	require.Len(t, hook.stored, 6)
+	require.Equal(t, map[byte]int{0: 8}, hook.readingsQoS, "6 batches and 2 buffer_full retries, all at QoS 0")
+	for _, st := range sim.Stats() {
+		require.True(t, st.Registered)
+		require.Equal(t, 3, st.Accepted)
+		require.Zero(t, st.Pending)
+		require.Equal(t, map[string]int{"buffer_full": 1}, st.Retried, "no ack was missed")
+	}
 }

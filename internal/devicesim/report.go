@@ -14,7 +14,9 @@ import (
 // gateway. Batches still unconfirmed when the simulator stopped, and batches dropped from a
 // full offline buffer, have no line.
 type ReportLine struct {
-	// BatchID, HardwareID, BootID and Seq identify the batch as sent.
+	// BatchID, HardwareID, BootID and Seq identify the batch as sent. BootID is the boot that
+	// built the batch, which is not the device's current boot for a batch kept across a
+	// reboot.
 	BatchID    string `json:"batch_id"`
 	HardwareID string `json:"hardware_id"`
 	BootID     string `json:"boot_id"`
