@@ -6,7 +6,8 @@
 # HTTP API, starts a few simulated devices, and prints where to look.
 # Ctrl-C stops everything. Ports can be changed through the environment:
 # DYNAMODB_PORT (8000), MQTT_PORT (1883), HTTP_PORT (8080), DEVICES (3),
-# INTERVAL (5s).
+# INTERVAL (5s), REBOOT_EVERY (2m: devices reboot about that often),
+# CLOCK_SYNC_AFTER (15s: after each boot, devices have no NTP time that long).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -17,6 +18,8 @@ MQTT_PORT="${MQTT_PORT:-1883}"
 HTTP_PORT="${HTTP_PORT:-8080}"
 DEVICES="${DEVICES:-3}"
 INTERVAL="${INTERVAL:-5s}"
+REBOOT_EVERY="${REBOOT_EVERY:-2m}"
+CLOCK_SYNC_AFTER="${CLOCK_SYNC_AFTER:-15s}"
 RUN_DIR="${REPO_ROOT}/.run"
 ENDPOINT="http://127.0.0.1:${DYNAMODB_PORT}"
 
@@ -58,6 +61,11 @@ if [[ -z "${GATEWAY_API_KEY_PEPPER:-}" ]]; then
 	GATEWAY_API_KEY_PEPPER="$(cat "${RUN_DIR}/pepper")"
 fi
 export GATEWAY_API_KEY_PEPPER
+if [[ -z "${GATEWAY_ADMIN_TOKEN:-}" ]]; then
+	[[ -s "${RUN_DIR}/admin-token" ]] || head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >"${RUN_DIR}/admin-token"
+	GATEWAY_ADMIN_TOKEN="$(cat "${RUN_DIR}/admin-token")"
+fi
+export GATEWAY_ADMIN_TOKEN
 
 bin/gatewayctl tables create --dynamodb-endpoint "${ENDPOINT}"
 API_KEY="$(bin/gatewayctl keys create --dynamodb-endpoint "${ENDPOINT}" --description "make run: simulated devices" 2>/dev/null)"
@@ -74,7 +82,8 @@ for _ in $(seq 1 100); do
 done
 
 bin/devicesim --mqtt-url "tcp://127.0.0.1:${MQTT_PORT}" --api-key "${API_KEY}" \
-	--devices "${DEVICES}" --interval "${INTERVAL}" 2>"${RUN_DIR}/devicesim.log" &
+	--devices "${DEVICES}" --interval "${INTERVAL}" --reboot-every "${REBOOT_EVERY}" \
+	--clock-sync-after "${CLOCK_SYNC_AFTER}" 2>"${RUN_DIR}/devicesim.log" &
 pids+=($!)
 
 cat <<EOF
@@ -88,8 +97,12 @@ greenhouse-gateway is running.
   logs            ${RUN_DIR}/gatewayd.log  ${RUN_DIR}/devicesim.log
   API key         ${API_KEY}
 
-${DEVICES} simulated devices publish a batch every ${INTERVAL}. See the readings arrive in DynamoDB:
+${DEVICES} simulated devices publish a batch every ${INTERVAL}, reboot about every ${REBOOT_EVERY}
+and start each boot without NTP time for ${CLOCK_SYNC_AFTER} (the gateway repairs those timestamps).
+See the readings arrive in DynamoDB:
   bin/gatewayctl readings latest --dynamodb-endpoint ${ENDPOINT}
+See the devices as the gateway knows them (boots, gaps, clock anchors):
+  curl -s -H "Authorization: Bearer ${GATEWAY_ADMIN_TOKEN}" http://127.0.0.1:${HTTP_PORT}/v1/devices
 
 Ctrl-C stops everything.
 EOF
