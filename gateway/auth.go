@@ -107,8 +107,8 @@ type Authenticator struct {
 	peppers Peppers
 	keys    KeyStore
 	state   StateStore
-	logger *slog.Logger
-	now    func() time.Time
+	logger  *slog.Logger
+	now     func() time.Time
 
 	mu       sync.Mutex
 	cache    map[string]cachedKey // by hash

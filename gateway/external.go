@@ -261,12 +261,13 @@ func (e *External) Run(ctx context.Context) error {
 		e.connected.Set(0)
 	}()
 	var (
-		backoff    = extMinBackoff
-		downSince  = time.Now()
-		failures   int    // failed attempts since the last connection
-		lastErr    string // of the latest failure or loss
-		deliberate bool   // the last connection was ended for a redelivery
-		quiet      bool   // a redelivery reconnect was logged; no message acked since
+		backoff   = extMinBackoff
+		first     = true
+		down      bool // a loss or failure was logged; the next connection is logged as a recovery
+		downSince time.Time
+		failures  int    // failed attempts since the last connection
+		lastErr   string // of the latest failure or loss
+		quiet     bool   // a redelivery reconnect was logged; no message acked since
 	)
 	for {
 		c, sessionPresent, err := e.connect(ctx)
@@ -276,8 +277,9 @@ func (e *External) Run(ctx context.Context) error {
 			}
 			failures++
 			lastErr = err.Error()
-			if failures == 1 {
+			if !down {
 				e.logger.Warn("cannot connect to the MQTT broker; retrying", "url", e.cfg.URL, "err", err)
+				down, downSince = true, time.Now()
 			} else {
 				e.logger.Debug("MQTT broker connection attempt failed", "attempt", failures, "err", err)
 			}
@@ -287,14 +289,17 @@ func (e *External) Run(ctx context.Context) error {
 			backoff = min(backoff*2, extMaxBackoff)
 			continue
 		}
-		if deliberate && failures == 0 {
-			e.logger.Debug("reconnected to the MQTT broker", "session_present", sessionPresent)
-		} else {
-			e.logger.Info("connected to the MQTT broker", "url", e.cfg.URL, "session_present", sessionPresent,
+		switch {
+		case down:
+			e.logger.Info("connected to the MQTT broker again", "url", e.cfg.URL, "session_present", sessionPresent,
 				"failed_attempts", failures, "down_for", time.Since(downSince).Round(time.Millisecond).String(),
 				"last_err", lastErr)
+		case first:
+			e.logger.Info("connected to the MQTT broker", "url", e.cfg.URL, "session_present", sessionPresent)
+		default: // after a reconnect for redelivery
+			e.logger.Debug("reconnected to the MQTT broker", "session_present", sessionPresent)
 		}
-		failures, lastErr = 0, ""
+		first, down, failures, lastErr = false, false, 0, ""
 		e.up.Store(true)
 		e.connected.Set(1)
 		since, ackedBefore := time.Now(), e.acked.Load()
@@ -315,9 +320,7 @@ func (e *External) Run(ctx context.Context) error {
 		if e.acked.Load() != ackedBefore || time.Since(since) >= extStable {
 			backoff, quiet = extMinBackoff, false
 		}
-		downSince = time.Now()
-		deliberate = lostErr == nil
-		if deliberate {
+		if lostErr == nil {
 			// A message was not stored: end the connection, so that the broker
 			// delivers it again on the next one (MQTT 3.1.1 redelivers only then).
 			if !quiet {
@@ -331,7 +334,7 @@ func (e *External) Run(ctx context.Context) error {
 		} else {
 			e.logger.Warn("MQTT broker connection lost; reconnecting", "err", lostErr,
 				"connected_for", time.Since(since).Round(time.Millisecond).String())
-			lastErr = lostErr.Error()
+			down, downSince, lastErr = true, time.Now(), lostErr.Error()
 			e.finish(c, 0)
 		}
 		if !e.sleep(ctx, extJitter(backoff)) {

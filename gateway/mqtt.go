@@ -18,8 +18,13 @@ import (
 	"greenhouse-gateway/internal/contract"
 )
 
-// MQTTConfig configures the embedded MQTT broker.
+// MQTTConfig configures MQTT: the embedded broker, or an external one.
 type MQTTConfig struct {
+	// Mode is "embedded" (default: the gateway is the broker) or
+	// "external" (the gateway consumes from an existing broker, External).
+	Mode string `yaml:"mode"`
+	// External configures the external broker mode.
+	External ExternalConfig `yaml:"external"`
 	// Addr is the TCP listen address. Default ":1883".
 	Addr string `yaml:"addr"`
 	// MaxPacketSize is the largest MQTT packet accepted, in bytes; larger
@@ -48,6 +53,15 @@ func (c MQTTConfig) withDefaults() MQTTConfig {
 
 // Validate reports the first invalid field.
 func (c MQTTConfig) Validate() error {
+	switch c.Mode {
+	case "", "embedded":
+	case "external":
+		if err := c.External.Validate(); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("mqtt.mode: %q is not one of embedded, external", c.Mode)
+	}
 	if c.MaxClients < 0 {
 		return errors.New("mqtt.max_clients: must not be negative")
 	}

@@ -77,7 +77,7 @@ func TestTLSListeners(t *testing.T) {
 	go func() { _ = api.Run(ctx) }()
 
 	hw := "AA:BB:CC:DD:EE:30"
-	c := paho.NewClient(paho.NewClientOptions().AddBroker("ssl://"+broker.Addr()).SetClientID(hw).
+	c := paho.NewClient(paho.NewClientOptions().AddBroker("ssl://" + broker.Addr()).SetClientID(hw).
 		SetUsername(hw).SetPassword(goodKey).SetTLSConfig(&tls.Config{RootCAs: pool}).SetAutoReconnect(false))
 	tok := c.Connect()
 	require.True(t, tok.WaitTimeout(20*time.Second))

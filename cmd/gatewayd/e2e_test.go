@@ -27,6 +27,7 @@ import (
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/contract"
 	"greenhouse-gateway/internal/dynamotest"
+	"greenhouse-gateway/internal/mosquittotest"
 )
 
 func TestMain(m *testing.M) { dynamotest.Main(m) }
@@ -431,7 +432,7 @@ func TestRegistrationReachesDevicesTableAndRevocationTakesEffect(t *testing.T) {
 	require.True(t, found)
 	require.NoError(t, keys.Revoke(context.Background(), info.KeyID))
 	require.Eventually(t, func() bool {
-		c := paho.NewClient(paho.NewClientOptions().AddBroker("tcp://"+d.mqttAddr).SetClientID(hw).
+		c := paho.NewClient(paho.NewClientOptions().AddBroker("tcp://" + d.mqttAddr).SetClientID(hw).
 			SetUsername(hw).SetPassword(key).SetAutoReconnect(false))
 		tok := c.Connect()
 		tok.WaitTimeout(10 * time.Second)
@@ -441,4 +442,57 @@ func TestRegistrationReachesDevicesTableAndRevocationTakesEffect(t *testing.T) {
 		}
 		return strings.Contains(tok.Error().Error(), "not Authorized")
 	}, 30*time.Second, 200*time.Millisecond, "the revoked key is refused at CONNECT")
+}
+
+// TestExternalBrokerModeSurvivesKillDashNine runs gatewayd against Debian's
+// mosquitto in external mode: devices publish with mosquitto_pub at QoS 1,
+// gatewayd is killed with SIGKILL, more batches are published while it is
+// down, and a restarted gatewayd (same client ID, persistent session)
+// delivers every batch to DynamoDB exactly once.
+func TestExternalBrokerModeSurvivesKillDashNine(t *testing.T) {
+	local, view, _, prefix := setup(t)
+	broker := mosquittotest.Start(t)
+	dataDir := t.TempDir()
+	env := []string{"GATEWAY_MQTT_MODE=external", "GATEWAY_MQTT_EXTERNAL_URL=" + broker.URL(),
+		"GATEWAY_MQTT_EXTERNAL_CLIENT_ID=gw-e2e"}
+	d := startDaemon(t, dataDir, local.Endpoint, prefix, env...)
+	require.Eventually(t, func() bool { return d.metric(t, "gateway_mqtt_external_connected") == "1" }, 30*time.Second, 50*time.Millisecond)
+
+	hw := "02:00:00:00:AA:06"
+	boot := uuid.NewString()
+	acks, err := mosquittotest.Sub(t, broker.URL(), contract.AckTopic(hw), 1, "", "")
+	require.NoError(t, err)
+	defer acks.Close()
+	want := 0
+	send := func(i int) {
+		n := 1 + i%4
+		want += n
+		require.NoError(t, mosquittotest.Pub(t, broker.URL(), contract.ReadingsTopic(hw), 1, batch(hw, boot, i, n), "", ""))
+	}
+	for i := range 5 {
+		send(i)
+	}
+	for range 5 {
+		m, err := acks.Next(30 * time.Second)
+		require.NoError(t, err)
+		var a contract.Ack
+		require.NoError(t, json.Unmarshal(m.Payload, &a))
+		require.Equal(t, contract.StatusAccepted, a.Status)
+	}
+	require.NoError(t, d.cmd.Process.Kill())
+	<-d.exited
+	d.exited <- nil
+
+	// The gateway is down; the broker holds these for its session.
+	for i := 5; i < 15; i++ {
+		send(i)
+	}
+	d = startDaemon(t, dataDir, local.Endpoint, prefix, env...)
+	require.Eventually(t, func() bool {
+		return len(view.readings(t, hw)) == want && d.metric(t, "gateway_buffer_pending_batches") == "0"
+	}, 90*time.Second, 100*time.Millisecond, "logs:\n%s", d.logs.String())
+	for k, n := range view.readings(t, hw) {
+		require.Equal(t, 1, n, "reading %s stored once", k)
+	}
+	require.Len(t, view.markers(t), 15)
 }

@@ -90,8 +90,11 @@ func lookupEnv(environ []string, name string) string {
 // Shutdown order, once ctx is done:
 //  1. the ingest path stops taking batches: MQTT publishes are left
 //     unacknowledged (the device resends) and HTTP answers 503;
-//  2. the MQTT broker closes its listener and client connections, and the
-//     HTTP server stops accepting and lets requests in progress finish;
+//  2. the MQTT broker closes its listener and client connections (in
+//     external mode the consumer finishes the messages in progress and
+//     disconnects; the broker keeps the rest for the gateway's session),
+//     and the HTTP server stops accepting and lets requests in progress
+//     finish;
 //  3. the uplink stops; a request it had in flight is forgotten, and the
 //     batch is sent again after a restart (the cloud marker makes that
 //     harmless);
@@ -162,9 +165,24 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	if err != nil {
 		return err
 	}
-	broker, err := gateway.NewBroker(cfg.MQTT, ingest, auth, logger, reg)
-	if err != nil {
-		return err
+	// The MQTT side: the embedded broker, or a consumer of an external one.
+	var mqttRun func(context.Context) error
+	mqttWhere := ""
+	if cfg.MQTT.Mode == "external" {
+		ext, err := gateway.NewExternal(cfg.MQTT.External, ingest, logger, reg)
+		if err != nil {
+			return err
+		}
+		mqttRun, mqttWhere = ext.Run, "external "+cfg.MQTT.External.URL
+	} else {
+		broker, err := gateway.NewBroker(cfg.MQTT, ingest, auth, logger, reg)
+		if err != nil {
+			return err
+		}
+		if err := broker.Listen(); err != nil {
+			return err
+		}
+		mqttRun, mqttWhere = broker.Run, broker.Addr()
 	}
 	probe := func(ctx context.Context) (int, error) {
 		return cloud.ProbeTransactionLimit(ctx, uplinkClient, tables.ProcessedBatches)
@@ -186,13 +204,10 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	if err != nil {
 		return err
 	}
-	if err := broker.Listen(); err != nil {
-		return err
-	}
 	if err := api.Listen(); err != nil {
 		return err
 	}
-	logger.Info("gatewayd ready", "mqtt", broker.Addr(), "http", api.Addr(),
+	logger.Info("gatewayd ready", "mqtt", mqttWhere, "http", api.Addr(),
 		"dynamodb", endpointName(cfg.DynamoDBEndpoint), "tables_prefix", cfg.TablePrefix)
 
 	g, gctx := errgroup.WithContext(ctx)
@@ -201,9 +216,9 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		ingest.Stop() // 1.
 		return nil
 	})
-	g.Go(func() error { return broker.Run(gctx) }) // 2.
-	g.Go(func() error { return api.Run(gctx) })    // 2.
-	g.Go(func() error { return up.Run(gctx) })     // 3.
+	g.Go(func() error { return mqttRun(gctx) }) // 2.
+	g.Go(func() error { return api.Run(gctx) }) // 2.
+	g.Go(func() error { return up.Run(gctx) })  // 3.
 	g.Go(func() error { return buf.Run(gctx) })
 	g.Go(func() error { return devices.Run(gctx) }) // saves device records once more on the way out
 
