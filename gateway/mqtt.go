@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
@@ -159,8 +160,24 @@ func (b *Broker) Run(ctx context.Context) error {
 	}
 	b.logger.Info("MQTT broker listening", "addr", b.Addr())
 	<-ctx.Done()
-	return b.server.Close()
+	// mochi's Close can deadlock when a client disconnects while the
+	// listener closes (Clients.GetByListener takes its read lock twice;
+	// mochi-mqtt/server issue 488). Do not let that hold the shutdown: the
+	// buffer still closes cleanly and the process exits.
+	closed := make(chan error, 1)
+	go func() { closed <- b.server.Close() }()
+	select {
+	case err := <-closed:
+		return err
+	case <-time.After(closeTimeout):
+		b.logger.Error("MQTT broker did not close in time (mochi-mqtt issue 488); going on with the shutdown",
+			"timeout", closeTimeout.String())
+		return nil
+	}
 }
+
+// closeTimeout bounds the embedded broker's Close.
+const closeTimeout = 5 * time.Second
 
 // publishAck sends one result to the device's ack topic.
 func (b *Broker) publishAck(hw string, ack contract.Ack) {

@@ -288,8 +288,9 @@ func (b *Broker) logTail() string {
 // Pub publishes one message with mosquitto_pub, a client of its own, and returns when
 // mosquitto_pub has exited: at QoS 1 and 2 after the broker acknowledged the message. url
 // is tcp://HOST:PORT (or mqtt://); user and pass may be empty. The run is bounded to 10
-// seconds; its output is part of the error.
-func Pub(tb testing.TB, url, topic string, qos int, payload []byte, user, pass string) error {
+// seconds; its output is part of the error. extra are more mosquitto_pub options, such as
+// "-i", CLIENT_ID.
+func Pub(tb testing.TB, url, topic string, qos int, payload []byte, user, pass string, extra ...string) error {
 	tb.Helper()
 	if err := ensureInstalled(); err != nil {
 		tb.Fatalf("mosquittotest: %v", err)
@@ -299,7 +300,7 @@ func Pub(tb testing.TB, url, topic string, qos int, payload []byte, user, pass s
 		return err
 	}
 	// -s reads the whole of stdin as the one message: any bytes, newlines included.
-	args = append(args, "-t", topic, "-q", strconv.Itoa(qos), "-s")
+	args = append(append(args, extra...), "-t", topic, "-q", strconv.Itoa(qos), "-s")
 	ctx, cancel := context.WithTimeout(context.Background(), clientTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "mosquitto_pub", args...)
@@ -333,8 +334,9 @@ type Subscription struct {
 // Sub starts mosquitto_sub on topic (wildcards allowed) and returns once the broker has
 // acknowledged the subscription, so that every message published after Sub returns is
 // received. The session is clean; user and pass may be empty. It runs mosquitto_sub under
-// coreutils' stdbuf, which makes its output line-buffered.
-func Sub(tb testing.TB, url, topic string, qos int, user, pass string) (*Subscription, error) {
+// coreutils' stdbuf, which makes its output line-buffered. extra are more mosquitto_sub
+// options, such as "-i", CLIENT_ID.
+func Sub(tb testing.TB, url, topic string, qos int, user, pass string, extra ...string) (*Subscription, error) {
 	tb.Helper()
 	if err := ensureInstalled(); err != nil {
 		tb.Fatalf("mosquittotest: %v", err)
@@ -346,7 +348,7 @@ func Sub(tb testing.TB, url, topic string, qos int, user, pass string) (*Subscri
 	// -d prints "Subscribed (mid: 1): ..." on SUBACK; messages are printed as one line
 	// each, "=msg TOPIC HEXPAYLOAD", which no debug line starts with. mosquitto_sub's
 	// stdout is a pipe, which stdio buffers fully: stdbuf -oL makes it line-buffered.
-	args = append([]string{"-oL", "mosquitto_sub"}, args...)
+	args = append(append([]string{"-oL", "mosquitto_sub"}, args...), extra...)
 	args = append(args, "-t", topic, "-q", strconv.Itoa(qos), "-d",
 		"-W", strconv.Itoa(int(subLifetime/time.Second)), "-F", "=msg %t %x")
 	s := &Subscription{

@@ -1,0 +1,53 @@
+package gateway_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/internal/mosquittotest"
+)
+
+// TestMosquittoClientsAgainstTheEmbeddedBroker uses Debian's mosquitto_pub
+// and mosquitto_sub, clients independent of ours, against the embedded
+// broker: a device's batch is stored and acknowledged on its ack topic;
+// publishing as another device is refused and stores nothing.
+func TestMosquittoClientsAgainstTheEmbeddedBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs mosquitto-clients")
+	}
+	h := startGateway(t, nil)
+	hw := "AA:BB:CC:DD:EE:40"
+	acks, err := mosquittotest.Sub(t, h.mqttAddr, contract.AckTopic(hw), 1, hw, goodKey, "-i", hw+"-acks")
+	require.NoError(t, err)
+	defer acks.Close()
+
+	payload := batchJSON(hw, newBoot(), 0, 2)
+	require.NoError(t, mosquittotest.Pub(t, h.mqttAddr, contract.ReadingsTopic(hw), 1, payload, hw, goodKey, "-i", hw))
+	m, err := acks.Next(20 * time.Second)
+	require.NoError(t, err)
+	var a contract.Ack
+	require.NoError(t, json.Unmarshal(m.Payload, &a))
+	require.Equal(t, contract.StatusAccepted, a.Status)
+	require.EqualValues(t, 1, h.buf.Stats().PendingBatches)
+
+	// A wrong key is refused at CONNECT.
+	err = mosquittotest.Pub(t, h.mqttAddr, contract.ReadingsTopic(hw), 1, payload, hw, otherKey, "-i", hw)
+	require.Error(t, err)
+	require.Contains(t, strings.ToLower(err.Error()), "not authori")
+
+	// Publishing on another device's topic: the broker drops the client
+	// before any PUBACK, and nothing is stored.
+	other := "AA:BB:CC:DD:EE:41"
+	err = mosquittotest.Pub(t, h.mqttAddr, contract.ReadingsTopic(other), 1, batchJSON(other, newBoot(), 0, 1), hw, goodKey, "-i", hw)
+	require.Error(t, err)
+	require.EqualValues(t, 1, h.buf.Stats().PendingBatches)
+
+	// And taking over another device's client ID is refused.
+	err = mosquittotest.Pub(t, h.mqttAddr, contract.ReadingsTopic(hw), 1, payload, hw, goodKey, "-i", other)
+	require.Error(t, err)
+}
