@@ -114,6 +114,13 @@ func (u *Uplink) forwardSplit(ctx context.Context, cb *cloudBatch) error {
 			return err
 		}
 	}
+	return u.putMarker(ctx, cb)
+}
+
+// putMarker writes a batch's processed_batches marker, on condition that
+// it does not exist yet; an existing marker means the batch was delivered
+// before.
+func (u *Uplink) putMarker(ctx context.Context, cb *cloudBatch) error {
 	err := u.call(ctx, "PutItem", func(ctx context.Context) error {
 		_, err := u.db.PutItem(ctx, &dynamodb.PutItemInput{
 			TableName:           aws.String(u.tables.ProcessedBatches),
@@ -138,6 +145,7 @@ func (u *Uplink) forwardSplit(ctx context.Context, cb *cloudBatch) error {
 // before giving the round up to the backoff.
 func (u *Uplink) batchWrite(ctx context.Context, batchID string, reqs []types.WriteRequest) error {
 	wait := 50 * time.Millisecond
+	u.metrics.requestItems.Observe(float64(len(reqs)))
 	for attempt := 0; ; attempt++ {
 		var out *dynamodb.BatchWriteItemOutput
 		err := u.call(ctx, "BatchWriteItem", func(ctx context.Context) error {

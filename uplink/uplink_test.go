@@ -250,8 +250,14 @@ func TestMarkerInTheCloudMeansAlreadyDelivered(t *testing.T) {
 }
 
 func TestOutageThenExactlyOnce(t *testing.T) {
+	for _, mode := range []string{"transaction", "batch"} {
+		t.Run(mode, func(t *testing.T) { testOutageThenExactlyOnce(t, mode) })
+	}
+}
+
+func testOutageThenExactlyOnce(t *testing.T, mode string) {
 	local := dynamotest.Start(t) // paused below: not shared
-	e := newEnv(t, local, uplink.Config{RequestTimeout: 2 * time.Second, MaxBackoff: 500 * time.Millisecond})
+	e := newEnv(t, local, uplink.Config{WriteMode: mode, RequestTimeout: 2 * time.Second, MaxBackoff: 500 * time.Millisecond})
 	hw := "AA:BB:CC:00:00:03"
 	var batches []*contract.Batch
 	for i := range 20 {
@@ -472,4 +478,41 @@ type describingDB struct{ *fakeDB }
 
 func (d *describingDB) DescribeTable(context.Context, *dynamodb.DescribeTableInput, ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error) {
 	return &dynamodb.DescribeTableOutput{}, nil
+}
+
+func TestBatchModeAcrossDevicesExactlyOnce(t *testing.T) {
+	e := newEnv(t, dynamotest.Shared(t), uplink.Config{WriteMode: "batch"})
+	var all []*contract.Batch
+	want := map[string]int{}
+	for d := range 12 {
+		hw := fmt.Sprintf("DD:00:00:00:00:%02X", d)
+		for w := range 4 {
+			b := testBatch(t, hw, w, 1+(d*4+w)%13)
+			all = append(all, b)
+			want[hw] += len(b.Readings)
+		}
+	}
+	// One batch was delivered before (its answer lost), one is refused by
+	// DynamoDB: it must not take the others of its request down.
+	pre := all[5]
+	_, err := e.client.PutItem(context.Background(), &dynamodb.PutItemInput{
+		TableName: aws.String(e.tables.ProcessedBatches),
+		Item: map[string]types.AttributeValue{
+			"batch_id": &types.AttributeValueMemberS{Value: pre.BatchID}, "hardware_id": &types.AttributeValueMemberS{Value: pre.HardwareID},
+			"received_at": &types.AttributeValueMemberS{Value: "2024-01-15T14:22:00Z"}, "expiration_time": &types.AttributeValueMemberN{Value: "1"},
+		},
+	})
+	require.NoError(t, err)
+	bad := all[9]
+	bad.Readings[0].Sensors["bme280_temp_c"] = 1e200
+	want[bad.HardwareID] -= len(bad.Readings)
+	store(t, e.buf, all...)
+	e.run(t)
+
+	for hw, n := range want {
+		require.Len(t, e.readings(t, hw), n, hw)
+	}
+	require.Equal(t, 1, e.count("dead_lettered"))
+	require.Equal(t, 1, e.count("already_delivered"))
+	require.Equal(t, len(all)-2, e.count("delivered"))
 }
