@@ -10,6 +10,7 @@ import (
 	"greenhouse-gateway/gateway"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/config"
+	"greenhouse-gateway/internal/pushmetrics"
 	"greenhouse-gateway/uplink"
 )
 
@@ -57,6 +58,7 @@ type Config struct {
 	Devices gateway.DevicesConfig `yaml:"devices"`
 	Buffer  buffer.Options        `yaml:"buffer"`
 	Uplink  uplink.Config         `yaml:"uplink"`
+	Push    pushmetrics.Config    `yaml:"push"`
 }
 
 // defaultConfig returns every default, so a printed config documents them.
@@ -75,6 +77,7 @@ func defaultConfig() Config {
 			FlushInterval: 5 * time.Second},
 		Buffer: buffer.DefaultOptions(),
 		Uplink: uplink.DefaultConfig(),
+		Push:   pushmetrics.DefaultConfig(),
 	}
 }
 
@@ -100,7 +103,7 @@ func (c Config) Validate() error {
 	if c.ShutdownTimeout <= 0 {
 		return errors.New("shutdown_timeout: must be positive")
 	}
-	for _, v := range []interface{ Validate() error }{c.cloud(), c.MQTT, c.HTTP, c.Auth, c.Ingest, c.Devices, c.Buffer, c.Uplink} {
+	for _, v := range []interface{ Validate() error }{c.cloud(), c.MQTT, c.HTTP, c.Auth, c.Ingest, c.Devices, c.Buffer, c.Uplink, c.Push} {
 		if err := v.Validate(); err != nil {
 			return err
 		}

@@ -25,6 +25,7 @@ import (
 	"greenhouse-gateway/gateway"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
+	"greenhouse-gateway/internal/pushmetrics"
 	"greenhouse-gateway/uplink"
 )
 
@@ -126,6 +127,10 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		Help: "Always 1; labelled with the version.", ConstLabels: prometheus.Labels{"version": version}})
 	buildInfo.Set(1)
 	reg.MustRegister(buildInfo)
+	pusher, err := pushmetrics.New(cfg.Push, reg, logger)
+	if err != nil {
+		return err
+	}
 
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return fmt.Errorf("creating data directory: %w", err)
@@ -221,6 +226,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	g.Go(func() error { return up.Run(gctx) })  // 3.
 	g.Go(func() error { return buf.Run(gctx) })
 	g.Go(func() error { return devices.Run(gctx) }) // saves device records once more on the way out
+	g.Go(func() error { return pusher.Run(gctx) })  // 3. with push.url set, pushes once more (at most 5 s)
 
 	done := make(chan error, 1)
 	go func() { done <- g.Wait() }()
