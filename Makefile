@@ -37,10 +37,26 @@ fmt:
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
 FUZZTIME ?= 20s
-fuzz: ## run every fuzz target for FUZZTIME each (default 20s)
-	@for t in $$($(GO) test -list 'Fuzz.*' ./internal/contract/ | grep ^Fuzz); do \
-		echo "== $$t"; $(GO) test -run XXX -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./internal/contract/ || exit 1; \
-	done
+FUZZ_SHORT_TIME ?= 5s
+# Every package with a fuzz target (func FuzzXxx in a _test.go file).
+FUZZ_PKGS ?= $(sort $(dir $(shell grep -rlE --include='*_test.go' --exclude-dir=.cache --exclude-dir=.git '^func Fuzz[A-Z]' .)))
+fuzz: ## run every fuzz target of every package for FUZZTIME each (default 20s)
+	@for p in $(FUZZ_PKGS); do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
+		echo "== $$p $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$p || exit 1; \
+	done; done
+
+.PHONY: fuzz-short
+fuzz-short: ## every fuzz target for FUZZ_SHORT_TIME each (default 5s), a quick check for CI
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_SHORT_TIME)
 
 clean: ## remove build output and local run state (keeps the DynamoDB Local download)
-	rm -rf bin .run
+	rm -rf bin .run dist
+
+# Release binaries and Debian packages: deploy/package/build.sh, output in dist/.
+ARCHES ?= amd64 arm64 armhf
+.PHONY: release package
+release: ## cross-compile gatewayd, gatewayctl, devicesim for linux ARCHES (amd64 arm64 armhf) into dist/
+	@VERSION='$(VERSION)' GO='$(GO)' deploy/package/build.sh release $(ARCHES)
+
+package: ## Debian packages dist/greenhouse-gateway_*_ARCH.deb for ARCHES (nfpm v2.45.2)
+	@VERSION='$(VERSION)' GO='$(GO)' deploy/package/build.sh package $(ARCHES)

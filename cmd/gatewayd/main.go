@@ -26,6 +26,7 @@ import (
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/pushmetrics"
+	"greenhouse-gateway/internal/sdnotify"
 	"greenhouse-gateway/uplink"
 )
 
@@ -88,7 +89,7 @@ func lookupEnv(environ []string, name string) string {
 
 // serve runs the gateway until ctx is done.
 //
-// Shutdown order, once ctx is done:
+// Shutdown order, once ctx is done (systemd is told STOPPING=1 first):
 //  1. the ingest path stops taking batches: MQTT publishes are left
 //     unacknowledged (the device resends) and HTTP answers 503;
 //  2. the MQTT broker closes its listener and client connections (in
@@ -215,6 +216,24 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	logger.Info("gatewayd ready", "mqtt", mqttWhere, "http", api.Addr(),
 		"dynamodb", endpointName(cfg.DynamoDBEndpoint), "tables_prefix", cfg.TablePrefix)
 
+	// systemd (Type=notify): ready now that the listeners are bound and the
+	// buffer is open. Outside systemd these calls do nothing.
+	if err := sdnotify.Ready(); err != nil {
+		logger.Warn("notifying systemd", "err", err)
+	}
+	_ = sdnotify.Status(fmt.Sprintf("serving: mqtt %s, http %s", mqttWhere, api.Addr()))
+	// The watchdog is fed while the buffer's committer answers: a stuck disk
+	// gets the gateway restarted. A full buffer or a down uplink does not.
+	healthy := func() error {
+		hctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if err := buf.Ping(hctx); err != nil {
+			logger.Error("health check failed; withholding the systemd watchdog ping", "err", err)
+			return err
+		}
+		return nil
+	}
+
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		<-gctx.Done()
@@ -227,6 +246,8 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	g.Go(func() error { return buf.Run(gctx) })
 	g.Go(func() error { return devices.Run(gctx) }) // saves device records once more on the way out
 	g.Go(func() error { return pusher.Run(gctx) })  // 3. with push.url set, pushes once more (at most 5 s)
+	// WatchdogSec=: WATCHDOG=1 every half interval while healthy() is nil.
+	g.Go(func() error { return sdnotify.RunWatchdog(gctx, healthy) })
 
 	done := make(chan error, 1)
 	go func() { done <- g.Wait() }()
@@ -235,6 +256,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		return err
 	case <-gctx.Done():
 	}
+	_ = sdnotify.Stopping()
 	logger.Info("gatewayd stopping", "deadline", cfg.ShutdownTimeout.String())
 	select {
 	case err := <-done:
