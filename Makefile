@@ -41,7 +41,7 @@ FUZZ_SHORT_TIME ?= 5s
 # Every package with a fuzz target (func FuzzXxx in a _test.go file).
 FUZZ_PKGS ?= $(sort $(dir $(shell grep -rlE --include='*_test.go' --exclude-dir=.cache --exclude-dir=.git '^func Fuzz[A-Z]' .)))
 fuzz: ## run every fuzz target of every package for FUZZTIME each (default 20s)
-	@for p in $(FUZZ_PKGS); do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
+	@for p in $(FUZZ_PKGS); do for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$p*_test.go); do \
 		echo "== $$p $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$p || exit 1; \
 	done; done
 
@@ -60,3 +60,11 @@ release: ## cross-compile gatewayd, gatewayctl, devicesim for linux ARCHES (amd6
 
 package: ## Debian packages dist/greenhouse-gateway_*_ARCH.deb for ARCHES (nfpm v2.45.2)
 	@VERSION='$(VERSION)' GO='$(GO)' deploy/package/build.sh package $(ARCHES)
+
+# Benchmarks, not part of CI: go run ./cmd/bench -h lists BENCH_FLAGS.
+BENCH_FLAGS ?=
+.PHONY: bench
+bench: dynamodb-local ## benchmarks against same-run baselines (mosquitto, SDK loop); table, bench/results.json
+	$(GO) run ./cmd/bench $(BENCH_FLAGS)
+soak: build dynamodb-local ## fault soak of bin/gatewayd (and bin/devicesim): kill -9, DynamoDB Local outages, fault proxy, SIGTERM; SOAK_FLAGS (e.g. --duration 30m --kill-cycles 300)
+	$(GO) run ./cmd/soak --bin-dir bin $(SOAK_FLAGS)

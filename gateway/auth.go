@@ -83,8 +83,16 @@ func (c AuthConfig) withDefaults() AuthConfig {
 
 // Validate reports the first invalid field.
 func (c AuthConfig) Validate() error {
-	if c.RefreshInterval < 0 || c.NegativeTTL < 0 || c.LookupTimeout < 0 || c.LastUsedInterval < 0 {
-		return errors.New("auth: durations must not be negative")
+	for _, d := range []struct {
+		setting string
+		value   time.Duration
+	}{
+		{"auth.refresh_interval", c.RefreshInterval}, {"auth.negative_ttl", c.NegativeTTL},
+		{"auth.lookup_timeout", c.LookupTimeout}, {"auth.last_used_interval", c.LastUsedInterval},
+	} {
+		if d.value < 0 {
+			return fmt.Errorf("%s: must not be negative", d.setting)
+		}
 	}
 	return nil
 }

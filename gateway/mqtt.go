@@ -3,11 +3,14 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -79,11 +82,15 @@ func (c MQTTConfig) Validate() error {
 type Broker struct {
 	cfg      MQTTConfig
 	server   *mqtt.Server
-	listener *listeners.TCP
+	listener *listeners.Net
 	ingest   *Ingest
 	auth     *Authenticator
 	logger   *slog.Logger
 	refused  *prometheus.CounterVec
+	// connectTimeout and maxPending bound connections before their
+	// CONNECT (see guardListener).
+	connectTimeout time.Duration
+	maxPending     int64
 }
 
 // NewBroker returns a broker; it does not listen yet.
@@ -107,6 +114,10 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 	caps.WildcardSubAvailable = 0
 	caps.SharedSubAvailable = 0
 	caps.MaximumSessionExpiryInterval = 24 * 60 * 60
+	// mochi allocates each connection's write queue up front (8192 slots,
+	// 64 KiB, by default), before CONNECT; a device's queue holds its acks,
+	// at most one per message in flight (ReceiveMaximum, 1024).
+	caps.MaximumClientWritesPending = int32(caps.ReceiveMaximum)
 	server := mqtt.New(&mqtt.Options{
 		Capabilities: caps,
 		InlineClient: true,
@@ -116,15 +127,17 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 	})
 	b := &Broker{
 		cfg: cfg, server: server, ingest: ingest, auth: auth, logger: logger,
+		connectTimeout: defaultConnectTimeout, maxPending: defaultMaxPendingConnects,
 		refused: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "mqtt", Name: "connections_refused_total",
-			Help: "MQTT connections refused, by reason (bad_identity, unauthorized, unavailable).",
+			Help: "MQTT connections refused or ended, by reason (bad_identity, unauthorized, unavailable, bad_will, " +
+				"connect_timeout, too_many_pending, malformed).",
 		}, []string{"reason"}),
 	}
 	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "gateway", Subsystem: "mqtt", Name: "clients_connected",
 		Help: "MQTT clients connected to the embedded broker.",
-	}, func() float64 { return float64(server.Info.ClientsConnected) })
+	}, func() float64 { return float64(atomic.LoadInt64(&server.Info.ClientsConnected)) }) // mochi updates it atomically
 	if err := server.AddHook(&hook{b: b}, nil); err != nil {
 		return nil, fmt.Errorf("adding the gateway hook: %w", err)
 	}
@@ -137,8 +150,18 @@ func (b *Broker) Listen() error {
 	if err != nil {
 		return fmt.Errorf("mqtt TLS: %w", err)
 	}
-	b.listener = listeners.NewTCP(listeners.Config{ID: "tcp", Address: b.cfg.Addr, TLSConfig: tlsConfig})
+	l, err := net.Listen("tcp", b.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listening for MQTT on %s: %w", b.cfg.Addr, err)
+	}
+	if tlsConfig != nil {
+		l = tls.NewListener(l, tlsConfig)
+	}
+	b.listener = listeners.NewNet("tcp", &guardListener{Listener: l, timeout: b.connectTimeout,
+		maxPending: b.maxPending, maxPacket: b.cfg.MaxPacketSize, logger: b.logger,
+		refused: func(reason string) { b.refused.WithLabelValues(reason).Inc() }})
 	if err := b.server.AddListener(b.listener); err != nil {
+		_ = l.Close()
 		return fmt.Errorf("listening for MQTT on %s: %w", b.cfg.Addr, err)
 	}
 	return nil
@@ -222,6 +245,11 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	}
 	if contract.ValidHardwareID(hw) != nil || (cl.ID != hw && !strings.HasPrefix(cl.ID, hw+"-")) {
 		return refuse("bad_identity", packets.ErrNotAuthorized)
+	}
+	// mochi publishes a will to subscribers without an ACL check: a will
+	// on another device's ack topic would forge its acks.
+	if pk.Connect.WillFlag && !h.OnACLCheck(cl, pk.Connect.WillTopic, true) {
+		return refuse("bad_will", packets.ErrNotAuthorized)
 	}
 	switch err := h.b.auth.Verify(context.Background(), string(pk.Connect.Password)); {
 	case errors.Is(err, ErrAuthUnavailable):

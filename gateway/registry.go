@@ -62,8 +62,11 @@ func (c DevicesConfig) Validate() error {
 	if c.RebootLoopBoots < 0 {
 		return errors.New("devices.reboot_loop_boots: must not be negative")
 	}
-	if c.SeenWriteInterval < 0 || c.FlushInterval < 0 {
-		return errors.New("devices: durations must not be negative")
+	if c.SeenWriteInterval < 0 {
+		return errors.New("devices.seen_write_interval: must not be negative")
+	}
+	if c.FlushInterval < 0 {
+		return errors.New("devices.flush_interval: must not be negative")
 	}
 	return nil
 }

@@ -1,0 +1,54 @@
+package gateway
+
+import (
+	"net"
+	"net/http"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+)
+
+// Test hooks for the hostile-input tests and fuzz targets (package
+// gateway_test). They change only unexported fields, before Listen or Run.
+
+// MaxConnectPacketSize is the guard's limit on CONNECT packets.
+const MaxConnectPacketSize = maxConnectPacketSize
+
+// MinBatchBytes bounds the batches of one HTTP request.
+const MinBatchBytes = minBatchBytes
+
+// SetConnectLimits shortens the broker's bounds on connections before their
+// CONNECT; call it before Listen.
+func SetConnectLimits(b *Broker, timeout time.Duration, maxPending int64) {
+	b.connectTimeout = timeout
+	b.maxPending = maxPending
+}
+
+// ServeMQTTConn serves one client connection (a net.Pipe, say) as the
+// broker's listener would, through the connection guard, and returns when
+// mochi is done with it. The broker must be running.
+func ServeMQTTConn(b *Broker, c net.Conn) error {
+	l := &guardListener{timeout: b.connectTimeout, maxPending: 1, maxPacket: b.cfg.MaxPacketSize,
+		logger: b.logger, refused: func(string) {}}
+	l.pending.Add(1)
+	return b.server.EstablishConnection("tcp", l.guard(c))
+}
+
+// SetHTTPTimeouts shortens the HTTP server's ReadHeaderTimeout and
+// ReadTimeout; call it before Run.
+func SetHTTPTimeouts(h *HTTPServer, readHeader, read time.Duration) {
+	h.server.ReadHeaderTimeout = readHeader
+	h.server.ReadTimeout = read
+}
+
+// HTTPHandler returns the API's handler, to serve requests without a
+// listener.
+func HTTPHandler(h *HTTPServer) http.Handler { return h.server.Handler }
+
+// MQTTACLCheck runs the broker's access check for a connected client whose
+// username is username.
+func MQTTACLCheck(username, topic string, write bool) bool {
+	cl := &mqtt.Client{}
+	cl.Properties.Username = []byte(username)
+	return (&hook{}).OnACLCheck(cl, topic, write)
+}

@@ -1,0 +1,237 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+)
+
+// Limits on connections that have not completed their CONNECT packet yet.
+// mochi itself sets no deadline before CONNECT, allocates a packet's
+// declared remaining length before reading it, and keeps such connections
+// forever (mochi-mqtt/server issue 502); the guard below bounds them.
+const (
+	// defaultConnectTimeout is how long a new connection has to deliver its
+	// whole CONNECT packet (TLS handshake included).
+	defaultConnectTimeout = 10 * time.Second
+	// maxConnectPacketSize is the largest CONNECT packet accepted, in bytes.
+	// A device's CONNECT (client ID, hardware_id, API key) is well under
+	// 1 KiB.
+	maxConnectPacketSize = 16 << 10
+	// defaultMaxPendingConnects caps connections that have not completed
+	// their CONNECT yet; further ones are closed at once.
+	defaultMaxPendingConnects = 1024
+)
+
+// errMalformedStream ends a connection whose byte stream the guard refuses.
+var errMalformedStream = errors.New("gateway: malformed MQTT stream")
+
+// guardListener hands mochi connections wrapped in a guardConn.
+type guardListener struct {
+	net.Listener
+	timeout    time.Duration
+	maxPending int64
+	maxPacket  uint32
+	pending    atomic.Int64
+	refused    func(reason string)
+	logger     *slog.Logger
+}
+
+// Accept returns the next connection, closing those beyond the cap on
+// pending connections.
+func (l *guardListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.pending.Add(1) > l.maxPending {
+			l.pending.Add(-1)
+			l.refused("too_many_pending")
+			_ = c.Close()
+			continue
+		}
+		return l.guard(c), nil
+	}
+}
+
+// guard wraps a new connection, which holds a pending slot.
+func (l *guardListener) guard(c net.Conn) *guardConn {
+	_ = c.SetReadDeadline(time.Now().Add(l.timeout)) // mochi resets it after CONNECT (keepalive)
+	return &guardConn{Conn: c, l: l, r: bufio.NewReaderSize(c, 1024), version: 4}
+}
+
+// guardConn frames the MQTT packets of one connection before mochi reads
+// them and passes each on unchanged, except that it ends the connection
+// (Read fails, and mochi disconnects the client through its usual path)
+// where mochi would misbehave:
+//
+//   - the first packet is not a CONNECT, or is larger than
+//     maxConnectPacketSize, or is not complete within the connect timeout;
+//   - a remaining length is encoded in more than 4 bytes;
+//   - mochi's decoder panics on the packet (an MQTT 5 SUBSCRIBE without its
+//     options byte: mochi-mqtt/server issue 501), which would otherwise end
+//     the whole process.
+//
+// A packet's bytes are buffered as they arrive, so memory follows what a
+// client has sent, not what its header declares.
+type guardConn struct {
+	net.Conn
+	l         *guardListener
+	r         *bufio.Reader
+	pending   []byte // bytes of checked packets not yet read by mochi
+	err       error  // returned once pending is drained
+	connected bool   // the CONNECT has passed
+	version   byte   // protocol version of the CONNECT
+	done      sync.Once
+}
+
+func (c *guardConn) Read(p []byte) (int, error) {
+	for len(c.pending) == 0 {
+		if c.err != nil {
+			return 0, c.err
+		}
+		c.pending, c.err = c.next()
+	}
+	n := copy(p, c.pending)
+	c.pending = c.pending[n:]
+	return n, nil
+}
+
+// Close closes the connection and releases its pending slot if the
+// CONNECT never passed.
+func (c *guardConn) Close() error {
+	c.connectDone()
+	return c.Conn.Close()
+}
+
+func (c *guardConn) connectDone() {
+	c.done.Do(func() { c.l.pending.Add(-1) })
+}
+
+// next reads one packet and returns its bytes for mochi, or what to hand
+// mochi before failing with the error.
+func (c *guardConn) next() ([]byte, error) {
+	first, err := c.r.ReadByte()
+	if err != nil {
+		return nil, c.readErr(err)
+	}
+	header := []byte{first}
+	remaining := 0
+	for i := 0; ; i++ {
+		if i == 4 {
+			return nil, c.refuse(fmt.Errorf("%w: remaining length longer than 4 bytes", errMalformedStream))
+		}
+		b, err := c.r.ReadByte()
+		if err != nil {
+			return nil, c.readErr(err)
+		}
+		header = append(header, b)
+		remaining |= int(b&0x7f) << (7 * i)
+		if b&0x80 == 0 {
+			break
+		}
+	}
+	var fh packets.FixedHeader
+	fhErr := fh.Decode(first)
+	if !c.connected {
+		if fhErr != nil || fh.Type != packets.Connect {
+			return nil, c.refuse(fmt.Errorf("%w: first packet is not a CONNECT", errMalformedStream))
+		}
+		if remaining+1 > maxConnectPacketSize {
+			return nil, c.refuse(fmt.Errorf("%w: CONNECT of %d bytes, over %d", errMalformedStream, remaining+1, maxConnectPacketSize))
+		}
+	} else if c.l.maxPacket > 0 && uint32(remaining+1) > c.l.maxPacket {
+		// mochi refuses it from the header alone (packet too large).
+		return header, fmt.Errorf("%w: packet of %d bytes, over %d", errMalformedStream, remaining+1, c.l.maxPacket)
+	}
+	var buf bytes.Buffer
+	buf.Grow(len(header) + min(remaining, 4096))
+	buf.Write(header)
+	if _, err := io.CopyN(&buf, c.r, int64(remaining)); err != nil {
+		return nil, c.readErr(err)
+	}
+	if fhErr == nil {
+		fh.Remaining = remaining
+		pk, panicked := tryDecode(fh, c.version, buf.Bytes()[len(header):])
+		if panicked != nil {
+			c.l.refused("malformed")
+			c.l.logger.Warn("MQTT packet that mochi cannot decode; connection closed",
+				"remote", c.RemoteAddr().String(), "err", panicked)
+			return nil, panicked
+		}
+		if !c.connected && pk.ProtocolVersion != 0 {
+			c.version = pk.ProtocolVersion
+		}
+	}
+	if !c.connected {
+		c.connected = true
+		c.connectDone()
+	}
+	return buf.Bytes(), nil
+}
+
+// readErr counts a connection that did not deliver its CONNECT in time.
+func (c *guardConn) readErr(err error) error {
+	var ne net.Error
+	if !c.connected && errors.As(err, &ne) && ne.Timeout() {
+		c.l.refused("connect_timeout")
+	}
+	return err
+}
+
+func (c *guardConn) refuse(err error) error {
+	c.l.refused("malformed")
+	return err
+}
+
+// tryDecode runs mochi's decoder of the packet's type, as mochi's
+// Client.ReadPacket will, and reports a panic as an error. Decoding errors
+// are left to mochi, which answers them as MQTT says.
+func tryDecode(fh packets.FixedHeader, version byte, body []byte) (pk packets.Packet, panicked error) {
+	defer func() {
+		if r := recover(); r != nil {
+			panicked = fmt.Errorf("%w: packet type %d does not decode (%v)", errMalformedStream, fh.Type, r)
+		}
+	}()
+	pk = packets.Packet{FixedHeader: fh, ProtocolVersion: version}
+	px := body // the decoders only read it
+	switch fh.Type {
+	case packets.Connect:
+		_ = pk.ConnectDecode(px)
+	case packets.Disconnect:
+		_ = pk.DisconnectDecode(px)
+	case packets.Connack:
+		_ = pk.ConnackDecode(px)
+	case packets.Publish:
+		_ = pk.PublishDecode(px)
+	case packets.Puback:
+		_ = pk.PubackDecode(px)
+	case packets.Pubrec:
+		_ = pk.PubrecDecode(px)
+	case packets.Pubrel:
+		_ = pk.PubrelDecode(px)
+	case packets.Pubcomp:
+		_ = pk.PubcompDecode(px)
+	case packets.Subscribe:
+		_ = pk.SubscribeDecode(px)
+	case packets.Suback:
+		_ = pk.SubackDecode(px)
+	case packets.Unsubscribe:
+		_ = pk.UnsubscribeDecode(px)
+	case packets.Unsuback:
+		_ = pk.UnsubackDecode(px)
+	case packets.Auth:
+		_ = pk.AuthDecode(px)
+	}
+	return pk, nil
+}
