@@ -1,16 +1,22 @@
 package buffer
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/options"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -77,7 +83,12 @@ type Pending struct {
 // Stats describes the queue at one instant.
 type Stats struct {
 	PendingBatches int64
-	PendingBytes   int64
+	// PendingBytes is the size of the queued batches' entries (payload and
+	// batch and hardware ids).
+	PendingBytes int64
+	// UsedBytes is everything the budget (Options.MaxPendingBytes) counts:
+	// Usage().Total().
+	UsedBytes int64
 	// Oldest is the receive time of the oldest pending batch; zero when
 	// nothing is pending.
 	Oldest time.Time
@@ -85,14 +96,32 @@ type Stats struct {
 
 // Options configure a Buffer. The zero value of a field means its default.
 type Options struct {
-	// MaxPendingBytes is the disk budget for undelivered batches, in bytes
-	// of payload. New batches are refused with Full beyond it. Default 1 GiB.
+	// MaxPendingBytes is the buffer's disk budget in bytes. It counts every
+	// record the buffer keeps: queued batches and their markers, delivered
+	// markers kept for the retention window (and their collection index),
+	// dead-lettered batches, and state records, each as key + value + 32
+	// bytes of Badger overhead (Usage). When a new batch would exceed it,
+	// the oldest delivered markers are evicted first; if that is not
+	// enough, FullPolicy decides. Default 1 GiB.
 	MaxPendingBytes int64 `yaml:"max_pending_bytes"`
-	// MinFreeBytes is the free-space watermark of the data directory's
-	// file system: below it new batches are refused with Full. Default 64 MiB.
+	// MinFreeBytes is the free-space watermark of the data directory's file
+	// system: below it new batches are refused with Full, whatever
+	// FullPolicy says. It must cover the most Badger can still write after
+	// the last admitted batch (RequiredFreeBytes: memtable flushes and
+	// compactions write new files before deleting old ones, through mmap,
+	// where running out of space is a SIGBUS, not an error). Default
+	// 256 MiB, and never less than RequiredFreeBytes(MemTableSize).
 	MinFreeBytes int64 `yaml:"min_free_bytes"`
+	// FullPolicy is what happens when the budget is reached and evicting
+	// delivered markers does not make enough room: "reject_new" (default)
+	// refuses new batches with Full (devices keep them in their own flash
+	// and resend later); "drop_oldest" deletes the oldest undelivered
+	// batches to make room, counted (gateway_buffer_evicted_batches_total
+	// {reason="dropped_oldest"}) and logged.
+	FullPolicy string `yaml:"full_policy"`
 	// Retention is how long a delivered batch's marker is kept to answer
-	// "duplicate". Default 168h (7 days).
+	// "duplicate". Default 168h (7 days). Markers may go earlier when the
+	// budget needs their space.
 	Retention time.Duration `yaml:"retention"`
 	// CollectInterval is how often expired markers are collected. Default 1m.
 	CollectInterval time.Duration `yaml:"collect_interval"`
@@ -109,19 +138,46 @@ type Options struct {
 	// beforeCommit, when set, is called with each group transaction before
 	// it commits; an error fails the group (tests inject disk failures).
 	beforeCommit func() error
+	// freeBytes, when set, replaces the data directory's statfs (tests).
+	freeBytes func() (uint64, bool)
 }
 
 // DefaultOptions returns the defaults documented on Options.
 func DefaultOptions() Options {
 	return Options{
 		MaxPendingBytes: 1 << 30,
-		MinFreeBytes:    64 << 20,
+		MinFreeBytes:    256 << 20,
+		FullPolicy:      PolicyRejectNew,
 		Retention:       7 * 24 * time.Hour,
 		CollectInterval: time.Minute,
 		MaxGroupBatches: 1024,
 		MemTableSize:    16 << 20,
 		BlockCacheSize:  8 << 20,
 	}
+}
+
+// RequiredFreeBytes is the least free space (buffer.min_free_bytes) that
+// keeps Badger from filling the disk with a memtable of memTableSize bytes.
+// Once new batches are refused, Badger may still: flush the memtables (an
+// L0 table of up to one memtable is written before its write-ahead log is
+// deleted), compact L0 into the base level (up to 8 L0 tables, the stall
+// limit, plus the base level, up to twice its 5-table target, written
+// before the inputs are deleted), run one lower-level compaction at the
+// same time (one table plus the ten it overlaps), and take the small writes
+// of delivery and state. That is 9 memtables and 22 tables; the formula
+// adds two memtables and two tables of margin: 11*memtable + 24*table,
+// where a table is memtable/8 between 256 KiB and 2 MiB. With the default
+// 16 MiB memtable: 224 MiB.
+func RequiredFreeBytes(memTableSize int64) int64 {
+	if memTableSize == 0 {
+		memTableSize = DefaultOptions().MemTableSize
+	}
+	return 11*memTableSize + 24*tableSize(memTableSize)
+}
+
+// tableSize is the size of Badger's tables below L0 (BaseTableSize).
+func tableSize(memTableSize int64) int64 {
+	return min(max(memTableSize/8, 256<<10), 2<<20)
 }
 
 // Validate reports the first invalid field.
@@ -131,14 +187,24 @@ func (o Options) Validate() error {
 		return errors.New("buffer.max_pending_bytes: must not be negative")
 	case o.MinFreeBytes < 0:
 		return errors.New("buffer.min_free_bytes: must not be negative")
+	case o.MemTableSize != 0 && o.MemTableSize < 1<<20:
+		return errors.New("buffer.memtable_size: must be at least 1 MiB")
+	case o.MemTableSize > 1<<30:
+		return errors.New("buffer.memtable_size: must be at most 1 GiB")
+	case o.MinFreeBytes != 0 && o.MinFreeBytes < RequiredFreeBytes(o.MemTableSize):
+		return fmt.Errorf("buffer.min_free_bytes: %d is less than %d, the most Badger may still write once "+
+			"new batches are refused with buffer.memtable_size %d (memtable flushes and compactions); "+
+			"set it to at least %d or lower buffer.memtable_size",
+			o.MinFreeBytes, RequiredFreeBytes(o.MemTableSize), cmp.Or(o.MemTableSize, DefaultOptions().MemTableSize),
+			RequiredFreeBytes(o.MemTableSize))
+	case o.FullPolicy != "" && o.FullPolicy != PolicyRejectNew && o.FullPolicy != PolicyDropOldest:
+		return fmt.Errorf("buffer.full_policy: %q is not one of %s, %s", o.FullPolicy, PolicyRejectNew, PolicyDropOldest)
 	case o.Retention < 0:
 		return errors.New("buffer.retention: must not be negative")
 	case o.CollectInterval < 0:
 		return errors.New("buffer.collect_interval: must not be negative")
 	case o.MaxGroupBatches < 0:
 		return errors.New("buffer.max_group_batches: must not be negative")
-	case o.MemTableSize != 0 && o.MemTableSize < 1<<20:
-		return errors.New("buffer.memtable_size: must be at least 1 MiB")
 	case o.BlockCacheSize < 0:
 		return errors.New("buffer.block_cache_size: must not be negative")
 	}
@@ -150,8 +216,14 @@ func (o Options) withDefaults() Options {
 	if o.MaxPendingBytes == 0 {
 		o.MaxPendingBytes = d.MaxPendingBytes
 	}
+	if o.MemTableSize == 0 {
+		o.MemTableSize = d.MemTableSize
+	}
 	if o.MinFreeBytes == 0 {
-		o.MinFreeBytes = d.MinFreeBytes
+		o.MinFreeBytes = max(d.MinFreeBytes, RequiredFreeBytes(o.MemTableSize))
+	}
+	if o.FullPolicy == "" {
+		o.FullPolicy = d.FullPolicy
 	}
 	if o.Retention == 0 {
 		o.Retention = d.Retention
@@ -162,9 +234,6 @@ func (o Options) withDefaults() Options {
 	if o.MaxGroupBatches == 0 {
 		o.MaxGroupBatches = d.MaxGroupBatches
 	}
-	if o.MemTableSize == 0 {
-		o.MemTableSize = d.MemTableSize
-	}
 	if o.BlockCacheSize == 0 {
 		o.BlockCacheSize = d.BlockCacheSize
 	}
@@ -172,6 +241,35 @@ func (o Options) withDefaults() Options {
 		o.now = time.Now
 	}
 	return o
+}
+
+// badgerOptions are the Badger settings of a buffer; doc.go explains them.
+func badgerOptions(dir string, o Options, logger badger.Logger) badger.Options {
+	ts := tableSize(o.MemTableSize)
+	bo := badger.DefaultOptions(dir).
+		WithSyncWrites(true).
+		WithDetectConflicts(false).
+		WithMemTableSize(o.MemTableSize).
+		// Values must fit one transaction (15% of a memtable); larger
+		// ones go to the value log, which is synced the same way.
+		WithValueThreshold(min(1<<20, o.MemTableSize/8)).
+		WithNumMemtables(3).
+		WithBlockCacheSize(o.BlockCacheSize).
+		WithValueLogFileSize(64 << 20).
+		WithNumCompactors(2).
+		// Bounded L0 and equal-sized tables keep the space a compaction
+		// needs bounded (RequiredFreeBytes).
+		WithNumLevelZeroTables(4).
+		WithNumLevelZeroTablesStall(8).
+		WithBaseTableSize(ts).
+		WithBaseLevelSize(5 * ts).
+		// Tables are verified whole before opening (checkDirectory); blocks
+		// again when read. Values read from the value log are verified.
+		WithChecksumVerificationMode(options.OnBlockRead).
+		WithVerifyValueChecksum(true).
+		WithLogger(logger)
+	bo.TableSizeMultiplier = 1 // no With method
+	return bo
 }
 
 type commitReq struct {
@@ -198,16 +296,41 @@ type Buffer struct {
 	closeOnce sync.Once
 	closeErr  error
 
+	// wmu serializes every write (group commits, delivery, dead-lettering,
+	// collection, state) so that usage and the eviction scans see a state
+	// no other writer changes underneath.
+	wmu sync.Mutex
+
 	// Owned by the committer goroutine.
 	nextSeq uint64
+
 	free    freeSpace
+	dirSync dirSyncer
+	// vlogSyncFailed is set when Badger logs that syncing the value log
+	// failed: it does not return that error (valueLog.write), so the
+	// committer checks this flag before acknowledging.
+	vlogSyncFailed *atomic.Bool
+	// syncs counts synced Badger transactions and directory fsyncs made
+	// for group commits (the benchmark reports it).
+	syncs atomic.Int64
 
 	pendingBatches atomic.Int64
 	pendingBytes   atomic.Int64
+	usage          usage
+
+	fullLog  logEvery
+	evictLog logEvery
 }
 
 // Open opens or creates the buffer in dir and starts its committer.
 // reg may be nil.
+//
+// Before Badger opens the directory, Open checks that doing so loses
+// nothing (checkDirectory): Badger itself silently truncates a damaged
+// write-ahead log at the first bad entry and deletes tables its MANIFEST
+// does not list. A damaged directory is refused with a *DamagedError,
+// which says what is wrong and what to do; a torn write-ahead log tail
+// (the last, unacknowledged commit of a crash) is normal and is not damage.
 func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Registerer) (*Buffer, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
@@ -218,79 +341,181 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 	}
 	logger = logger.With("component", "buffer")
 
-	bopts := badger.DefaultOptions(dir).
-		WithSyncWrites(true).
-		WithDetectConflicts(false).
-		WithMemTableSize(opts.MemTableSize).
-		// Values must fit one transaction (15% of a memtable); larger
-		// ones go to the value log, which is synced the same way.
-		WithValueThreshold(min(1<<20, opts.MemTableSize/8)).
-		WithNumMemtables(3).
-		WithBlockCacheSize(opts.BlockCacheSize).
-		WithValueLogFileSize(64 << 20).
-		WithNumCompactors(2).
-		WithLogger(badgerLogger{logger})
-	db, err := badger.Open(bopts)
+	if err := checkNotInUse(dir); err != nil {
+		return nil, err
+	}
+	if err := checkDirectory(dir, logger); err != nil {
+		return nil, err
+	}
+	clean, err := readCleanRecord(dir)
 	if err != nil {
-		return nil, fmt.Errorf("opening buffer %s: %w", dir, err)
+		logger.Warn("ignoring the clean-shutdown record", "err", err)
+	}
+	vlogSyncFailed := new(atomic.Bool)
+	db, err := badger.Open(badgerOptions(dir, opts, badgerLogger{l: logger, vlogSyncFailed: vlogSyncFailed}))
+	if err != nil {
+		return nil, openError(dir, err)
 	}
 	b := &Buffer{
-		dir:     dir,
-		opts:    opts,
-		db:      db,
-		logger:  logger,
-		reqs:    make(chan *commitReq, 4096),
-		closing: make(chan struct{}),
-		stopped: make(chan struct{}),
-		notify:  make(chan struct{}, 1),
-		free:    freeSpace{dir: dir},
+		dir:            dir,
+		opts:           opts,
+		db:             db,
+		logger:         logger,
+		reqs:           make(chan *commitReq, 4096),
+		closing:        make(chan struct{}),
+		stopped:        make(chan struct{}),
+		notify:         make(chan struct{}, 1),
+		free:           freeSpace{dir: dir, override: opts.freeBytes},
+		dirSync:        dirSyncer{dir: dir},
+		vlogSyncFailed: vlogSyncFailed,
+		fullLog:        logEvery{interval: time.Minute},
+		evictLog:       logEvery{interval: time.Minute},
 	}
 	if err := b.load(); err != nil {
-		return nil, errors.Join(fmt.Errorf("loading buffer %s: %w", dir, err), db.Close())
+		return nil, errors.Join(damaged(dir, "reading its records: %v", err), db.Close())
+	}
+	if clean != nil {
+		if err := clean.matches(b.cleanRecord()); err != nil {
+			return nil, errors.Join(damaged(dir, "%v", err), db.Close())
+		}
+	}
+	if err := removeCleanRecord(dir); err != nil {
+		return nil, errors.Join(fmt.Errorf("opening buffer %s: %w", dir, err), db.Close())
+	}
+	if err := b.dirSync.init(); err != nil {
+		return nil, errors.Join(fmt.Errorf("opening buffer %s: %w", dir, err), db.Close())
 	}
 	b.metrics = newMetrics(reg, b)
 	go b.committer()
 	logger.Info("buffer open", "dir", dir, "pending_batches", b.pendingBatches.Load(),
-		"pending_bytes", b.pendingBytes.Load())
+		"pending_bytes", b.pendingBytes.Load(), "used_bytes", b.usage.total(),
+		"budget_bytes", opts.MaxPendingBytes, "full_policy", opts.FullPolicy,
+		"min_free_bytes", opts.MinFreeBytes, "clean_shutdown", clean != nil)
 	return b, nil
 }
 
-// load restores the queue counters and the next sequence number.
-// Sequence numbers start at 1, so Pending(0, n) reads from the start.
+// load reads every record once: it restores the queue counters, the usage
+// and the next sequence number, and proves every value readable (values in
+// the value log are read and checksummed). Sequence numbers start at 1, so
+// Pending(0, n) reads from the start.
 func (b *Buffer) load() error {
-	b.nextSeq = 1
-	return b.db.View(func(txn *badger.Txn) error {
-		item, err := txn.Get(seqKey)
-		switch {
-		case err == nil:
-			if err := item.Value(func(v []byte) error {
-				if len(v) != 8 {
-					return fmt.Errorf("sequence record has %d bytes, want 8", len(v))
-				}
-				b.nextSeq = max(binary.BigEndian.Uint64(v), 1)
-				return nil
-			}); err != nil {
-				return err
-			}
-		case !errors.Is(err, badger.ErrKeyNotFound):
-			return err
-		}
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: queuePrefix})
+	s, err := b.scan()
+	if err != nil {
+		return err
+	}
+	b.nextSeq = s.nextSeq
+	b.pendingBatches.Store(s.pendingBatches)
+	b.pendingBytes.Store(s.pendingBytes)
+	b.usage.pending.Store(s.usage.Pending)
+	b.usage.delivered.Store(s.usage.Delivered)
+	b.usage.dead.Store(s.usage.Dead)
+	b.usage.state.Store(s.usage.State)
+	b.usage.deliveredMarkers.Store(s.usage.DeliveredMarkers)
+	b.usage.deadBatches.Store(s.usage.DeadBatches)
+	b.usage.stateRecords.Store(s.stateRecords)
+	return nil
+}
+
+type scanResult struct {
+	nextSeq, storedSeq           uint64
+	pendingBatches, pendingBytes int64
+	stateRecords                 int64
+	usage                        Usage
+}
+
+// scan reads every record and decodes it.
+func (b *Buffer) scan() (scanResult, error) {
+	s := scanResult{nextSeq: 1}
+	err := b.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: true, PrefetchSize: 100})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
 			item := it.Item()
-			seq, ok := parseQueueKey(item.Key())
-			if !ok {
-				return fmt.Errorf("malformed queue key %q", item.Key())
+			k := item.Key()
+			err := item.Value(func(v []byte) error {
+				switch {
+				case bytes.HasPrefix(k, queuePrefix):
+					seq, ok := parseQueueKey(k)
+					if !ok {
+						return fmt.Errorf("malformed queue key %q", k)
+					}
+					p, err := decodePendingHeader(seq, v)
+					if err != nil {
+						return fmt.Errorf("queue entry %d: %w", seq, err)
+					}
+					if seq >= s.nextSeq {
+						s.nextSeq = seq + 1
+					}
+					s.pendingBatches++
+					s.pendingBytes += int64(len(v))
+					s.usage.Pending += queueRecord(len(v))
+					_ = p
+				case bytes.HasPrefix(k, markerPrefix):
+					m, err := decodeMarker(v)
+					if err != nil {
+						return fmt.Errorf("marker %q: %w", k, err)
+					}
+					size := markerRecord(len(k) - len(markerPrefix))
+					switch m.state {
+					case statePending:
+						s.usage.Pending += size
+					case stateDelivered:
+						s.usage.Delivered += size
+						s.usage.DeliveredMarkers++
+					case stateDead:
+						s.usage.Dead += size
+					}
+				case bytes.HasPrefix(k, expiryPrefix):
+					if len(k) < len(expiryPrefix)+8 {
+						return fmt.Errorf("malformed collection key %q", k)
+					}
+					s.usage.Delivered += expiryRecord(len(k) - len(expiryPrefix) - 8)
+				case bytes.HasPrefix(k, deadPrefix):
+					if _, err := decodePendingHeader(0, v); err != nil {
+						return fmt.Errorf("dead letter %q: %w", k, err)
+					}
+					s.usage.Dead += deadRecord(len(k)-len(deadPrefix), len(v))
+					s.usage.DeadBatches++
+				case bytes.HasPrefix(k, statePrefix):
+					s.usage.State += recordSize(len(k), len(v))
+					s.stateRecords++
+				case bytes.Equal(k, seqKey):
+					if len(v) != 8 {
+						return fmt.Errorf("sequence record has %d bytes, want 8", len(v))
+					}
+					s.storedSeq = binary.BigEndian.Uint64(v)
+				default:
+					return fmt.Errorf("unknown record %q", k)
+				}
+				return nil
+			})
+			if err != nil {
+				return err
 			}
-			if seq >= b.nextSeq {
-				b.nextSeq = seq + 1
-			}
-			b.pendingBatches.Add(1)
-			b.pendingBytes.Add(item.ValueSize())
 		}
 		return nil
 	})
+	s.nextSeq = max(s.nextSeq, s.storedSeq)
+	return s, err
+}
+
+// recount recomputes the counters from disk, after a failure left part of
+// a write on disk.
+func (b *Buffer) recount() {
+	s, err := b.scan()
+	if err != nil {
+		b.logger.Error("recounting the buffer", "err", err)
+		return
+	}
+	b.pendingBatches.Store(s.pendingBatches)
+	b.pendingBytes.Store(s.pendingBytes)
+	b.usage.pending.Store(s.usage.Pending)
+	b.usage.delivered.Store(s.usage.Delivered)
+	b.usage.dead.Store(s.usage.Dead)
+	b.usage.state.Store(s.usage.State)
+	b.usage.deliveredMarkers.Store(s.usage.DeliveredMarkers)
+	b.usage.deadBatches.Store(s.usage.DeadBatches)
+	b.usage.stateRecords.Store(s.stateRecords)
 }
 
 // Commit durably stores entries and reports, per entry, what it did. It
@@ -328,7 +553,8 @@ func (b *Buffer) Notify() <-chan struct{} { return b.notify }
 
 // Stats returns the current queue size and age.
 func (b *Buffer) Stats() Stats {
-	s := Stats{PendingBatches: b.pendingBatches.Load(), PendingBytes: b.pendingBytes.Load()}
+	s := Stats{PendingBatches: b.pendingBatches.Load(), PendingBytes: b.pendingBytes.Load(),
+		UsedBytes: b.usage.total()}
 	if s.PendingBatches == 0 {
 		return s
 	}
@@ -345,7 +571,7 @@ func (b *Buffer) Stats() Stats {
 			return nil
 		}
 		return it.Item().Value(func(v []byte) error {
-			p, err := decodePending(0, v)
+			p, err := decodePendingHeader(0, v)
 			if err == nil {
 				s.Oldest = p.ReceivedAt
 			}
@@ -393,7 +619,9 @@ func (b *Buffer) Pending(after uint64, limit int) ([]Pending, error) {
 }
 
 // MarkDelivered removes delivered batches from the queue and keeps their
-// markers for the retention window.
+// markers for the retention window. A batch no longer queued (dropped by
+// the drop_oldest policy while the uplink forwarded it, or already marked)
+// is skipped.
 func (b *Buffer) MarkDelivered(batches []Pending) error {
 	if len(batches) == 0 {
 		return nil
@@ -403,14 +631,24 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 	if b.closed {
 		return ErrClosed
 	}
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
 	now := b.opts.now()
-	var bytes int64
-	wb := newTxnWriter(b.db)
+	var n, payload, pendingFreed, deliveredAdded int64
+	wb := newTxnWriter(b.db, nil)
 	for _, p := range batches {
-		m, err := b.marker(p.BatchID)
+		valLen, queued, err := wb.queued(p.Seq)
 		if err != nil {
 			wb.discard()
 			return err
+		}
+		m, found, err := wb.marker(p.BatchID)
+		if err != nil {
+			wb.discard()
+			return err
+		}
+		if !queued || !found || m.state != statePending || m.seq != p.Seq {
+			continue
 		}
 		m.state = stateDelivered
 		m.doneAt = now
@@ -423,37 +661,64 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 		if err := wb.delete(queueKey(p.Seq)); err != nil {
 			return err
 		}
-		bytes += int64(len(encodePending(p)))
+		n++
+		payload += int64(valLen)
+		pendingFreed += pendingCost(len(p.BatchID), valLen)
+		deliveredAdded += deliveredCost(len(p.BatchID))
+	}
+	if n == 0 {
+		wb.discard()
+		return nil
 	}
 	if err := wb.commit(); err != nil {
+		if wb.written {
+			b.recount()
+		}
 		return fmt.Errorf("marking %d batches delivered: %w", len(batches), err)
 	}
-	b.pendingBatches.Add(-int64(len(batches)))
-	b.pendingBytes.Add(-bytes)
-	b.metrics.delivered.Add(float64(len(batches)))
+	b.pendingBatches.Add(-n)
+	b.pendingBytes.Add(-payload)
+	b.usage.pending.Add(-pendingFreed)
+	b.usage.delivered.Add(deliveredAdded)
+	b.usage.deliveredMarkers.Add(n)
+	b.metrics.delivered.Add(float64(n))
 	return nil
 }
 
 // DeadLetter moves a batch the cloud refuses permanently out of the queue
 // into the dead-letter area, where it is kept (never deleted by the buffer)
-// for an operator to inspect.
+// for an operator to inspect. A batch no longer queued is skipped.
 func (b *Buffer) DeadLetter(p Pending, reason string) error {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
 		return ErrClosed
 	}
-	m, err := b.marker(p.BatchID)
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	wb := newTxnWriter(b.db, nil)
+	valLen, queued, err := wb.queued(p.Seq)
 	if err != nil {
+		wb.discard()
 		return err
+	}
+	m, found, err := wb.marker(p.BatchID)
+	if err != nil {
+		wb.discard()
+		return err
+	}
+	if !queued || !found || m.state != statePending || m.seq != p.Seq {
+		wb.discard()
+		b.logger.Warn("batch to dead-letter is no longer queued", "batch_id", p.BatchID, "reason", reason)
+		return nil
 	}
 	m.state = stateDead
 	m.doneAt = b.opts.now()
-	wb := newTxnWriter(b.db)
+	val := encodePending(p)
 	if err := wb.set(markerKey(p.BatchID), m.encode()); err != nil {
 		return err
 	}
-	if err := wb.set(deadKey(p.BatchID), encodePending(p)); err != nil {
+	if err := wb.set(deadKey(p.BatchID), val); err != nil {
 		return err
 	}
 	if err := wb.delete(queueKey(p.Seq)); err != nil {
@@ -463,7 +728,10 @@ func (b *Buffer) DeadLetter(p Pending, reason string) error {
 		return fmt.Errorf("dead-lettering batch %s: %w", p.BatchID, err)
 	}
 	b.pendingBatches.Add(-1)
-	b.pendingBytes.Add(-int64(len(encodePending(p))))
+	b.pendingBytes.Add(-int64(valLen))
+	b.usage.pending.Add(-pendingCost(len(p.BatchID), valLen))
+	b.usage.dead.Add(deadRecord(len(p.BatchID), len(val)) + markerRecord(len(p.BatchID)))
+	b.usage.deadBatches.Add(1)
 	b.metrics.deadLettered.Inc()
 	b.logger.Warn("batch dead-lettered", "batch_id", p.BatchID, "hardware_id", p.HardwareID, "reason", reason)
 	return nil
@@ -557,17 +825,42 @@ func (b *Buffer) LoadStates(prefix string) (map[string][]byte, error) {
 	return out, nil
 }
 
-// SaveState durably stores a small state record under name.
+// SaveState durably stores a small state record under name. State records
+// count towards the budget but are never evicted.
 func (b *Buffer) SaveState(name string, value []byte) error {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
 		return ErrClosed
 	}
-	if err := b.db.Update(func(txn *badger.Txn) error {
-		return txn.Set(stateKey(name), value)
-	}); err != nil {
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	k := stateKey(name)
+	var old int64
+	found := false
+	b.vlogSyncFailed.Store(false)
+	err := b.db.Update(func(txn *badger.Txn) error {
+		item, err := txn.Get(k)
+		switch {
+		case err == nil:
+			old, found = recordSize(len(k), int(item.ValueSize())), true
+		case !errors.Is(err, badger.ErrKeyNotFound):
+			return err
+		}
+		return txn.Set(k, value)
+	})
+	if err == nil && b.vlogSyncFailed.Swap(false) {
+		err = errors.New("badger could not sync its value log")
+	}
+	if err == nil {
+		err = b.dirSync.syncIfChanged()
+	}
+	if err != nil {
 		return fmt.Errorf("saving state %s: %w", name, err)
+	}
+	b.usage.state.Add(recordSize(len(k), len(value)) - old)
+	if !found {
+		b.usage.stateRecords.Add(1)
 	}
 	return nil
 }
@@ -603,21 +896,38 @@ func (b *Buffer) Run(ctx context.Context) error {
 	}
 }
 
+// collectChunk bounds how many markers one step of Collect deletes while
+// holding the write lock, so that commits wait at most one step.
+const collectChunk = 4096
+
 // Collect deletes the markers of batches delivered more than Retention ago
 // and returns how many it deleted.
 func (b *Buffer) Collect() (int, error) {
+	total := 0
+	for {
+		n, more, err := b.collectStep()
+		total += n
+		if err != nil || !more {
+			return total, err
+		}
+	}
+}
+
+func (b *Buffer) collectStep() (int, bool, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
-		return 0, ErrClosed
+		return 0, false, ErrClosed
 	}
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
 	cutoff := b.opts.now().Add(-b.opts.Retention)
 	end := expiryKey(cutoff, "")
 	var keys [][]byte
 	err := b.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: expiryPrefix})
 		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
+		for it.Rewind(); it.Valid() && len(keys) < collectChunk; it.Next() {
 			k := it.Item().KeyCopy(nil)
 			if string(k) >= string(end) {
 				break
@@ -627,30 +937,47 @@ func (b *Buffer) Collect() (int, error) {
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("scanning expired markers: %w", err)
+		return 0, false, fmt.Errorf("scanning expired markers: %w", err)
 	}
-	wb := newTxnWriter(b.db)
+	if len(keys) == 0 {
+		return 0, false, nil
+	}
+	var freed, markers int64
+	wb := newTxnWriter(b.db, nil)
 	for _, k := range keys {
 		id := string(k[len(expiryPrefix)+8:])
-		m, err := b.marker(id)
-		if err == nil && m.state == stateDelivered {
+		m, found, err := wb.marker(id)
+		if err != nil {
+			wb.discard()
+			return 0, false, err
+		}
+		if found && m.state == stateDelivered {
 			if err := wb.delete(markerKey(id)); err != nil {
-				return 0, err
+				return 0, false, err
 			}
+			freed += markerRecord(len(id))
+			markers++
 		}
 		if err := wb.delete(k); err != nil {
-			return 0, err
+			return 0, false, err
 		}
+		freed += expiryRecord(len(id))
 	}
 	if err := wb.commit(); err != nil {
-		return 0, fmt.Errorf("deleting expired markers: %w", err)
+		if wb.written {
+			b.recount()
+		}
+		return 0, false, fmt.Errorf("deleting expired markers: %w", err)
 	}
+	b.usage.delivered.Add(-freed)
+	b.usage.deliveredMarkers.Add(-markers)
 	b.metrics.collected.Add(float64(len(keys)))
-	return len(keys), nil
+	return len(keys), len(keys) == collectChunk, nil
 }
 
 // Close stops accepting commits, finishes the commits already queued and
-// closes the database. It is idempotent.
+// closes the database. After a clean close it leaves a clean-shutdown
+// record that the next Open checks the data against. It is idempotent.
 func (b *Buffer) Close() error {
 	b.closeOnce.Do(func() {
 		b.mu.Lock()
@@ -658,10 +985,111 @@ func (b *Buffer) Close() error {
 		close(b.closing)
 		b.mu.Unlock()
 		<-b.stopped
-		b.closeErr = b.db.Close()
-		if b.closeErr != nil {
-			b.closeErr = fmt.Errorf("closing buffer %s: %w", b.dir, b.closeErr)
+		rec := b.cleanRecord()
+		if err := b.db.Close(); err != nil {
+			b.closeErr = fmt.Errorf("closing buffer %s: %w", b.dir, err)
+			return
+		}
+		if err := writeCleanRecord(b.dir, rec); err != nil {
+			b.closeErr = fmt.Errorf("closing buffer %s: %w", b.dir, err)
 		}
 	})
 	return b.closeErr
 }
+
+// freeSpace reads the data directory's free bytes. It is called once per
+// group commit: a statfs costs about a microsecond, far less than the
+// group's fsync, and a cached value could let a burst overrun the
+// watermark.
+type freeSpace struct {
+	dir      string
+	override func() (uint64, bool)
+}
+
+func (f *freeSpace) bytes() (uint64, bool) {
+	if f.override != nil {
+		return f.override()
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(f.dir, &st); err != nil {
+		return 0, false
+	}
+	return uint64(st.Bavail) * uint64(st.Bsize), true
+}
+
+// dirSyncer fsyncs the data directory before a commit is acknowledged when
+// its entries may have changed since the last fsync. Badger creates a
+// memtable's write-ahead log (a new .mem file) and value log files without
+// fsyncing the directory (ristretto z.OpenMmapFileUsing syncs it only for
+// files created empty): on a file system that does not order metadata
+// updates, a power cut could lose a new .mem file whose commits were
+// synced and acknowledged.
+//
+// A change shows in the directory's modification time, which a stat per
+// group reads (about a microsecond). Timestamps are coarse (a clock tick),
+// so a change in the same tick as the one last seen would not show: until
+// a stat happens more than dirTimeGranularity after the last change, every
+// group fsyncs the directory.
+type dirSyncer struct {
+	dir    string
+	synced time.Time // modification time at the last fsync
+	// reliable is set when that fsync's stat came long enough after the
+	// modification time that any later change has a different one.
+	reliable bool
+}
+
+// dirTimeGranularity bounds the granularity of directory timestamps: Linux
+// file systems with nanosecond timestamps (ext4, xfs, btrfs, f2fs, tmpfs)
+// take them from the coarse clock, one tick, at most 10 ms. A data
+// directory on a file system with coarser timestamps (FAT: 2 s) is not
+// covered.
+const dirTimeGranularity = 20 * time.Millisecond
+
+func (d *dirSyncer) init() error {
+	_, err := d.sync()
+	return err
+}
+
+// syncIfChanged fsyncs the directory if it may have changed. Callers hold
+// wmu.
+func (d *dirSyncer) syncIfChanged() error {
+	_, err := d.sync()
+	return err
+}
+
+func (d *dirSyncer) sync() (bool, error) {
+	now := time.Now()
+	fi, err := os.Stat(d.dir)
+	if err != nil {
+		return false, fmt.Errorf("checking the data directory: %w", err)
+	}
+	mt := fi.ModTime()
+	if d.reliable && mt.Equal(d.synced) {
+		return false, nil
+	}
+	if err := syncDir(d.dir); err != nil {
+		return false, fmt.Errorf("syncing the data directory: %w", err)
+	}
+	d.synced, d.reliable = mt, now.Sub(mt) > dirTimeGranularity
+	return true, nil
+}
+
+// badgerLogger sends Badger's log lines to slog; its info chatter goes to
+// debug and its debug lines are dropped. It also notices the one error
+// Badger logs instead of returning: a failed sync of the value log.
+type badgerLogger struct {
+	l              *slog.Logger
+	vlogSyncFailed *atomic.Bool
+}
+
+func (b badgerLogger) Errorf(f string, a ...any) {
+	if strings.HasPrefix(f, "Error while curlf sync") && b.vlogSyncFailed != nil {
+		b.vlogSyncFailed.Store(true)
+	}
+	b.l.Error(strings.TrimSpace(fmt.Sprintf(f, a...)))
+}
+func (b badgerLogger) Warningf(f string, a ...any) {
+	b.l.Warn(strings.TrimSpace(fmt.Sprintf(f, a...)))
+}
+func (b badgerLogger) Infof(f string, a ...any) { b.l.Debug(strings.TrimSpace(fmt.Sprintf(f, a...))) }
+func (b badgerLogger) Debugf(string, ...any)    {}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +21,10 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("github.com/dgraph-io/ristretto/v2.(*Cache[...]).processItems"),
 		goleak.IgnoreTopFunction("github.com/dgraph-io/badger/v4/y.(*WaterMark).process"),
 		goleak.IgnoreAnyFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
+		// A badger.Open that fails (a damaged MANIFEST or KEYREGISTRY) does
+		// not stop these two; a DB that opened stops them at Close.
+		goleak.IgnoreTopFunction("github.com/dgraph-io/badger/v4.(*DB).monitorCache"),
+		goleak.IgnoreTopFunction("github.com/dgraph-io/ristretto/v2/z.(*AllocatorPool).freeupAllocators"),
 	)
 }
 
@@ -148,16 +153,20 @@ func TestDeadLetterLeavesQueueButKeepsBatch(t *testing.T) {
 }
 
 func TestBudgetRefusesNewBatchesButAnswersDuplicates(t *testing.T) {
-	b := open(t, t.TempDir(), Options{MaxPendingBytes: 130})
 	big := string(make([]byte, 60))
-	out, err := b.Commit(context.Background(), []Entry{entry("a", big), entry("b", big)})
+	a, c := entry("a", big), entry("c", "x")
+	// Room for a and c, not for a and b.
+	budget := cost(a) + cost(c)
+	b := open(t, t.TempDir(), Options{MaxPendingBytes: budget})
+	out, err := b.Commit(context.Background(), []Entry{a, entry("b", big)})
 	require.NoError(t, err)
 	require.Equal(t, []Outcome{Stored, Full}, out)
-	out, err = b.Commit(context.Background(), []Entry{entry("a", big), entry("c", "x")})
+	out, err = b.Commit(context.Background(), []Entry{a, c})
 	require.NoError(t, err)
 	require.Equal(t, []Outcome{Duplicate, Stored}, out, "a small batch still fits")
 	_, err = b.Lookup("b")
 	require.ErrorIs(t, err, ErrNotFound, "a refused batch leaves no marker")
+	require.LessOrEqual(t, b.Stats().UsedBytes, budget)
 }
 
 func TestFailedCommitStoresNothingAndReportsError(t *testing.T) {
@@ -187,6 +196,31 @@ func TestFailedCommitStoresNothingAndReportsError(t *testing.T) {
 	out, err = b.Commit(context.Background(), []Entry{entry("a", "1")})
 	require.NoError(t, err)
 	require.Equal(t, []Outcome{Stored}, out, "the resend after a failure is stored, not a duplicate")
+}
+
+// TestValueLogSyncFailureFailsTheCommit: Badger logs a failed msync of the
+// value log instead of returning it (value.go valueLog.write); the commit
+// must fail all the same.
+func TestValueLogSyncFailureFailsTheCommit(t *testing.T) {
+	var b *Buffer
+	fail := true
+	opts := Options{}
+	opts.beforeCommit = func() error {
+		if fail {
+			// What Badger logs during the commit when the msync fails.
+			b.db.Opts().Logger.Errorf("Error while curlf sync: %v\n", syscall.EIO)
+		}
+		return nil
+	}
+	b = open(t, t.TempDir(), opts)
+	_, err := b.Commit(context.Background(), []Entry{entry("a", "1")})
+	require.ErrorContains(t, err, "badger could not sync its value log")
+	require.EqualValues(t, 1, b.Stats().PendingBatches, "the batch is in the log, counted, just not acknowledged")
+	fail = false
+	out, err := b.Commit(context.Background(), []Entry{entry("a", "1")})
+	require.NoError(t, err)
+	require.Equal(t, []Outcome{Duplicate}, out, "the batch did reach the log; the resend is a duplicate")
+	requireUsageMatchesDisk(t, b)
 }
 
 func TestConcurrentCommitsStoreEachBatchOnce(t *testing.T) {
@@ -270,10 +304,27 @@ func TestStateRecords(t *testing.T) {
 
 func TestOptionsValidate(t *testing.T) {
 	require.NoError(t, DefaultOptions().Validate())
-	require.ErrorContains(t, Options{MaxPendingBytes: -1}.Validate(), "buffer.max_pending_bytes")
-	require.ErrorContains(t, Options{MemTableSize: 1000}.Validate(), "buffer.memtable_size")
+	require.NoError(t, Options{}.Validate())
+	tests := []struct {
+		name string
+		opts Options
+		want string
+	}{
+		{"negative budget", Options{MaxPendingBytes: -1}, "buffer.max_pending_bytes"},
+		{"tiny memtable", Options{MemTableSize: 1000}, "buffer.memtable_size"},
+		{"unknown policy", Options{FullPolicy: "drop_newest"}, `buffer.full_policy: "drop_newest" is not one of reject_new, drop_oldest`},
+		{"watermark below what badger may write", Options{MinFreeBytes: 64 << 20}, "buffer.min_free_bytes: 67108864 is less than 234881024"},
+		{"watermark too low for a larger memtable", Options{MinFreeBytes: 256 << 20, MemTableSize: 64 << 20}, "buffer.min_free_bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.ErrorContains(t, tt.opts.Validate(), tt.want)
+		})
+	}
 	_, err := Open(t.TempDir(), Options{Retention: -time.Second}, nil, nil)
 	require.ErrorContains(t, err, "buffer.retention")
+	require.Equal(t, int64(224<<20), RequiredFreeBytes(16<<20))
+	require.Equal(t, int64(17<<20), RequiredFreeBytes(1<<20))
 }
 
 func BenchmarkCommitParallel(b *testing.B) {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -52,7 +53,7 @@ func (b *Buffer) gather(first *commitReq) []*commitReq {
 
 func (b *Buffer) commitGroup(group []*commitReq) {
 	start := time.Now()
-	stored, storedBytes, err := b.writeGroup(group)
+	res, err := b.writeGroup(group)
 	if err != nil {
 		b.metrics.commitFailures.Inc()
 		b.logger.Error("group commit failed; its batches are not acknowledged", "err", err,
@@ -62,19 +63,21 @@ func (b *Buffer) commitGroup(group []*commitReq) {
 		}
 		return
 	}
-	b.pendingBatches.Add(int64(stored))
-	b.pendingBytes.Add(storedBytes)
+	// Count before answering: whoever waits sees the metrics updated.
+	b.report(res)
 	n := 0
 	for _, req := range group {
 		n += len(req.entries)
 		for _, o := range req.out {
 			b.metrics.outcomes.WithLabelValues(o.String()).Inc()
 		}
-		req.done <- nil
 	}
 	b.metrics.groupBatches.Observe(float64(n))
 	b.metrics.commitSeconds.Observe(time.Since(start).Seconds())
-	if stored > 0 {
+	for _, req := range group {
+		req.done <- nil
+	}
+	if res.stored > 0 {
 		select {
 		case b.notify <- struct{}{}:
 		default:
@@ -82,14 +85,66 @@ func (b *Buffer) commitGroup(group []*commitReq) {
 	}
 }
 
-// writeGroup decides every entry's outcome and writes the new ones. It
-// returns the number and bytes of batches stored.
-func (b *Buffer) writeGroup(group []*commitReq) (_ int, _ int64, err error) {
-	type seen struct {
-		hash [32]byte
+// groupResult is what one group commit did.
+type groupResult struct {
+	stored  int
+	refused int64
+	// refusedBy is refusedBudget or refusedFreeSpace when batches were
+	// refused, with the figures for the log.
+	refusedBy        string
+	free, used, need int64
+	ev               evicted
+}
+
+// report counts and logs refusals and evictions.
+func (b *Buffer) report(res groupResult) {
+	if res.refused > 0 {
+		b.metrics.refused.WithLabelValues(res.refusedBy).Add(float64(res.refused))
+		if ok, suppressed := b.fullLog.allow(res.refused); ok {
+			if res.refusedBy == refusedFreeSpace {
+				b.logger.Warn("buffer full: free disk space below buffer.min_free_bytes; new batches are refused",
+					"free_bytes", res.free, "min_free_bytes", b.opts.MinFreeBytes, "refused", res.refused,
+					"refused_before", suppressed)
+			} else {
+				b.logger.Warn("buffer full: disk budget buffer.max_pending_bytes reached; new batches are refused",
+					"used_bytes", res.used, "needed_bytes", res.need, "max_pending_bytes", b.opts.MaxPendingBytes,
+					"full_policy", b.opts.FullPolicy, "refused", res.refused, "refused_before", suppressed)
+			}
+		}
 	}
-	inGroup := make(map[string]seen)
-	w := newTxnWriter(b.db)
+	if res.ev.markers > 0 {
+		b.metrics.evicted.WithLabelValues(reasonMarkerEvicted).Add(float64(res.ev.markers))
+		if ok, suppressed := b.evictLog.allow(res.ev.markers); ok {
+			b.logger.Info("delivered markers evicted to make room: a resend of those batches is no longer "+
+				"recognised as a duplicate (the cloud's marker still absorbs it)", "evicted", res.ev.markers,
+				"evicted_before", suppressed, "max_pending_bytes", b.opts.MaxPendingBytes)
+		}
+	}
+	if res.ev.dropped > 0 {
+		b.metrics.evicted.WithLabelValues(reasonDroppedOldest).Add(float64(res.ev.dropped))
+		// Every drop is logged: it loses acknowledged data.
+		b.logger.Warn("oldest undelivered batches dropped to make room (buffer.full_policy drop_oldest)",
+			"dropped", res.ev.dropped, "bytes", res.ev.payloadBytes,
+			"first_batch_id", res.ev.first.BatchID, "first_hardware_id", res.ev.first.HardwareID,
+			"first_received_at", res.ev.first.ReceivedAt, "last_batch_id", res.ev.last.BatchID,
+			"last_received_at", res.ev.last.ReceivedAt)
+	}
+}
+
+// candidate is a new batch of a group, not yet admitted.
+type candidate struct {
+	req  *commitReq
+	i    int
+	val  []byte
+	cost int64
+}
+
+// writeGroup decides every entry's outcome, makes room within the budget
+// and writes the new batches, all under wmu.
+func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	w := newTxnWriter(b.db, &b.syncs)
 	seq := b.nextSeq
 	defer func() {
 		// Sequence numbers are never reused, even after a failure: part of
@@ -99,19 +154,31 @@ func (b *Buffer) writeGroup(group []*commitReq) (_ int, _ int64, err error) {
 			b.recount()
 		}
 	}()
-	var stored int
-	var storedBytes int64
-	full := b.fullReason()
+
+	// Decide duplicates and conflicts; collect the new batches in order.
+	type seen struct {
+		hash [32]byte
+		cand int // index in cands
+	}
+	type follower struct {
+		req  *commitReq
+		i    int
+		cand int
+		same bool
+	}
+	inGroup := make(map[string]seen)
+	var cands []candidate
+	var followers []follower
 	for _, req := range group {
 		for i, e := range req.entries {
 			if s, ok := inGroup[e.BatchID]; ok {
-				req.out[i] = sameOrConflict(s.hash, e.Hash)
+				followers = append(followers, follower{req: req, i: i, cand: s.cand, same: s.hash == e.Hash})
 				continue
 			}
 			m, found, err := w.marker(e.BatchID)
 			if err != nil {
 				w.discard()
-				return 0, 0, err
+				return res, err
 			}
 			if found {
 				req.out[i] = sameOrConflict(m.hash, e.Hash)
@@ -119,54 +186,127 @@ func (b *Buffer) writeGroup(group []*commitReq) (_ int, _ int64, err error) {
 			}
 			val := encodePending(Pending{BatchID: e.BatchID, HardwareID: e.HardwareID,
 				ReceivedAt: e.ReceivedAt, Payload: e.Payload})
-			if full == "" && b.pendingBytes.Load()+storedBytes+int64(len(val)) > b.opts.MaxPendingBytes {
-				full = "disk budget (buffer.max_pending_bytes) reached"
-			}
-			if full != "" {
-				req.out[i] = Full
-				continue
-			}
-			mk := marker{state: statePending, hash: e.Hash, seq: seq, receivedAt: e.ReceivedAt}
-			if err := w.set(markerKey(e.BatchID), mk.encode()); err != nil {
-				return 0, 0, err
-			}
-			if err := w.set(queueKey(seq), val); err != nil {
-				return 0, 0, err
-			}
-			inGroup[e.BatchID] = seen{hash: e.Hash}
-			req.out[i] = Stored
-			seq++
-			stored++
-			storedBytes += int64(len(val))
+			inGroup[e.BatchID] = seen{hash: e.Hash, cand: len(cands)}
+			cands = append(cands, candidate{req: req, i: i, val: val, cost: pendingCost(len(e.BatchID), len(val))})
 		}
 	}
-	if stored == 0 {
+
+	// Admit new batches in order while they fit: the free-space watermark
+	// refuses all, the budget what eviction cannot make room for.
+	admitted := 0
+	var admittedCost int64
+	if len(cands) > 0 {
+		if free, ok := b.free.bytes(); ok && free < uint64(b.opts.MinFreeBytes) {
+			res.refusedBy, res.free = refusedFreeSpace, int64(free)
+		} else {
+			used := b.usage.total()
+			room := b.opts.MaxPendingBytes - used + b.usage.delivered.Load()
+			if b.opts.FullPolicy == PolicyDropOldest {
+				room += b.usage.pending.Load()
+			}
+			for _, c := range cands {
+				if admittedCost+c.cost > room {
+					res.refusedBy, res.used, res.need = refusedBudget, used, c.cost
+					break
+				}
+				admittedCost += c.cost
+				admitted++
+			}
+			// Make room: delivered markers first, then (drop_oldest) the
+			// oldest undelivered batches.
+			if need := used + admittedCost - b.opts.MaxPendingBytes; need > 0 {
+				if err := b.evictMarkers(w, need, &res.ev); err != nil {
+					w.discard()
+					return res, err
+				}
+				if need -= res.ev.markerBytes; need > 0 && b.opts.FullPolicy == PolicyDropOldest {
+					if err := b.dropOldest(w, need, &res.ev); err != nil {
+						w.discard()
+						return res, err
+					}
+					need -= res.ev.droppedBytes
+				}
+				// The scans free what usage counted; should they fall short
+				// (usage drifted), refuse the batches that do not fit.
+				for need > 0 && admitted > 0 {
+					admitted--
+					admittedCost -= cands[admitted].cost
+					need -= cands[admitted].cost
+					res.refusedBy, res.used, res.need = refusedBudget, used, cands[admitted].cost
+				}
+			}
+		}
+	}
+
+	for k, c := range cands {
+		if k >= admitted {
+			c.req.out[c.i] = Full
+			res.refused++
+			continue
+		}
+		e := c.req.entries[c.i]
+		mk := marker{state: statePending, hash: e.Hash, seq: seq, receivedAt: e.ReceivedAt}
+		if err := w.set(markerKey(e.BatchID), mk.encode()); err != nil {
+			return res, err
+		}
+		if err := w.set(queueKey(seq), c.val); err != nil {
+			return res, err
+		}
+		c.req.out[c.i] = Stored
+		seq++
+		res.stored++
+	}
+	for _, f := range followers {
+		switch {
+		case f.cand >= admitted:
+			f.req.out[f.i] = Full
+			res.refused++
+		case f.same:
+			f.req.out[f.i] = Duplicate
+		default:
+			f.req.out[f.i] = Conflict
+		}
+	}
+	if res.stored == 0 && res.ev.markers == 0 && res.ev.markerBytes == 0 && res.ev.dropped == 0 {
 		w.discard()
-		return 0, 0, nil
+		return res, nil
 	}
 	var seqVal [8]byte
 	binary.BigEndian.PutUint64(seqVal[:], seq)
 	if err := w.set(seqKey, seqVal[:]); err != nil {
-		return 0, 0, err
+		return res, err
 	}
+	b.vlogSyncFailed.Store(false)
 	if b.opts.beforeCommit != nil {
 		if err := b.opts.beforeCommit(); err != nil {
 			w.discard()
-			return 0, 0, err
+			return res, err
 		}
 	}
 	if err := w.commit(); err != nil {
-		return 0, 0, fmt.Errorf("committing %d batches: %w", stored, err)
+		return res, fmt.Errorf("committing %d batches: %w", res.stored, err)
 	}
-	return stored, storedBytes, nil
-}
+	if b.vlogSyncFailed.Swap(false) {
+		w.written = true
+		return res, fmt.Errorf("committing %d batches: badger could not sync its value log", res.stored)
+	}
+	if synced, err := b.dirSync.sync(); err != nil {
+		w.written = true
+		return res, fmt.Errorf("committing %d batches: %w", res.stored, err)
+	} else if synced {
+		b.syncs.Add(1)
+	}
 
-// fullReason says why new batches must be refused, or "".
-func (b *Buffer) fullReason() string {
-	if free, ok := b.free.bytes(); ok && free < uint64(b.opts.MinFreeBytes) {
-		return "free disk space below buffer.min_free_bytes"
+	var payload int64
+	for _, c := range cands[:admitted] {
+		payload += int64(len(c.val))
 	}
-	return ""
+	b.pendingBatches.Add(int64(res.stored) - res.ev.dropped)
+	b.pendingBytes.Add(payload - res.ev.payloadBytes)
+	b.usage.pending.Add(admittedCost - res.ev.droppedBytes)
+	b.usage.delivered.Add(-res.ev.markerBytes)
+	b.usage.deliveredMarkers.Add(-res.ev.markers)
+	return res, nil
 }
 
 func sameOrConflict(stored, got [32]byte) Outcome {
@@ -181,14 +321,28 @@ func sameOrConflict(stored, got [32]byte) Outcome {
 type txnWriter struct {
 	db  *badger.DB
 	txn *badger.Txn
+	// syncs, when set, counts the synced transactions committed.
+	syncs *atomic.Int64
 	// written is set when some transaction already committed: a later
 	// failure then leaves part of the group on disk, which is safe (its
 	// members are not acknowledged, and a resend is a duplicate).
 	written bool
 }
 
-func newTxnWriter(db *badger.DB) *txnWriter {
-	return &txnWriter{db: db, txn: db.NewTransaction(true)}
+func newTxnWriter(db *badger.DB, syncs *atomic.Int64) *txnWriter {
+	return &txnWriter{db: db, txn: db.NewTransaction(true), syncs: syncs}
+}
+
+// queued reports whether the queue entry seq exists, and its value length.
+func (w *txnWriter) queued(seq uint64) (int, bool, error) {
+	item, err := w.txn.Get(queueKey(seq))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("reading queue entry %d: %w", seq, err)
+	}
+	return int(item.ValueSize()), true, nil
 }
 
 func (w *txnWriter) marker(batchID string) (marker, bool, error) {
@@ -224,6 +378,7 @@ func (w *txnWriter) apply(op func(*badger.Txn) error) error {
 		if err = w.txn.Commit(); err != nil {
 			return fmt.Errorf("committing a full transaction: %w", err)
 		}
+		w.count()
 		w.written = true
 		w.txn = w.db.NewTransaction(true)
 		err = op(w.txn)
@@ -234,6 +389,18 @@ func (w *txnWriter) apply(op func(*badger.Txn) error) error {
 	return err
 }
 
-func (w *txnWriter) commit() error { return w.txn.Commit() }
+func (w *txnWriter) commit() error {
+	if err := w.txn.Commit(); err != nil {
+		return err
+	}
+	w.count()
+	return nil
+}
+
+func (w *txnWriter) count() {
+	if w.syncs != nil {
+		w.syncs.Add(1)
+	}
+}
 
 func (w *txnWriter) discard() { w.txn.Discard() }

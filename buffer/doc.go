@@ -5,9 +5,9 @@
 // 2xx). The uplink leases the oldest pending batches, forwards them to the
 // cloud and marks them delivered; a delivered batch keeps a small marker for
 // a retention window so that a device re-sending it is told "duplicate", and
-// the marker is then collected. Undelivered batches are never deleted by the
-// buffer: only delivery or an operator's dead-lettering removes them from the
-// queue.
+// the marker is then collected. Undelivered batches leave the queue only by
+// delivery, an operator's dead-lettering, or, if the operator chose
+// buffer.full_policy drop_oldest, to make room (see Capacity).
 //
 // # On-disk layout
 //
@@ -15,43 +15,203 @@
 // data directory. Keys are prefixed by one byte and a slash:
 //
 //	b/<batch_id>                  marker: state, payload hash, queue sequence,
-//	                              received and delivered times (41 bytes)
+//	                              received and delivered times (57 bytes)
 //	q/<seq, 8 bytes big endian>   a pending batch: batch_id, hardware_id,
 //	                              receive time and the canonical payload
 //	e/<delivered ms, 8 bytes><batch_id>
 //	                              collection index of delivered markers
 //	x/<batch_id>                  a dead-lettered batch (same encoding as q/)
 //	m/seq                         the next queue sequence number
-//	s/<name>                      small gateway state (the API key cache)
+//	s/<name>                      small gateway state (the API key cache,
+//	                              the device registry)
+//
+// Next to Badger's files, GATEWAY-CLEAN-SHUTDOWN exists only while the
+// gateway is stopped after a clean shutdown (see Damage).
 //
 // The queue order (seq) is arrival order, so forwarding in seq order keeps
 // each device's batches in the order they were acknowledged.
 //
+// # Capacity
+//
+// buffer.max_pending_bytes is a budget for everything the buffer keeps:
+// pending batches and their markers, delivered markers and their
+// collection index entries, dead letters and their markers, and state
+// records. Each record counts as its key and value plus 32 bytes, about
+// what Badger adds per record (the 8-byte version, the entry header and
+// checksum, block offsets, bloom filter bits); Usage and
+// gateway_buffer_used_bytes{kind} report the sum. It is a logical size:
+// the files take more (the write-ahead log of the memtables, obsolete
+// versions until compaction), so leave the disk room beyond the budget;
+// the free-space watermark guards the disk itself.
+//
+// When a new batch would exceed the budget, delivered markers are evicted
+// first, oldest delivery first (gateway_buffer_evicted_batches_total
+// {reason="marker_evicted"}): a device re-sending such a batch is no longer
+// told "duplicate" and the batch is stored and forwarded again, which the
+// cloud's conditional marker absorbs. If that is not enough, the policy
+// decides:
+//
+//   - reject_new (the default): the batch is refused with Full (MQTT: no
+//     PUBACK; HTTP: 507 with Retry-After); devices keep it in their flash.
+//     Undelivered batches are never deleted.
+//   - drop_oldest: the oldest undelivered batches are deleted until the new
+//     one fits (gateway_buffer_evicted_batches_total
+//     {reason="dropped_oldest"}, and a warning per group naming the first
+//     and last dropped batch). Acknowledged data is lost: choose it only
+//     for devices that cannot keep data themselves. A batch larger than the
+//     budget minus dead letters and state is refused, never made room for.
+//
+// Dead letters and state records count but are never evicted. Refusals are
+// counted by gateway_buffer_refused_batches_total{reason}.
+//
+// buffer.min_free_bytes is a watermark on the data directory's file
+// system, read with statfs for every group commit: below it every new
+// batch is refused with Full, under both policies. Nothing is evicted
+// then, because deleting records frees disk space only after compaction,
+// too late to help. The watermark must cover what Badger may still write
+// once new batches are refused, because Badger writes through mmap, and on
+// a full disk a write to a mapped page is a SIGBUS that kills the process,
+// not an error: Badger creates its files sparse (ristretto
+// z.OpenMmapFileUsing truncates a new file to its full size and maps it,
+// without fallocate): a memtable's write-ahead log (.mem) at twice the
+// memtable size (memtable.go openMemTable), a value log file at twice
+// ValueLogFileSize, 128 MiB (value.go createVlogFile), a table at its final
+// size before copying it in (table.go CreateTable); blocks are allocated as
+// pages are first written. After the last admitted batch Badger may still
+// flush the memtables (an L0 table written before its log is deleted),
+// compact L0 into the base level and run one more compaction at the same
+// time (new tables written before the inputs are deleted), and take the
+// small writes of delivery and state. Open bounds that with Badger options
+// (at most 8 L0 tables, the stall limit; tables of memtable/8 between
+// 256 KiB and 2 MiB at every level; a base level of 5 tables), and
+// RequiredFreeBytes adds it up: 11 memtables and 24 tables, 224 MiB with
+// the default 16 MiB memtable, 17 MiB with a 1 MiB one. Validate refuses a
+// smaller buffer.min_free_bytes; the default is 256 MiB. Other programs
+// filling the disk are outside that bound.
+//
 // # Durability
 //
-// Badger runs with SyncWrites on: a transaction's Commit returns only after
-// its write-ahead log is fsynced. Ingest uses group commit: one goroutine
-// (the committer) takes every commit request waiting at the time, checks
-// each batch_id against its marker, writes all new batches in one
-// transaction and syncs once; every request of the group is answered only
-// after that sync. Concurrent devices therefore share one fsync instead of
-// paying one each, and a device is never acknowledged before its batch is on
-// disk. A group larger than one Badger transaction allows is split into
-// several transactions, each synced, before any member is answered.
+// Badger runs with SyncWrites on. Verified in badger v4.9.6:
 //
-// Because the committer is the only goroutine that creates markers, the
-// duplicate check and the write are race-free without Badger's conflict
-// detection, which is turned off. Delivery and collection update markers
-// that already exist, which never changes a duplicate decision.
+//   - A transaction's Commit (txn.go Txn.Commit, commitAndSend) hands its
+//     entries to Badger's single writer goroutine (db.go doWrites,
+//     writeRequests) and waits for it.
+//   - Values of ValueThreshold bytes or more (1 MiB with the default
+//     memtable, memtable/8 below 8 MiB) are first written to the mmapped
+//     value log (.vlog), which is then msynced (value.go valueLog.write,
+//     its deferred curlf.Sync). Badger does so for every batch of requests
+//     it writes, whether or not it wrote a value there, and it only logs a
+//     failure of that msync instead of returning it; the buffer watches for
+//     that log line (badgerLogger) and fails the commit.
+//   - The entries (small values inline, large ones as pointers into the
+//     value log) are then copied into the mmapped write-ahead log of the
+//     current memtable (.mem) and the log is msynced with MS_SYNC (db.go
+//     writeToLSM, memtable.go memTable.SyncWAL, ristretto z.Msync): one
+//     msync per transaction, even when Badger writes several transactions
+//     together. On Linux msync(MS_SYNC) is fdatasync of the mapped range.
+//     Commit returns after that, so a returned commit is on disk.
+//   - Badger does not fsync the directory when it creates a new .mem or
+//     .vlog file (z.OpenMmapFileUsing syncs it only for files created
+//     empty). The buffer does: before acknowledging a group it stats the
+//     data directory and fsyncs it if its entries changed since the last
+//     fsync (dirSyncer), so a commit in a freshly created log is never
+//     acknowledged before the log's directory entry is durable.
+//   - When a memtable is full, a background goroutine writes it to an L0
+//     table (table.go CreateTable: msync of the table), appends the change
+//     to the MANIFEST and fsyncs it (manifest.go manifestFile.addChanges),
+//     and only then deletes the .mem file (memtable.go openMemTable,
+//     OnClose). That path does not fsync the directory for the new table;
+//     compactions do (levels.go compactBuildTables), as does Open
+//     (levels.go newLevelsController). On a journaling file system (ext4,
+//     xfs) the MANIFEST fsync commits the table's creation with it.
 //
-// What a power cut can lose: nothing that was acknowledged. A batch whose
-// commit had not returned when power failed may or may not be on disk; it
-// was not acknowledged, so the device still holds it and will resend it,
-// and the marker turns a resend of a batch that did reach the disk into a
-// "duplicate". Marking a batch delivered is synced too, but losing that
-// write would only make the uplink send the batch again, which the cloud's
-// conditional marker absorbs.
+// Ingest uses group commit: one goroutine (the committer) takes every
+// commit request waiting at the time (up to buffer.max_group_batches),
+// checks each batch_id against its marker, makes room within the budget,
+// writes all new batches in one transaction, commits it (the syncs above:
+// one msync of the write-ahead log, one of the value log), fsyncs the
+// directory if it changed, and only then answers every request of the
+// group. Concurrent devices therefore share one sync instead of paying one
+// each, and a device is never acknowledged before its batch is on disk. A
+// group larger than one Badger transaction allows (15% of a memtable) is
+// split into several transactions, each synced, before any member is
+// answered. BenchmarkCommitConcurrency measures it against one synced
+// transaction per commit.
 //
-// What it cannot protect against: a disk that lies about fsync, or losing
-// the data directory itself.
+// Every write (group commits, delivery, dead-lettering, collection, state)
+// holds one mutex, so that the committer's duplicate decisions, the budget
+// and the eviction scans see a state no other writer changes underneath;
+// Badger's conflict detection is turned off.
+//
+// What a power cut can lose: nothing that was acknowledged, on a disk that
+// honours flushes. A batch whose commit had not returned may or may not be
+// on disk; it was not acknowledged, so the device still holds it and will
+// resend it, and the marker turns a resend of a batch that did reach the
+// disk into a "duplicate". Such a half-written last commit (a torn tail of
+// the write-ahead log) is dropped at the next start. Marking a batch
+// delivered, collecting markers and evicting are synced too; losing them
+// only makes the uplink send a batch again (the cloud's conditional marker
+// absorbs it) or keeps a marker longer.
+//
+// What it cannot protect against: a disk that lies about flushes, losing
+// the data directory itself, a non-journaling file system losing a new L0
+// table's directory entry (then the next start refuses: the MANIFEST lists
+// a missing table), and a damaged last transaction of a write-ahead log:
+// Badger drops it, and damage to its final entry cannot be told from a
+// torn write.
+//
+// # Damage
+//
+// Badger is not strict about damage it finds at open (badger v4.9.6):
+//
+//   - A write-ahead log (.mem) is replayed up to the first entry that fails
+//     its checksum or is incomplete, and truncated there, silently
+//     (memtable.go logFile.iterate, memTable.UpdateSkipList), dropping
+//     every later commit with it. The same happens to the last value log
+//     file (value.go valueLog.open). A deleted .mem file is not noticed.
+//   - The MANIFEST is replayed up to a torn last record, which is
+//     truncated (manifest.go ReplayManifestFile). Tables it does not list
+//     are deleted (levels.go revertToManifest): a truncated or deleted
+//     MANIFEST makes Badger delete the tables and open empty. A record
+//     failing its checksum, a bad header, or a listed table that is
+//     missing fail the open.
+//   - Tables are opened reading only their index, which is checksummed; a
+//     damaged data block is not noticed at open, and reads of it end the
+//     iteration early without an error. Some truncated tables make Badger
+//     panic in a goroutine of its own (table.go initBiggestAndSmallest).
+//   - A value in the value log that cannot be read (a deleted file, or a
+//     checksum mismatch, checked only with VerifyValueChecksum, which the
+//     buffer sets) is returned empty, without an error: Badger only logs it
+//     (iterator.go Item.yieldItemValue). The buffer's decoding refuses an
+//     empty queue entry.
+//   - A damaged KEYREGISTRY fails the open ("Encryption key mismatch").
+//
+// So Open checks the directory before Badger touches it (checkDirectory):
+// every .mem file is replayed the way Badger does and what follows the
+// stop point is classified; every table the MANIFEST lists must exist and
+// pass its checksums (opened in the calling goroutine, panics recovered);
+// a table the MANIFEST does not list must hold only versions found in a
+// listed table or a write-ahead log, as a crash leaves it (a table
+// written before its MANIFEST record), or Badger would delete data. Then,
+// with Badger open, every record is read and decoded (values verified).
+// Finally, if the gateway was stopped cleanly, the counts recorded at
+// Close (GATEWAY-CLEAN-SHUTDOWN) must match: after a clean close nothing
+// may differ, so a difference is files lost while stopped.
+//
+// A torn tail is not damage: Badger writes a transaction into the log and
+// msyncs it before the next one starts, so a crash leaves, after the last
+// complete transaction, at most part of one transaction (a prefix of it
+// when the process dies, any subset of its pages when the power fails
+// during its msync) and zeros beyond. Damage is anything else: a
+// checksummed entry of another transaction after the stop point, a
+// complete transaction after bytes that were written rather than left
+// unwritten (no zero page between), non-zero bytes further than one
+// transaction from the stop point, or a log that ends inside its data (cut
+// short).
+//
+// A damaged directory is refused with a *DamagedError (errors.Is
+// ErrDamaged) saying what is wrong and what to do: move the directory
+// aside to start empty (undelivered batches in it are lost), or restore it
+// from a backup. Checks that come before badger.Open leave the directory
+// as it was, so nothing Badger would have deleted is lost.
 package buffer

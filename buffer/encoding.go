@@ -4,13 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
-	"strings"
-	"sync"
-	"syscall"
 	"time"
-
-	"github.com/dgraph-io/badger/v4"
 )
 
 var (
@@ -126,6 +120,18 @@ func encodePending(p Pending) []byte {
 var errShortEntry = errors.New("truncated queue entry")
 
 func decodePending(seq uint64, v []byte) (Pending, error) {
+	p, err := decodePendingHeader(seq, v)
+	if err != nil {
+		return p, err
+	}
+	p.Payload = append([]byte(nil), v[pendingHeaderLen(p):]...)
+	return p, nil
+}
+
+func pendingHeaderLen(p Pending) int { return 2 + len(p.BatchID) + 2 + len(p.HardwareID) + 8 }
+
+// decodePendingHeader decodes a queue entry without its payload.
+func decodePendingHeader(seq uint64, v []byte) (Pending, error) {
 	p := Pending{Seq: seq}
 	str := func() (string, bool) {
 		if len(v) < 2 {
@@ -150,62 +156,5 @@ func decodePending(seq uint64, v []byte) (Pending, error) {
 		return p, errShortEntry
 	}
 	p.ReceivedAt = time.UnixMilli(int64(binary.BigEndian.Uint64(v)))
-	p.Payload = append([]byte(nil), v[8:]...)
 	return p, nil
 }
-
-// recount recomputes the pending counters from disk.
-func (b *Buffer) recount() {
-	var n, bytes int64
-	err := b.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: queuePrefix})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			n++
-			bytes += it.Item().ValueSize()
-		}
-		return nil
-	})
-	if err != nil {
-		b.logger.Error("recounting pending batches", "err", err)
-		return
-	}
-	b.pendingBatches.Store(n)
-	b.pendingBytes.Store(bytes)
-}
-
-// freeSpace reads the data directory's free bytes at most once a second.
-type freeSpace struct {
-	dir  string
-	mu   sync.Mutex
-	at   time.Time
-	free uint64
-	ok   bool
-}
-
-func (f *freeSpace) bytes() (uint64, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if time.Since(f.at) < time.Second {
-		return f.free, f.ok
-	}
-	f.at = time.Now()
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(f.dir, &st); err != nil {
-		f.ok = false
-		return 0, false
-	}
-	f.free, f.ok = uint64(st.Bavail)*uint64(st.Bsize), true
-	return f.free, f.ok
-}
-
-// badgerLogger sends Badger's log lines to slog; its info chatter goes to
-// debug and its debug lines are dropped.
-type badgerLogger struct{ l *slog.Logger }
-
-func (b badgerLogger) Errorf(f string, a ...any) { b.l.Error(strings.TrimSpace(fmt.Sprintf(f, a...))) }
-func (b badgerLogger) Warningf(f string, a ...any) {
-	b.l.Warn(strings.TrimSpace(fmt.Sprintf(f, a...)))
-}
-func (b badgerLogger) Infof(f string, a ...any) { b.l.Debug(strings.TrimSpace(fmt.Sprintf(f, a...))) }
-func (b badgerLogger) Debugf(string, ...any)    {}

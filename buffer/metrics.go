@@ -15,6 +15,8 @@ type metrics struct {
 	delivered      prometheus.Counter
 	deadLettered   prometheus.Counter
 	collected      prometheus.Counter
+	evicted        *prometheus.CounterVec
+	refused        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
@@ -53,9 +55,26 @@ func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
 			Namespace: "gateway", Subsystem: "buffer", Name: "collected_markers_total",
 			Help: "Delivery markers deleted after the retention window.",
 		}),
+		evicted: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "buffer", Name: "evicted_batches_total",
+			Help: "Batches evicted to keep the buffer within buffer.max_pending_bytes, by reason: " +
+				"marker_evicted (a delivered batch's marker, before its retention ended), " +
+				"dropped_oldest (an undelivered batch, under buffer.full_policy drop_oldest).",
+		}, []string{"reason"}),
+		refused: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "buffer", Name: "refused_batches_total",
+			Help: "New batches refused as full, by reason: budget (buffer.max_pending_bytes) or " +
+				"free_space (buffer.min_free_bytes).",
+		}, []string{"reason"}),
 	}
 	for _, o := range []Outcome{Stored, Duplicate, Conflict, Full} {
 		m.outcomes.WithLabelValues(o.String())
+	}
+	for _, r := range []string{reasonMarkerEvicted, reasonDroppedOldest} {
+		m.evicted.WithLabelValues(r)
+	}
+	for _, r := range []string{refusedBudget, refusedFreeSpace} {
+		m.refused.WithLabelValues(r)
 	}
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "gateway", Subsystem: "buffer", Name: "pending_batches",
@@ -74,6 +93,32 @@ func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
 			return 0
 		}
 		return time.Since(s.Oldest).Seconds()
+	})
+	used := func(kind string, v func() int64) {
+		f.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "gateway", Subsystem: "buffer", Name: "used_bytes",
+			Help:        "What the disk budget (buffer.max_pending_bytes) counts, by kind: pending, delivered (markers), dead (letters), state.",
+			ConstLabels: prometheus.Labels{"kind": kind},
+		}, func() float64 { return float64(v()) })
+	}
+	used("pending", b.usage.pending.Load)
+	used("delivered", b.usage.delivered.Load)
+	used("dead", b.usage.dead.Load)
+	used("state", b.usage.state.Load)
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "gateway", Subsystem: "buffer", Name: "budget_bytes",
+		Help: "The disk budget, buffer.max_pending_bytes.",
+	}, func() float64 { return float64(b.opts.MaxPendingBytes) })
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "gateway", Subsystem: "buffer", Name: "delivered_markers",
+		Help: "Delivered batches whose markers are kept to answer duplicates.",
+	}, func() float64 { return float64(b.usage.deliveredMarkers.Load()) })
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "gateway", Subsystem: "buffer", Name: "disk_free_bytes",
+		Help: "Free bytes of the data directory's file system; below buffer.min_free_bytes new batches are refused.",
+	}, func() float64 {
+		free, _ := b.free.bytes()
+		return float64(free)
 	})
 	return m
 }

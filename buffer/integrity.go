@@ -1,0 +1,665 @@
+package buffer
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/dgraph-io/badger/v4/options"
+	"github.com/dgraph-io/badger/v4/pb"
+	"github.com/dgraph-io/badger/v4/table"
+	"github.com/dgraph-io/ristretto/v2/z"
+	"google.golang.org/protobuf/proto"
+)
+
+// ErrDamaged matches (errors.Is) every *DamagedError.
+var ErrDamaged = errors.New("buffer: damaged")
+
+// DamagedError reports a buffer directory that cannot be opened without
+// losing data. Its message says what is wrong and what to do.
+type DamagedError struct {
+	// Dir is the data directory.
+	Dir string
+	// Problem says what is wrong, naming the file.
+	Problem string
+}
+
+func (e *DamagedError) Error() string {
+	return fmt.Sprintf("buffer at %s is damaged: %s; move the directory aside to start empty "+
+		"(undelivered batches in it are lost), or restore it from a backup", e.Dir, e.Problem)
+}
+
+// Is makes errors.Is(err, ErrDamaged) true.
+func (e *DamagedError) Is(target error) bool { return target == ErrDamaged }
+
+func damaged(dir, format string, args ...any) error {
+	return &DamagedError{Dir: dir, Problem: fmt.Sprintf(format, args...)}
+}
+
+// openError classifies an error of badger.Open after checkDirectory found
+// nothing wrong: anything but a lock, permission, space or read-only file
+// system problem means files Badger cannot read.
+func openError(dir string, err error) error {
+	msg := err.Error()
+	for _, env := range []string{"Cannot acquire directory lock", "permission denied",
+		"no space left on device", "read-only file system", "too many open files", "cannot allocate memory"} {
+		if strings.Contains(msg, env) {
+			return fmt.Errorf("opening buffer %s: %w", dir, err)
+		}
+	}
+	return damaged(dir, "badger cannot open it: %v", err)
+}
+
+// checkNotInUse fails when another process holds the directory (Badger
+// flocks the directory itself), so that checkDirectory never reads the
+// files of a live database.
+func checkNotInUse(dir string) error {
+	f, err := os.Open(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("opening buffer %s: %w", dir, err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return fmt.Errorf("opening buffer %s: another process is using it: %w", dir, err)
+	}
+	return syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+}
+
+// Badger's on-disk formats that checkDirectory reads (badger v4.9.6).
+const (
+	manifestName      = "MANIFEST"
+	manifestMagic     = "Bdgr"
+	manifestVersion   = 8  // badgerMagicVersion, manifest.go
+	walHeaderSize     = 20 // vlogHeaderSize: key id and IV, value.go
+	walBitTxn         = 1 << 6
+	walBitFinTxn      = 1 << 7
+	walMaxKeyLen      = 1 << 16 // safeRead.Entry
+	sectorSize        = 4096    // page size: the unit a torn mmap write loses
+	defaultCompressed = options.Snappy
+)
+
+// checkDirectory finds what badger.Open would silently lose in dir, before
+// Badger touches it:
+//
+//   - a write-ahead log (.mem) whose replay would stop at damage followed
+//     by later committed transactions, or that was cut short: Badger
+//     truncates the log where its replay stops (memtable.go
+//     memTable.UpdateSkipList). A torn tail — the last, unacknowledged
+//     transaction of a crash, partly written, followed by zeros — is normal;
+//   - a table the MANIFEST lists that is missing, truncated or fails its
+//     checksums (Badger verifies only the index at open, and panics on
+//     some truncations: table.go initBiggestAndSmallest);
+//   - a table the MANIFEST does not list (a truncated or lost MANIFEST)
+//     whose data exists nowhere else: Badger deletes such tables at open
+//     (levels.go revertToManifest). A table left by a crash before its
+//     MANIFEST record was written holds data that a listed table or a
+//     write-ahead log also holds; that is normal.
+//
+// Damage Badger itself reports at open (a bad MANIFEST checksum, a bad
+// KEYREGISTRY) is left to Badger; openError reports it.
+func checkDirectory(dir string, logger *slog.Logger) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("opening buffer %s: %w", dir, err)
+	}
+	tables := map[uint64]string{}
+	var mems []string
+	for _, e := range entries {
+		name := e.Name()
+		switch {
+		case strings.HasSuffix(name, ".sst"):
+			id, err := strconv.ParseUint(strings.TrimSuffix(name, ".sst"), 10, 64)
+			if err == nil {
+				tables[id] = name
+			}
+		case strings.HasSuffix(name, ".mem"):
+			mems = append(mems, name)
+		}
+	}
+	sort.Strings(mems)
+
+	var logs []walScan
+	for _, name := range mems {
+		s, err := scanWAL(filepath.Join(dir, name))
+		if err != nil {
+			return damaged(dir, "%v", err)
+		}
+		if s.problem != "" {
+			return damaged(dir, "write-ahead log %s %s", name, s.problem)
+		}
+		if s.tornBytes > 0 {
+			logger.Info("write-ahead log ends in a torn, unacknowledged commit; it is dropped", "file", name,
+				"offset", s.validEnd, "bytes", s.tornBytes)
+		}
+		logs = append(logs, s)
+	}
+
+	listed, deleted, err := readManifest(filepath.Join(dir, manifestName))
+	if err != nil {
+		return damaged(dir, "%v", err)
+	}
+	var listedMax uint64
+	for id, tm := range listed {
+		name, ok := tables[id]
+		if !ok {
+			return damaged(dir, "the MANIFEST lists table %06d.sst, which is missing", id)
+		}
+		info, err := inspectTable(filepath.Join(dir, name), options.CompressionType(tm.Compression), false)
+		if err != nil {
+			return damaged(dir, "table %s: %v", name, err)
+		}
+		listedMax = max(listedMax, info.maxVersion)
+	}
+	for id, name := range tables {
+		if _, ok := listed[id]; ok {
+			continue
+		}
+		if deleted[id] {
+			continue // compacted away; Badger had not removed the file yet
+		}
+		info, err := inspectTable(filepath.Join(dir, name), defaultCompressed, true)
+		if err != nil {
+			// A table a crash interrupted while it was being written.
+			logger.Warn("unreadable table the MANIFEST does not list; Badger will delete it", "file", name, "err", err)
+			continue
+		}
+		if info.maxVersion <= listedMax || coveredByLog(info, logs) {
+			logger.Info("table the MANIFEST does not list holds only data kept elsewhere; Badger will delete it",
+				"file", name)
+			continue
+		}
+		return damaged(dir, "table %s is not listed in the MANIFEST (truncated or lost?) but holds writes "+
+			"(versions %d-%d) found in no listed table or write-ahead log; Badger would delete it",
+			name, info.minVersion, info.maxVersion)
+	}
+	return nil
+}
+
+// coveredByLog reports whether a write-ahead log holds every version of the
+// table: the table is the flush of that log, interrupted before its
+// MANIFEST record.
+func coveredByLog(t tableInfo, logs []walScan) bool {
+	for _, l := range logs {
+		if l.txns > 0 && t.minVersion >= l.minVersion && t.maxVersion <= l.maxVersion {
+			return true
+		}
+	}
+	return false
+}
+
+type manifestTable struct {
+	Level       uint32
+	Compression uint32
+}
+
+// readManifest returns the tables the MANIFEST lists and those it records
+// as deleted, replaying it as Badger does (manifest.go ReplayManifestFile):
+// a torn last record is ignored (Badger truncates it; tables it listed
+// are then checked as unlisted ones); a record failing its checksum is
+// damage (Badger refuses it too).
+func readManifest(path string) (map[uint64]manifestTable, map[uint64]bool, error) {
+	listed := map[uint64]manifestTable{}
+	deleted := map[uint64]bool{}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return listed, deleted, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the MANIFEST: %w", err)
+	}
+	if len(data) < 8 || string(data[:4]) != manifestMagic {
+		return nil, nil, fmt.Errorf("the MANIFEST has %d bytes and no valid header", len(data))
+	}
+	if v := binary.BigEndian.Uint16(data[6:8]); v != manifestVersion {
+		return listed, deleted, nil // Badger reports the version
+	}
+	for off := 8; off+8 <= len(data); {
+		n := int(binary.BigEndian.Uint32(data[off:]))
+		sum := binary.BigEndian.Uint32(data[off+4:])
+		if n > len(data)-off-8 {
+			break // torn last record
+		}
+		rec := data[off+8 : off+8+n]
+		if crc32.Checksum(rec, castagnoli) != sum {
+			return nil, nil, fmt.Errorf("the MANIFEST record at offset %d fails its checksum", off)
+		}
+		var cs pb.ManifestChangeSet
+		if err := proto.Unmarshal(rec, &cs); err != nil {
+			return nil, nil, fmt.Errorf("the MANIFEST record at offset %d is malformed: %v", off, err)
+		}
+		for _, c := range cs.Changes {
+			switch c.Op {
+			case pb.ManifestChange_CREATE:
+				listed[c.Id] = manifestTable{Level: c.Level, Compression: c.Compression}
+			case pb.ManifestChange_DELETE:
+				delete(listed, c.Id)
+				deleted[c.Id] = true
+			}
+		}
+		off += 8 + n
+	}
+	return listed, deleted, nil
+}
+
+type tableInfo struct {
+	minVersion, maxVersion uint64
+}
+
+// inspectTable opens a table read-only, verifies every block's checksum
+// and returns its version range (the minimum only when minVersion is set:
+// it reads every key).
+func inspectTable(path string, compression options.CompressionType, minVersion bool) (info tableInfo, err error) {
+	mf, err := z.OpenMmapFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return info, fmt.Errorf("opening: %w", err)
+	}
+	var t *table.Table
+	defer func() {
+		// Badger panics on some truncated tables (table.go
+		// initBiggestAndSmallest re-panics with a dump).
+		if r := recover(); r != nil {
+			err = fmt.Errorf("unreadable (truncated?): %v", firstLine(fmt.Sprint(r)))
+		}
+		// OpenTable closes the file on some errors and not on others; a
+		// closed file fails Stat, and must not be unmapped twice.
+		if t == nil {
+			if _, serr := mf.Fd.Stat(); serr == nil {
+				_ = mf.Close(-1)
+			}
+		}
+	}()
+	t, err = table.OpenTable(mf, table.Options{
+		ChkMode: options.OnTableRead, Compression: compression, BlockSize: 4 << 10, BloomFalsePositive: 0.01,
+	})
+	if err != nil {
+		return info, err
+	}
+	defer func() { _ = t.MmapFile.Close(-1) }()
+	info.maxVersion = t.MaxVersion()
+	if minVersion {
+		info.minVersion = math.MaxUint64
+		it := t.NewIterator(0)
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			info.minVersion = min(info.minVersion, parseTs(it.Key()))
+		}
+	}
+	return info, nil
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+func parseTs(key []byte) uint64 {
+	if len(key) <= 8 {
+		return 0
+	}
+	return math.MaxUint64 - binary.BigEndian.Uint64(key[len(key)-8:])
+}
+
+// walScan is what replaying a write-ahead log finds.
+type walScan struct {
+	// validEnd is where Badger truncates the log: the end of the last
+	// complete transaction.
+	validEnd int
+	// txns counts the complete transactions; minVersion and maxVersion are
+	// their commit timestamps.
+	txns                   int
+	minVersion, maxVersion uint64
+	// tornBytes is how many bytes a torn tail holds (dropped, normal).
+	tornBytes int
+	// problem says why the log is damaged, or "".
+	problem string
+}
+
+// walEntry is one entry of a write-ahead log (memtable.go encodeEntry:
+// header, key with version, value, CRC-32C of all three).
+type walEntry struct {
+	meta  byte
+	key   []byte
+	value []byte
+	size  int
+}
+
+// Why reading an entry stopped.
+const (
+	walOK = iota
+	walBad
+	walEOF
+	walMalformed // Badger fails the open (binary.ReadUvarint overflow)
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func readWALEntry(data []byte, off int) (walEntry, int) {
+	var e walEntry
+	if off+2 > len(data) {
+		return e, walEOF
+	}
+	e.meta = data[off]
+	p := off + 2
+	var lens [3]uint64
+	for i := range lens {
+		v, n := binary.Uvarint(data[p:])
+		if n == 0 {
+			return e, walEOF
+		}
+		if n < 0 {
+			return e, walMalformed
+		}
+		lens[i] = v
+		p += n
+	}
+	klen, vlen := lens[0], lens[1]
+	if klen > walMaxKeyLen {
+		return e, walBad
+	}
+	if vlen > uint64(len(data)) || p+int(klen)+int(vlen)+4 > len(data) {
+		return e, walEOF
+	}
+	end := p + int(klen) + int(vlen)
+	if crc32.Checksum(data[off:end], castagnoli) != binary.BigEndian.Uint32(data[end:]) {
+		return e, walBad
+	}
+	e.key, e.value = data[p:p+int(klen)], data[p+int(klen):end]
+	e.size = end + 4 - off
+	if klen == 0 {
+		return e, walBad // Badger stops at an empty key (Entry.isZero)
+	}
+	return e, walOK
+}
+
+// entryVersion is the commit timestamp an entry belongs to.
+func entryVersion(e walEntry) uint64 {
+	if e.meta&walBitFinTxn != 0 {
+		v, _ := strconv.ParseUint(string(e.value), 10, 64)
+		return v
+	}
+	return parseTs(e.key)
+}
+
+// scanWAL replays a .mem file as Badger does (memtable.go logFile.iterate)
+// and classifies what lies after the point where the replay stops.
+//
+// Badger writes a transaction's entries into the mmapped file and msyncs
+// it before the commit returns; the next transaction starts only after
+// that. A crash can therefore leave, after the last complete transaction,
+// only part of one transaction — a prefix of it (process killed mid-copy),
+// or for a power cut during its msync any subset of its 4 KiB pages, the
+// rest zero — and zeros beyond. That tail is dropped and is normal: its
+// commit had not returned, so no batch in it was acknowledged. Anything
+// else is damage, because acknowledged commits would be dropped with it:
+//   - a checksummed entry of a different transaction after the stop point,
+//   - a complete transaction after unreadable bytes that are not a zeroed
+//     page (bytes that were written and then damaged, not never written),
+//   - non-zero bytes further than one transaction from the stop point,
+//   - a file that ends inside its data (cut short).
+func scanWAL(path string) (walScan, error) {
+	s := walScan{minVersion: math.MaxUint64}
+	f, err := os.Open(path)
+	if err != nil {
+		return s, fmt.Errorf("reading write-ahead log: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return s, fmt.Errorf("reading write-ahead log: %w", err)
+	}
+	size := int(fi.Size())
+	if size == 0 {
+		return s, fmt.Errorf("write-ahead log %s is empty: it was cut short", filepath.Base(path))
+	}
+	data, err := syscall.Mmap(int(f.Fd()), 0, size, syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return s, fmt.Errorf("reading write-ahead log %s: %w", filepath.Base(path), err)
+	}
+	defer func() { _ = syscall.Munmap(data) }()
+	if size < walHeaderSize {
+		s.problem = fmt.Sprintf("has %d bytes, less than its header: it was cut short", size)
+		return s, nil
+	}
+
+	// Replay: complete transactions up to the first entry that fails.
+	off := walHeaderSize
+	s.validEnd = off
+	var open uint64 // commit timestamp of the transaction being read
+	stop := walOK
+	for {
+		e, st := readWALEntry(data, off)
+		if st != walOK {
+			stop = st
+			break
+		}
+		if e.meta&walBitTxn != 0 {
+			ts := parseTs(e.key)
+			if open == 0 {
+				open = ts
+			}
+			if ts != open {
+				stop = walBad
+				break
+			}
+		} else if e.meta&walBitFinTxn != 0 {
+			if entryVersion(e) != open {
+				stop = walBad
+				break
+			}
+			s.txns++
+			s.minVersion, s.maxVersion = min(s.minVersion, open), max(s.maxVersion, open)
+			open = 0
+			s.validEnd = off + e.size
+		} else {
+			if open != 0 {
+				stop = walBad
+				break
+			}
+			ts := parseTs(e.key)
+			s.minVersion, s.maxVersion = min(s.minVersion, ts), max(s.maxVersion, ts)
+			s.validEnd = off + e.size
+		}
+		off += e.size
+	}
+	if stop == walMalformed {
+		s.problem = fmt.Sprintf("has a malformed entry at offset %d", off)
+		return s, nil
+	}
+
+	lastNonZero := bytes.LastIndexFunc(data, func(r rune) bool { return r != 0 })
+	if lastNonZero < 0 {
+		lastNonZero = 0
+	}
+	// Badger's own truncation after a replay leaves the file ending exactly
+	// at a transaction; a file ending inside data was cut. (A torn entry in
+	// a live log does not run past the end: the log is preallocated to
+	// twice the memtable and zero beyond what was written.)
+	if stop == walEOF || off >= size || lastNonZero == size-1 {
+		if s.validEnd == size {
+			return s, nil
+		}
+		s.problem = fmt.Sprintf("ends at offset %d inside a transaction that starts at offset %d: it was cut short",
+			size, s.validEnd)
+		return s, nil
+	}
+	if lastNonZero < s.validEnd {
+		return s, nil // clean: zeros after the last transaction
+	}
+	s.tornBytes = lastNonZero + 1 - s.validEnd
+	// One transaction is at most 15% of a memtable (Badger's maxBatchSize)
+	// plus entry headers; a live log is two memtables long.
+	window := size*3/20 + 2*sectorSize
+	if s.tornBytes > window {
+		s.problem = fmt.Sprintf("has %d bytes of unreadable data after offset %d, more than one transaction: "+
+			"committed transactions would be dropped", s.tornBytes, s.validEnd)
+		return s, nil
+	}
+
+	// Look for checksummed entries after the stop point.
+	versions := map[uint64]bool{}
+	if open != 0 {
+		versions[open] = true
+	}
+	firstFound, fin := -1, false
+	for p := off; p <= lastNonZero; {
+		e, st := readWALEntry(data, p)
+		if st != walOK {
+			p++
+			continue
+		}
+		if firstFound < 0 {
+			firstFound = p
+		}
+		versions[entryVersion(e)] = true
+		fin = fin || e.meta&walBitFinTxn != 0
+		p += e.size
+	}
+	switch {
+	case len(versions) > 1:
+		s.problem = fmt.Sprintf("is damaged at offset %d: Badger's replay stops there, but checksummed entries "+
+			"of later transactions follow; they would be dropped", off)
+	case firstFound >= 0 && fin && open == 0 && !hasZeroSector(data, off, firstFound):
+		s.problem = fmt.Sprintf("is damaged at offset %d: a complete transaction follows unreadable bytes "+
+			"that were written, not left unwritten by a crash; it would be dropped", off)
+	}
+	return s, nil
+}
+
+// hasZeroSector reports whether a whole, aligned, all-zero page lies in
+// data[from:to]: what a page left unwritten by a power cut looks like.
+func hasZeroSector(data []byte, from, to int) bool {
+	for p := (from + sectorSize - 1) / sectorSize * sectorSize; p+sectorSize <= to; p += sectorSize {
+		if bytes.IndexFunc(data[p:p+sectorSize], func(r rune) bool { return r != 0 }) < 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// cleanRecordName is the file Close leaves after a clean shutdown.
+const cleanRecordName = "GATEWAY-CLEAN-SHUTDOWN"
+
+// cleanRecord is what a cleanly closed buffer held. The next Open compares
+// it with what it reads: after a clean close nothing may differ, so a
+// difference is files lost or damaged while the gateway was stopped.
+type cleanRecord struct {
+	Seq              uint64 `json:"seq"`
+	PendingBatches   int64  `json:"pending_batches"`
+	DeliveredMarkers int64  `json:"delivered_markers"`
+	DeadBatches      int64  `json:"dead_batches"`
+	StateRecords     int64  `json:"state_records"`
+}
+
+func (b *Buffer) cleanRecord() cleanRecord {
+	return cleanRecord{
+		Seq: b.nextSeq, PendingBatches: b.pendingBatches.Load(),
+		DeliveredMarkers: b.usage.deliveredMarkers.Load(), DeadBatches: b.usage.deadBatches.Load(),
+		StateRecords: b.usage.stateRecords.Load(),
+	}
+}
+
+func (want cleanRecord) matches(got cleanRecord) error {
+	// The sequence counter may run ahead of what is on disk (a failed
+	// group consumes numbers), never behind.
+	if got.Seq > want.Seq || got.PendingBatches != want.PendingBatches ||
+		got.DeliveredMarkers != want.DeliveredMarkers || got.DeadBatches != want.DeadBatches ||
+		got.StateRecords != want.StateRecords {
+		return fmt.Errorf("it was closed cleanly holding %d pending batches, %d delivered markers, %d dead "+
+			"letters and %d state records, but holds %d, %d, %d and %d: files were lost or damaged while "+
+			"the gateway was stopped", want.PendingBatches, want.DeliveredMarkers, want.DeadBatches,
+			want.StateRecords, got.PendingBatches, got.DeliveredMarkers, got.DeadBatches, got.StateRecords)
+	}
+	return nil
+}
+
+func readCleanRecord(dir string) (*cleanRecord, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, cleanRecordName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r cleanRecord
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", cleanRecordName, err)
+	}
+	return &r, nil
+}
+
+// writeCleanRecord writes the record durably: temporary file, fsync,
+// rename, directory fsync.
+func writeCleanRecord(dir string, r cleanRecord) error {
+	raw, _ := json.Marshal(r)
+	tmp := filepath.Join(dir, cleanRecordName+".tmp")
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("writing the clean-shutdown record: %w", err)
+	}
+	_, err = f.Write(append(raw, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, cleanRecordName))
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("writing the clean-shutdown record: %w", err)
+	}
+	return nil
+}
+
+// removeCleanRecord removes the record once the data matched it: a crash
+// from now on leaves none.
+func removeCleanRecord(dir string) error {
+	err := os.Remove(filepath.Join(dir, cleanRecordName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("removing the clean-shutdown record: %w", err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
