@@ -1,0 +1,195 @@
+package soak
+
+import (
+	"context"
+	"time"
+
+	"greenhouse-gateway/internal/faultproxy"
+)
+
+// maxFaultCycles bounds every fault loop by count, besides its time.
+const maxFaultCycles = 100_000
+
+// kill9 kills gatewayd with SIGKILL under load Config.KillCycles times,
+// spread evenly (with jitter) over the load time, and restarts it at once
+// on the same data directory and ports. When restarts are slower than
+// planned (a busy machine), the cycles left go on for at most half the
+// load time more, while the devices still send what they hold.
+func (s *scenario) kill9(ctx context.Context, until time.Time) {
+	hardStop := until.Add(s.load / 2)
+	restart := 500 * time.Millisecond // running estimate of a restart's length
+	for i := 0; i < s.cfg.KillCycles && ctx.Err() == nil; i++ {
+		left := time.Until(until)
+		if left <= 0 {
+			left = time.Until(hardStop)
+			if left <= 0 {
+				s.log.Info("time over before every kill cycle ran", "cycles", s.fig.Cycles, "wanted", s.cfg.KillCycles)
+				return
+			}
+		}
+		mean := max(left/time.Duration(s.cfg.KillCycles-i)-restart, 300*time.Millisecond)
+		sleep(ctx, min(s.between(mean/2, mean*3/2), left))
+		if !s.ensureGateway(ctx) {
+			return
+		}
+		s.scrape()
+		if err := s.gw.kill9(); err != nil {
+			s.problem("kill -9: %v", err)
+			return
+		}
+		s.fig.Cycles++
+		begin := time.Now()
+		if !s.restartGateway(ctx) {
+			return
+		}
+		restart = (3*restart + time.Since(begin)) / 4
+	}
+}
+
+// dynamoFaults alternates two DynamoDB Local outages under load: the JVM
+// killed with SIGKILL and restarted on its database after a pause
+// (refused connections), and the JVM stopped with SIGSTOP and continued
+// with SIGCONT (hung requests; some longer than the uplink's 3 s request
+// timeout).
+func (s *scenario) dynamoFaults(ctx context.Context, until time.Time) {
+	for i := 0; i < maxFaultCycles && ctx.Err() == nil; i++ {
+		sleep(ctx, min(s.between(1500*time.Millisecond, 4*time.Second), time.Until(until)))
+		if !time.Now().Before(until) {
+			return
+		}
+		if !s.ensureGateway(ctx) {
+			return
+		}
+		s.fig.Cycles++
+		if i%2 == 0 {
+			if err := s.dynamo.kill(); err != nil {
+				s.problem("kill -9 of DynamoDB Local: %v", err)
+				return
+			}
+			sleep(ctx, s.between(500*time.Millisecond, 3*time.Second))
+			if err := s.dynamo.start(ctx); err != nil {
+				s.problem("DynamoDB Local does not restart: %v", err)
+				return
+			}
+			continue
+		}
+		if err := s.dynamo.pause(); err != nil {
+			s.problem("SIGSTOP of DynamoDB Local: %v", err)
+			return
+		}
+		sleep(ctx, s.between(time.Second, 6*time.Second))
+		if err := s.dynamo.resume(); err != nil {
+			s.problem("SIGCONT of DynamoDB Local: %v", err)
+			return
+		}
+	}
+}
+
+// proxyFaults puts gatewayd's uplink through every fault of the proxy in
+// turn: each fault for a fifth of the requests for one phase (the uplink
+// keeps forwarding between faults), then for every request for half a
+// phase (an outage of that kind), and once per round all of them mixed for
+// two phases. A short pass follows each phase.
+func (s *scenario) proxyFaults(ctx context.Context, until time.Time) {
+	faults := []faultproxy.Fault{
+		{Mode: faultproxy.LostResponse},
+		{Mode: faultproxy.Truncate},
+		{Mode: faultproxy.Reset},
+		{Mode: faultproxy.Blackhole},
+		{Mode: faultproxy.Latency, Delay: 400 * time.Millisecond},
+		{Mode: faultproxy.Throttle, Code: faultproxy.CodeProvisionedThroughputExceeded},
+		{Mode: faultproxy.Throttle, Code: faultproxy.CodeThrottling},
+		{Mode: faultproxy.Error5xx, Code: faultproxy.CodeInternalServerError},
+		{Mode: faultproxy.Error5xx, Code: faultproxy.CodeServiceUnavailable},
+	}
+	mix := []faultproxy.Chance{
+		{Fault: faultproxy.Fault{Mode: faultproxy.LostResponse}, P: 0.15},
+		{Fault: faultproxy.Fault{Mode: faultproxy.Truncate}, P: 0.05},
+		{Fault: faultproxy.Fault{Mode: faultproxy.Reset}, P: 0.05},
+		{Fault: faultproxy.Fault{Mode: faultproxy.Throttle}, P: 0.1},
+		{Fault: faultproxy.Fault{Mode: faultproxy.Error5xx}, P: 0.1},
+		{Fault: faultproxy.Fault{Mode: faultproxy.Latency, Delay: 200 * time.Millisecond}, P: 0.1},
+		{Fault: faultproxy.Fault{Mode: faultproxy.Blackhole}, P: 0.02},
+	}
+	// One round: per fault 1 + 1/2 phases and two passes of 1/4; then the
+	// mix for 2 phases and a pass.
+	round := float64(len(faults))*2 + 2.25
+	phase := min(max(time.Duration(float64(s.load)/round), time.Second), 10*time.Second)
+	steps := 2*len(faults) + 1
+	half := time.Now().Add(time.Until(until) / 2)
+	for i := 0; i < maxFaultCycles && ctx.Err() == nil && time.Now().Before(until); i++ {
+		if !half.IsZero() && time.Now().After(half) {
+			// Half-way: a graceful restart, which changes the uplink's write
+			// mode when modes alternate.
+			half = time.Time{}
+			s.scrape()
+			if took, err := s.gw.term(); err != nil {
+				s.problem("SIGTERM half-way: %v", err)
+			} else {
+				s.fig.MaxStop = max(s.fig.MaxStop, took)
+			}
+			if !s.restartGateway(ctx) {
+				return
+			}
+		}
+		var err error
+		length := phase
+		switch k := i % steps; {
+		case k == steps-1:
+			err = s.proxy.Mix(mix...)
+			length = 2 * phase
+		case k%2 == 0:
+			err = s.proxy.Mix(faultproxy.Chance{Fault: faults[k/2], P: 0.2})
+		default:
+			err = s.proxy.Set(faults[k/2])
+			length = phase / 2
+		}
+		if err != nil {
+			s.problem("fault proxy: %v", err)
+			return
+		}
+		s.fig.Cycles++
+		s.log.Debug("proxy fault", "plan", s.proxy.Plan())
+		sleep(ctx, min(length, time.Until(until)))
+		_ = s.proxy.Set(faultproxy.Fault{})
+		sleep(ctx, min(phase/4, time.Until(until)))
+		if !s.ensureGateway(ctx) {
+			return
+		}
+	}
+}
+
+// sigterm stops gatewayd with SIGTERM under load and restarts it, checking
+// each time that it exits with status 0 within its shutdown deadline.
+// Every other stop happens while the fault proxy blackholes DynamoDB, so
+// that the uplink is stuck in a request when the signal comes.
+func (s *scenario) sigterm(ctx context.Context, until time.Time) {
+	for i := 0; i < maxFaultCycles && ctx.Err() == nil; i++ {
+		sleep(ctx, min(s.between(2*time.Second, 5*time.Second), time.Until(until)))
+		if !time.Now().Before(until) {
+			return
+		}
+		if !s.ensureGateway(ctx) {
+			return
+		}
+		hung := i%2 == 1
+		if hung {
+			_ = s.proxy.Set(faultproxy.Fault{Mode: faultproxy.Blackhole})
+			sleep(ctx, 500*time.Millisecond)
+		}
+		s.scrape()
+		took, err := s.gw.term()
+		s.fig.Cycles++
+		if err != nil {
+			s.problem("SIGTERM %d (uplink hung: %v): %v; log tail:\n%s", i+1, hung, err, tail(s.gw.logPath, 2048))
+		} else {
+			s.fig.MaxStop = max(s.fig.MaxStop, took)
+		}
+		if hung {
+			_ = s.proxy.Set(faultproxy.Fault{})
+		}
+		if !s.restartGateway(ctx) {
+			return
+		}
+	}
+}

@@ -1,0 +1,9 @@
+package soak
+
+import "syscall"
+
+// sysProcAttr puts a child in its own process group and has the kernel
+// SIGKILL it when the thread that started it exits.
+func sysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}
