@@ -828,6 +828,15 @@ func (b *Buffer) LoadStates(prefix string) (map[string][]byte, error) {
 // SaveState durably stores a small state record under name. State records
 // count towards the budget but are never evicted.
 func (b *Buffer) SaveState(name string, value []byte) error {
+	return b.SaveStates(map[string][]byte{name: value})
+}
+
+// SaveStates durably stores several state records in one synced
+// transaction.
+func (b *Buffer) SaveStates(records map[string][]byte) error {
+	if len(records) == 0 {
+		return nil
+	}
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
@@ -835,19 +844,27 @@ func (b *Buffer) SaveState(name string, value []byte) error {
 	}
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
-	k := stateKey(name)
-	var old int64
-	found := false
+	var delta, added int64
 	b.vlogSyncFailed.Store(false)
 	err := b.db.Update(func(txn *badger.Txn) error {
-		item, err := txn.Get(k)
-		switch {
-		case err == nil:
-			old, found = recordSize(len(k), int(item.ValueSize())), true
-		case !errors.Is(err, badger.ErrKeyNotFound):
-			return err
+		delta, added = 0, 0
+		for name, value := range records {
+			k := stateKey(name)
+			item, err := txn.Get(k)
+			switch {
+			case err == nil:
+				delta -= recordSize(len(k), int(item.ValueSize()))
+			case errors.Is(err, badger.ErrKeyNotFound):
+				added++
+			default:
+				return err
+			}
+			if err := txn.Set(k, value); err != nil {
+				return err
+			}
+			delta += recordSize(len(k), len(value))
 		}
-		return txn.Set(k, value)
+		return nil
 	})
 	if err == nil && b.vlogSyncFailed.Swap(false) {
 		err = errors.New("badger could not sync its value log")
@@ -856,12 +873,10 @@ func (b *Buffer) SaveState(name string, value []byte) error {
 		err = b.dirSync.syncIfChanged()
 	}
 	if err != nil {
-		return fmt.Errorf("saving state %s: %w", name, err)
+		return fmt.Errorf("saving %d state records: %w", len(records), err)
 	}
-	b.usage.state.Add(recordSize(len(k), len(value)) - old)
-	if !found {
-		b.usage.stateRecords.Add(1)
-	}
+	b.usage.state.Add(delta)
+	b.usage.stateRecords.Add(added)
 	return nil
 }
 

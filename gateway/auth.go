@@ -242,7 +242,15 @@ func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old ca
 	now := a.now()
 	if err != nil {
 		if cached {
-			// The cloud is unreachable: trust what we knew.
+			// The cloud is unreachable: trust what we knew, and ask again
+			// only after another refresh interval, so that devices
+			// reconnecting during an outage do not each wait for a lookup.
+			a.mu.Lock()
+			if k, ok := a.cache[hash]; ok {
+				k.CheckedAt = now
+				a.cache[hash] = k
+			}
+			a.mu.Unlock()
 			return a.result(old, "ok_cached_offline")
 		}
 		a.logger.Warn("API key cannot be verified: not cached and the api_keys table is unreachable", "err", err)

@@ -133,15 +133,19 @@ const (
 	maxRecentBootIDs  = 8
 )
 
+// deviceStore keeps device records (the buffer's state records).
+type deviceStore interface {
+	StateStore
+	LoadStates(prefix string) (map[string][]byte, error)
+	SaveStates(records map[string][]byte) error
+}
+
 // Registry tracks devices: registration, boots, sequence gaps and clock
 // anchors. It is kept in memory and on disk (the buffer's state records),
 // and it feeds device upserts to the uplink.
 type Registry struct {
-	cfg   DevicesConfig
-	state interface {
-		StateStore
-		LoadStates(prefix string) (map[string][]byte, error)
-	}
+	cfg    DevicesConfig
+	state  deviceStore
 	logger *slog.Logger
 	clock  Clock
 
@@ -161,10 +165,7 @@ type registryMetrics struct {
 
 // NewRegistry loads the registry from state. clock nil means the system
 // clock.
-func NewRegistry(cfg DevicesConfig, state interface {
-	StateStore
-	LoadStates(prefix string) (map[string][]byte, error)
-}, clock Clock, logger *slog.Logger, reg prometheus.Registerer) (*Registry, error) {
+func NewRegistry(cfg DevicesConfig, state deviceStore, clock Clock, logger *slog.Logger, reg prometheus.Registerer) (*Registry, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -397,11 +398,9 @@ func (r *Registry) Observe(b *contract.Batch, repaired, stored bool) {
 		d.FirmwareVersion = b.FirmwareVersion
 		d.Version++
 	}
-	if r.boot(d, b.BootID, bootAt) {
-		if err := r.save(d); err != nil {
-			r.logger.Warn("saving a device boot", "hardware_id", d.HardwareID, "err", err)
-		}
-	}
+	// A boot seen in a batch is saved with the next flush: only
+	// registrations and clock anchors must be on disk before an ack.
+	r.boot(d, b.BootID, bootAt)
 	if b.Seq != nil && b.BootID == d.BootID {
 		seq := *b.Seq
 		switch {
@@ -508,19 +507,32 @@ func (r *Registry) Upserted(u uplink.DeviceUpsert) {
 	r.dirty[d.HardwareID] = true
 }
 
-// Flush saves every changed record.
+// Flush saves every changed record, in one synced write made outside the
+// registry's lock, so that ingest (Observe) never waits for the disk here.
 func (r *Registry) Flush() error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	var errs []error
+	records := make(map[string][]byte, len(r.dirty))
 	for hw := range r.dirty {
 		if d, ok := r.devices[hw]; ok {
-			if err := r.save(d); err != nil {
-				errs = append(errs, err)
+			raw, err := json.Marshal(d)
+			if err != nil {
+				r.mu.Unlock()
+				return err
 			}
+			records[deviceStatePrefix+hw] = raw
 		}
 	}
-	return errors.Join(errs...)
+	clear(r.dirty)
+	r.mu.Unlock()
+	if err := r.state.SaveStates(records); err != nil {
+		r.mu.Lock()
+		for name := range records {
+			r.dirty[name[len(deviceStatePrefix):]] = true // try again next time
+		}
+		r.mu.Unlock()
+		return err
+	}
+	return nil
 }
 
 // Run saves changed records every FlushInterval, and once more when ctx

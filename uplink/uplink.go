@@ -314,11 +314,7 @@ func (u *Uplink) round(ctx context.Context) (int, error) {
 		byDevice[p.HardwareID] = append(byDevice[p.HardwareID], p)
 	}
 	if u.cfg.WriteMode == "batch" {
-		delivered, err := u.forwardWaves(ctx, order, byDevice)
-		if mErr := u.store.MarkDelivered(delivered); mErr != nil {
-			return 0, fmt.Errorf("recording delivery: %w", mErr)
-		}
-		return len(leased), err
+		return len(leased), u.forwardWaves(ctx, order, byDevice)
 	}
 	limit, err := u.transactionLimit(ctx)
 	if err != nil {
@@ -326,10 +322,9 @@ func (u *Uplink) round(ctx context.Context) (int, error) {
 	}
 	work := make(chan []buffer.Pending)
 	var (
-		mu        sync.Mutex
-		delivered []buffer.Pending
-		firstErr  error
-		wg        sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+		wg       sync.WaitGroup
 	)
 	for range min(u.cfg.Concurrency, len(order)) {
 		wg.Add(1)
@@ -337,8 +332,12 @@ func (u *Uplink) round(ctx context.Context) (int, error) {
 			defer wg.Done()
 			for batches := range work {
 				done, err := u.forwardDevice(ctx, batches, limit)
+				// Recorded per device as soon as it is done, so that a
+				// crash mid-round re-sends as little as possible.
+				if mErr := u.store.MarkDelivered(done); mErr != nil && err == nil {
+					err = fmt.Errorf("recording delivery: %w", mErr)
+				}
 				mu.Lock()
-				delivered = append(delivered, done...)
 				if err != nil && firstErr == nil {
 					firstErr = err
 				}
@@ -351,10 +350,6 @@ func (u *Uplink) round(ctx context.Context) (int, error) {
 	}
 	close(work)
 	wg.Wait()
-
-	if err := u.store.MarkDelivered(delivered); err != nil {
-		return 0, fmt.Errorf("recording delivery: %w", err)
-	}
 	if firstErr != nil {
 		return len(leased), firstErr
 	}

@@ -3,6 +3,7 @@ package uplink
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -16,10 +17,9 @@ import (
 // batch whose readings were all written gets its conditional marker. A
 // device whose batch fails stops for this round, so its later batches
 // never overtake it.
-func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[string][]buffer.Pending) ([]buffer.Pending, error) {
+func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[string][]buffer.Pending) error {
 	next := make(map[string]int, len(order))
 	stopped := map[string]bool{}
-	var delivered []buffer.Pending
 	var firstErr error
 	for ctx.Err() == nil {
 		var wave []*cloudBatch
@@ -45,6 +45,7 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 			break
 		}
 		errs := u.writeWave(ctx, wave)
+		var delivered []buffer.Pending
 		for i, cb := range wave {
 			hw := cb.pending.HardwareID
 			var perm *permanentError
@@ -68,8 +69,12 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 				firstErr = cmp(firstErr, err)
 			}
 		}
+		// Recorded per wave, so that a crash re-sends at most one wave.
+		if err := u.store.MarkDelivered(delivered); err != nil {
+			return cmp(firstErr, fmt.Errorf("recording delivery: %w", err))
+		}
 	}
-	return delivered, firstErr
+	return firstErr
 }
 
 func cmp(first, err error) error {
