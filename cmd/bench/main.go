@@ -1,0 +1,130 @@
+//go:build linux
+
+// Command bench measures gatewayd against baselines measured in the same
+// run (mosquitto, a trivial HTTP handler, a minimal DynamoDB SDK loop, an
+// empty data directory) and prints each figure with its baseline, the ratio
+// and, where there is one, whether it meets its target. It starts its own
+// DynamoDB Local, mosquitto and gatewayd on 127.0.0.1 and writes the results
+// as JSON. "make bench" runs it; it is not part of CI. See internal/bench.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"greenhouse-gateway/internal/bench"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if len(args) > 0 && args[0] == bench.DiscardCommand {
+		return discardServer(ctx, args[1:])
+	}
+	cfg := bench.DefaultConfig()
+	out := "bench/results.json"
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	scenarios := fs.String("scenarios", strings.Join(cfg.Scenarios, ","),
+		"comma-separated scenarios to run: mqtt (closed-loop MQTT ingest; idle RSS and CPU per reading), "+
+			"fixed (fixed offered load), http, drain (forwarding; RSS while draining), footprint (time to ready, disk per reading)")
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "measured window of each load, after the warm-up")
+	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "warm-up before each measured window")
+	devices := fs.String("devices", joinInts(cfg.Devices), "comma-separated MQTT fleet sizes, one run each; "+
+		"the largest also serves the fixed-rate scenario and the backlogs")
+	fs.IntVar(&cfg.Inflight, "inflight", cfg.Inflight, "QoS 1 batches each MQTT device keeps in flight")
+	fs.IntVar(&cfg.Readings, "readings", cfg.Readings, "readings per batch")
+	fs.Float64Var(&cfg.FixedRate, "fixed-rate", cfg.FixedRate, "offered load of the fixed-rate scenario, batches/s")
+	fs.IntVar(&cfg.HTTPClients, "http-clients", cfg.HTTPClients, "concurrent keep-alive HTTP clients")
+	fs.IntVar(&cfg.DrainReadings, "drain-readings", cfg.DrainReadings, "readings in the drain's backlog")
+	fs.IntVar(&cfg.DrainBaselineReadings, "drain-baseline-readings", cfg.DrainBaselineReadings,
+		"readings of the backlog the SDK baseline loop writes (its rate is compared; 0: all)")
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "bound on one drain")
+	fs.IntVar(&cfg.UplinkConcurrency, "uplink-concurrency", cfg.UplinkConcurrency, "uplink.concurrency of gatewayd, and the SDK loop's")
+	fs.IntVar(&cfg.ReadyReadings, "ready-readings", cfg.ReadyReadings, "readings pending for the time-to-ready figure")
+	fs.IntVar(&cfg.ReadyRuns, "ready-runs", cfg.ReadyRuns, "starts measured for the time-to-ready figure (median reported)")
+	fs.StringVar(&cfg.CacheDir, "cache-dir", cfg.CacheDir, "where the time-to-ready data directory is cached (relative to the module root)")
+	fs.BoolVar(&cfg.Profile, "profile", false, "record gatewayd with perf during the largest MQTT run")
+	fs.StringVar(&cfg.ProfileOut, "profile-out", "bench/gatewayd-mqtt-perf.txt", "report of --profile")
+	fs.BoolVar(&cfg.KeepWork, "keep-work", false, "keep the work directory (logs, data directories)")
+	fs.Func("gateway-env", "extra `GATEWAY_NAME=VALUE` setting for every gatewayd, for experiments (repeatable)", func(v string) error {
+		cfg.GatewayEnv = append(cfg.GatewayEnv, v)
+		return nil
+	})
+	fs.StringVar(&out, "out", out, "results file (JSON)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	cfg.Scenarios = strings.Split(*scenarios, ",")
+	var err error
+	if cfg.Devices, err = parseInts(*devices); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: --devices:", err)
+		return 2
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 2
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	res, err := bench.Run(ctx, cfg, logger)
+	if res != nil && len(res.Figures) > 0 {
+		res.PrintTable(os.Stdout)
+		if werr := res.WriteJSON(out); werr != nil {
+			logger.Error("writing results", "file", out, "err", werr)
+			return 1
+		}
+		fmt.Println("\nresults written to", out)
+	}
+	if err != nil {
+		logger.Error("bench failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func discardServer(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet(bench.DiscardCommand, flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:0", "listen address")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := bench.ServeDiscard(ctx, *addr); err != nil {
+		fmt.Fprintln(os.Stderr, "discard server:", err)
+		return 1
+	}
+	return 0
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}

@@ -1,0 +1,110 @@
+//go:build linux
+
+package bench
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/buffer"
+)
+
+func TestNumberSize(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   string
+		want int
+	}{
+		{"one digit", "7", 2},
+		{"two digits", "42", 2},
+		{"three digits", "123", 3},
+		{"trailing zeros trimmed", "1000", 2},
+		{"leading zeros trimmed", "0.0025", 2},
+		{"decimal", "23.45", 3},
+		{"epoch millis", "1700000000123", 8},
+		{"negative", "-12.5", 3},
+		{"exponent ignored", "1.5E+10", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, numberSize(tc.in))
+		})
+	}
+}
+
+func TestItemSize(t *testing.T) {
+	item := map[string]types.AttributeValue{
+		"id": &types.AttributeValueMemberS{Value: "abc"},   // 2 + 3
+		"n":  &types.AttributeValueMemberN{Value: "123"},   // 1 + 3
+		"ok": &types.AttributeValueMemberBOOL{Value: true}, // 2 + 1
+		"map": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{ // 3 + 3
+			"k": &types.AttributeValueMemberS{Value: "vv"}, // 1 + 2 + 1
+		}},
+	}
+	require.Equal(t, 5+4+3+(3+3+4), itemSize(item))
+	require.Equal(t, 1.0, writeUnits(0))
+	require.Equal(t, 1.0, writeUnits(1024))
+	require.Equal(t, 2.0, writeUnits(1025))
+}
+
+// TestBatchItems checks that the rebuilt items have the uplink's shape and
+// price at one write unit each.
+func TestBatchItems(t *testing.T) {
+	d := newDevice(hardwareID(9, 1), time.Now().Add(-time.Hour), 1)
+	id, payload, err := d.next(10)
+	require.NoError(t, err)
+	ib, err := batchItems(buffer.Pending{BatchID: id, Payload: payload, ReceivedAt: time.Now()}, time.Now())
+	require.NoError(t, err)
+	require.Len(t, ib.readings, 10)
+	require.Equal(t, id, ib.marker["batch_id"].(*types.AttributeValueMemberS).Value)
+	for _, k := range []string{"hardware_id", "ts_batch", "timestamp_ms", "batch_id", "boot_id", "firmware_version",
+		"sensors", "sensor_status", "expiration_time"} {
+		require.Contains(t, ib.readings[0], k)
+	}
+	p := priceItems([]*itemBatch{ib})
+	require.Equal(t, 1.0, p.ReadingWCU)
+	require.Equal(t, 1.0, p.MarkerWCU)
+	require.Greater(t, p.ReadingBytes, 200.0)
+}
+
+func TestQuantile(t *testing.T) {
+	var l latencies
+	for i := 1; i <= 100; i++ {
+		l.add(time.Duration(i) * time.Millisecond)
+	}
+	s := l.summary()
+	require.Equal(t, 100, s.Count)
+	require.Equal(t, 50.0, s.P50)
+	require.Equal(t, 99.0, s.P99)
+	require.Equal(t, 100.0, s.Max)
+	require.Equal(t, 2.0, median([]float64{3, 1, 2, 4}))
+}
+
+func TestSamplesSum(t *testing.T) {
+	s := samples{
+		`gateway_uplink_request_duration_seconds_count{operation="PutItem"}`:        3,
+		`gateway_uplink_request_duration_seconds_count{operation="BatchWriteItem"}`: 2,
+		`gateway_buffer_pending_batches`:                                            7,
+	}
+	require.Equal(t, 5.0, s.sum("gateway_uplink_request_duration_seconds_count"))
+	require.Equal(t, 3.0, s.sum("gateway_uplink_request_duration_seconds_count", `operation="PutItem"`))
+	require.Equal(t, 7.0, s.sum("gateway_buffer_pending_batches"))
+	require.Equal(t, 0.0, s.sum("gateway_buffer_pending"))
+}
+
+func TestProcReaders(t *testing.T) {
+	m, err := procMemory(os.Getpid())
+	require.NoError(t, err)
+	require.Positive(t, m.RSS)
+	require.GreaterOrEqual(t, m.HWM, m.RSS)
+	_, err = procCPU(os.Getpid())
+	require.NoError(t, err)
+}
+
+func TestCount(t *testing.T) {
+	require.Equal(t, "1,000,000", count(1_000_000))
+	require.Equal(t, "999", count(999))
+}

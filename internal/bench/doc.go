@@ -1,0 +1,36 @@
+//go:build linux
+
+// Package bench measures the gateway against baselines measured in the same
+// run, so that its figures hold on a noisy machine: each figure is printed
+// with its baseline and the ratio of the two, and checked against a target
+// (PASS or MISS, never an assertion).
+//
+// It starts everything it measures as child processes on 127.0.0.1: its own
+// DynamoDB Local (the JVM from <module root>/.cache/dynamodb-local, in
+// memory), Debian's mosquitto (QoS 1, no persistence: the baseline broker)
+// and gatewayd, built from the working tree. Its scenarios:
+//
+//   - mqtt: durable MQTT ingest in a closed loop, each device its own paho
+//     connection with a few QoS 1 batches in flight, against gatewayd and
+//     against mosquitto under the same load; the RSS of gatewayd with every
+//     device connected and idle, and the CPU time per 10,000 readings.
+//   - fixed: a fixed offered load (1,000 batches/s by default, open loop)
+//     and the acknowledgement latency it gets from each.
+//   - http: POST /v1/readings from 64 keep-alive clients, against a trivial
+//     handler that reads and discards the body.
+//   - drain: a backlog written into a data directory with the buffer
+//     package, forwarded by gatewayd to DynamoDB Local in each write mode,
+//     against a minimal SDK loop writing the same items at the same
+//     concurrency; requests and write capacity units per reading.
+//   - footprint: the time to /readyz with 1,000,000 readings pending (the
+//     data directory is built once and cached under bench/cache), and the
+//     bytes on disk per buffered reading.
+//
+// During ingest scenarios gatewayd's DynamoDB endpoint is a closed port, so
+// that the figures are those of ingest alone (the uplink only backs off);
+// devices' API key is verified once beforehand and cached in the data
+// directory, as in an outage. Forwarding is measured by the drain.
+//
+// Every load loop is bounded in count and in time. The package reads /proc
+// and runs on Linux only.
+package bench

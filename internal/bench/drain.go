@@ -1,0 +1,369 @@
+//go:build linux
+
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"greenhouse-gateway/buffer"
+)
+
+// Write modes of the uplink (uplink.write_mode).
+var writeModes = []string{"transaction", "batch"}
+
+// drainPoll is how often the drain reads gatewayd's metrics and memory.
+const drainPoll = 100 * time.Millisecond
+
+// gatewayDrain is what gatewayd did in one drain.
+type gatewayDrain struct {
+	Mode          string             `json:"write_mode"`
+	ReadySeconds  float64            `json:"ready_s"`
+	Seconds       float64            `json:"seconds"`
+	Readings      float64            `json:"readings"`
+	Markers       float64            `json:"markers"`
+	Requests      map[string]float64 `json:"requests"`
+	BatchItems    float64            `json:"batch_write_items"`
+	Unprocessed   float64            `json:"unprocessed_items"`
+	RequestErrors float64            `json:"request_errors"`
+	ErrorsByKind  map[string]float64 `json:"request_errors_by_series,omitempty"`
+	// Progress is the readings forwarded since ready, every few seconds.
+	Progress       []progress `json:"progress"`
+	TxLimit        float64    `json:"transaction_max_items"`
+	WCU            float64    `json:"wcu_computed"`
+	MaxRSS         int64      `json:"max_vm_rss_bytes"`
+	HWM            int64      `json:"vm_hwm_bytes"`
+	CPUSeconds     float64    `json:"cpu_s"`
+	IdleMemory     memory     `json:"memory_not_forwarding"`
+	IdleReady      float64    `json:"ready_not_forwarding_s"`
+	ReadingsStored int64      `json:"readings_in_table"`
+	MarkersStored  int64      `json:"markers_in_table"`
+}
+
+// progress is a point of a drain's progress.
+type progress struct {
+	Seconds  float64 `json:"s"`
+	Readings float64 `json:"readings"`
+}
+
+// progressEvery is how often the drain's progress is recorded.
+const progressEvery = 5 * time.Second
+
+// drainRun is the detail of one write mode.
+type drainRun struct {
+	Backlog  backlog      `json:"backlog"`
+	DataDir  diskUsage    `json:"data_dir"`
+	Pricing  itemPricing  `json:"item_pricing"`
+	Gateway  gatewayDrain `json:"gatewayd"`
+	SDK      sdkResult    `json:"sdk_loop"`
+	SDKWCU   float64      `json:"sdk_wcu_computed"`
+	SDKStore int64        `json:"sdk_readings_in_table"`
+}
+
+func (r *runner) drain(ctx context.Context) error {
+	client := r.dynamo.client
+	probe, err := r.warmDynamo(ctx)
+	if err != nil {
+		return err
+	}
+	r.res.Details["consumed capacity probe"] = probe
+	if probe.Returned["PutItem"] || probe.Returned["BatchWriteItem"] || probe.Returned["TransactWriteItems"] {
+		r.res.note("DynamoDB Local returns ConsumedCapacity with ReturnConsumedCapacity=TOTAL: %v units for "+
+			"PutItem (1 marker), BatchWriteItem (%d readings), TransactWriteItems (2 readings), returned %v; "+
+			"gatewayd does not ask for it, so its WCUs are computed from DynamoDB's documented rules "+
+			"(item size rounded up to 1 KB, transactional writes 2x) and the request counts in its metrics",
+			probe.Units, probe.Items["BatchWriteItem"], probe.Returned)
+	} else {
+		r.res.note("DynamoDB Local returns no ConsumedCapacity (ReturnConsumedCapacity=TOTAL on PutItem, " +
+			"BatchWriteItem, TransactWriteItems): WCUs are computed from DynamoDB's documented rules " +
+			"(item size rounded up to 1 KB, transactional writes 2x)")
+	}
+	for i, mode := range writeModes {
+		run, err := r.drainMode(ctx, client, mode, i%2 == 1)
+		if err != nil {
+			return fmt.Errorf("%s mode: %w", mode, err)
+		}
+		r.res.Details["drain "+mode] = run
+		gw, sdk := run.Gateway, run.SDK
+		section := "drain " + mode
+		sdkItems := float64(sdk.Readings + sdk.Batches)
+		const base = "SDK loop, same items"
+		r.res.add(section, "items/s until pending is 0 (readings + markers)", "items/s",
+			(gw.Readings+gw.Markers)/gw.Seconds, sdkItems/sdk.Seconds, base, ratioAtLeast(0.9))
+		r.res.add(section, "readings/s", "readings/s", gw.Readings/gw.Seconds, float64(sdk.Readings)/sdk.Seconds, base, nil)
+		var gwReq, sdkReq float64
+		for _, n := range gw.Requests {
+			gwReq += n
+		}
+		for _, n := range sdk.Requests {
+			sdkReq += float64(n)
+		}
+		r.res.add(section, "requests per reading", "req", gwReq/gw.Readings, sdkReq/float64(sdk.Readings), base, nil)
+		r.res.add(section, "write capacity per reading (computed)", "WCU", gw.WCU/gw.Readings, run.SDKWCU/float64(sdk.Readings),
+			base, atMost(1.1, "WCU"))
+		r.res.add("footprint", "CPU per 10k readings forwarded, "+mode+" mode", "CPU s", perReading10k(gw.CPUSeconds, gw.Readings),
+			perReading10k(sdk.ClientCPU, float64(sdk.Readings)), "SDK loop (its process, items prebuilt)", nil)
+		r.res.add("footprint", "RSS while draining, "+mode+" mode (max VmRSS)", "MB", mb(gw.MaxRSS), mb(gw.IdleMemory.RSS),
+			"gatewayd, same backlog, not forwarding", atMost(128, "MB"))
+		if sdk.ConsumedReported {
+			r.res.note("%s: DynamoDB Local reported %.0f WCU consumed by the SDK loop; computed %.0f", section, sdk.ConsumedWCU, run.SDKWCU)
+		}
+		if int64(gw.Readings) != int64(run.Backlog.Readings) || gw.ReadingsStored != int64(run.Backlog.Readings) ||
+			gw.MarkersStored != int64(run.Backlog.Batches) || run.SDKStore != int64(sdk.Readings) {
+			r.res.note("%s: counts differ: backlog %d readings in %d batches; gatewayd forwarded %.0f readings, "+
+				"%.0f markers; tables hold %d readings, %d markers; SDK loop table %d readings",
+				section, run.Backlog.Readings, run.Backlog.Batches, gw.Readings, gw.Markers,
+				gw.ReadingsStored, gw.MarkersStored, run.SDKStore)
+		}
+		perBatch := float64(r.cfg.Readings)
+		r.res.note("%s: %d readings from %d devices, %d a batch; the SDK loop wrote the oldest %d of them "+
+			"(a rate is compared); gatewayd: requests %v, transaction limit %.0f, "+
+			"%.0f request errors, ready after %.2fs, CPU %.1fs; on AWS (100 actions a transaction) transaction mode "+
+			"would write each batch as one transaction: %.2f WCU per reading",
+			section, run.Backlog.Readings, run.Backlog.Devices, r.cfg.Readings, sdk.Readings, gw.Requests, gw.TxLimit,
+			gw.RequestErrors, gw.ReadySeconds, gw.CPUSeconds,
+			2*(perBatch*run.Pricing.ReadingWCU+run.Pricing.MarkerWCU)/perBatch)
+	}
+	return nil
+}
+
+// warmDynamo warms DynamoDB Local's JIT with a small SDK loop and probes
+// whether it returns consumed capacity.
+func (r *runner) warmDynamo(ctx context.Context) (capacityProbe, error) {
+	r.log.Info("drain: warming DynamoDB Local")
+	dir := filepath.Join(r.work, "warm")
+	if _, err := fillBacklog(ctx, dir, r.nextFleet(), 100, 300, r.cfg.Readings); err != nil {
+		return capacityProbe{}, err
+	}
+	pend, err := readBacklog(dir)
+	if err != nil {
+		return capacityProbe{}, err
+	}
+	items, err := allItems(pend)
+	if err != nil {
+		return capacityProbe{}, err
+	}
+	_, tables, err := newTables(ctx, r.dynamo.client, false)
+	if err != nil {
+		return capacityProbe{}, err
+	}
+	defer func() { _ = dropTables(ctx, r.dynamo.client, tables) }()
+	probe, err := probeCapacity(ctx, r.dynamo.client, tables, items[0])
+	if err != nil {
+		return probe, err
+	}
+	_, err = sdkLoop(ctx, r.dynamo.client, tables, items[1:], r.cfg.UplinkConcurrency)
+	return probe, err
+}
+
+func allItems(pend []buffer.Pending) ([]*itemBatch, error) {
+	now := time.Now()
+	items := make([]*itemBatch, 0, len(pend))
+	for _, p := range pend {
+		ib, err := batchItems(p, now)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, ib)
+	}
+	return items, nil
+}
+
+// drainMode fills a backlog, has gatewayd forward it in mode, and runs the
+// SDK loop on the same items; sdkFirst runs the loop before gatewayd, so
+// that neither always runs on the warmer DynamoDB Local.
+func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode string, sdkFirst bool) (drainRun, error) {
+	var run drainRun
+	dir := filepath.Join(r.work, "drain-"+mode)
+	batches := r.cfg.DrainReadings / r.cfg.Readings
+	r.log.Info("drain: writing the backlog", "mode", mode, "batches", batches, "readings", batches*r.cfg.Readings)
+	var err error
+	if run.Backlog, err = fillBacklog(ctx, dir, r.nextFleet(), r.cfg.maxDevices(), batches, r.cfg.Readings); err != nil {
+		return run, err
+	}
+	if run.DataDir, err = dirUsage(dir); err != nil {
+		return run, err
+	}
+	pend, err := readBacklog(dir)
+	if err != nil {
+		return run, err
+	}
+	items, err := allItems(pend)
+	if err != nil {
+		return run, err
+	}
+	run.Pricing = priceItems(items)
+
+	sample := items
+	if n := r.cfg.DrainBaselineReadings / r.cfg.Readings; n > 0 && n < len(items) {
+		sample = items[:n]
+	}
+	sdk := func() error {
+		r.log.Info("drain: SDK loop", "mode", mode, "concurrency", r.cfg.UplinkConcurrency, "batches", len(sample))
+		_, tables, err := newTables(ctx, client, false)
+		if err != nil {
+			return err
+		}
+		cpu0, err := procCPU(os.Getpid())
+		if err != nil {
+			return err
+		}
+		run.SDK, err = sdkLoop(ctx, client, tables, sample, r.cfg.UplinkConcurrency)
+		cpu1, cerr := procCPU(os.Getpid())
+		run.SDK.ClientCPU = (cpu1 - cpu0).Seconds()
+		err = errors.Join(err, cerr)
+		if err == nil {
+			run.SDKStore, err = countItems(ctx, client, tables.Readings)
+		}
+		return errors.Join(err, dropTables(ctx, client, tables))
+	}
+	if sdkFirst {
+		if err := sdk(); err != nil {
+			return run, err
+		}
+	}
+	if run.Gateway, err = r.gatewayDrain(ctx, client, dir, mode); err != nil {
+		return run, err
+	}
+	if !sdkFirst {
+		if err := sdk(); err != nil {
+			return run, err
+		}
+	}
+	run.Gateway.WCU = gatewayWCU(run.Gateway, run.Pricing)
+	run.SDKWCU = (float64(run.SDK.Readings)+float64(run.SDK.Unprocessed))*run.Pricing.ReadingWCU +
+		float64(run.SDK.Requests["PutItem"])*run.Pricing.MarkerWCU
+	return run, nil
+}
+
+// gatewayWCU prices what gatewayd wrote, from its metrics: BatchWriteItem
+// items (resent unprocessed ones too) and PutItem markers at one standard
+// write each, readings and markers of transactions at two.
+func gatewayWCU(g gatewayDrain, p itemPricing) float64 {
+	txReadings := max(0, g.Readings-g.BatchItems)
+	return (g.BatchItems+g.Unprocessed)*p.ReadingWCU + g.Requests["PutItem"]*p.MarkerWCU +
+		2*(txReadings*p.ReadingWCU+g.Requests["TransactWriteItems"]*p.MarkerWCU)
+}
+
+func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir, mode string) (gatewayDrain, error) {
+	gd := gatewayDrain{Mode: mode, Requests: map[string]float64{}}
+	env := r.env("GATEWAY_UPLINK_WRITE_MODE="+mode,
+		fmt.Sprintf("GATEWAY_UPLINK_CONCURRENCY=%d", r.cfg.UplinkConcurrency))
+	logPath := filepath.Join(r.work, "gatewayd-drain-"+mode+".log")
+
+	// The same backlog, not forwarding: the memory baseline.
+	r.log.Info("drain: gatewayd, not forwarding", "mode", mode)
+	g, err := startGatewayd(ctx, gatewaydSpec{bin: r.bin, dataDir: dir, endpoint: r.closed, prefix: "nowhere_",
+		logPath: logPath, env: env})
+	if err != nil {
+		return gd, err
+	}
+	gd.IdleReady = g.ready.Seconds()
+	sleepCtx(ctx, 2*time.Second)
+	gd.IdleMemory, err = procMemory(g.pid())
+	if err := errors.Join(err, g.stop()); err != nil {
+		return gd, err
+	}
+
+	prefix, tables, err := newTables(ctx, client, false)
+	if err != nil {
+		return gd, err
+	}
+	defer func() { _ = dropTables(ctx, client, tables) }()
+	r.log.Info("drain: gatewayd forwarding", "mode", mode)
+	g, err = startGatewayd(ctx, gatewaydSpec{bin: r.bin, dataDir: dir, endpoint: r.dynamo.endpoint, prefix: prefix,
+		logPath: logPath, env: env})
+	if err != nil {
+		return gd, err
+	}
+	defer g.proc.kill()
+	// Counters start at zero with the process, so its totals are what it
+	// forwarded; the time runs from ready (forwarding starts with the
+	// process, a few milliseconds earlier at most) to an empty queue.
+	gd.ReadySeconds = g.ready.Seconds()
+	t0 := time.Now()
+	cpu0, err := procCPU(g.pid())
+	if err != nil {
+		return gd, err
+	}
+	deadline := t0.Add(r.cfg.DrainTimeout)
+	nextProgress := t0
+	var m samples
+	for {
+		sleepCtx(ctx, drainPoll)
+		if err := ctx.Err(); err != nil {
+			return gd, err
+		}
+		mem, err := procMemory(g.pid())
+		if err != nil {
+			return gd, err
+		}
+		gd.MaxRSS = max(gd.MaxRSS, mem.RSS)
+		if m, err = g.metrics(ctx); err != nil {
+			return gd, err
+		}
+		if now := time.Now(); !now.Before(nextProgress) {
+			gd.Progress = append(gd.Progress, progress{Seconds: now.Sub(t0).Seconds(), Readings: m.sum("gateway_uplink_readings_total")})
+			nextProgress = nextProgress.Add(progressEvery)
+		}
+		if m.sum("gateway_buffer_pending_batches") == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return gd, fmt.Errorf("%.0f batches still pending after %s", m.sum("gateway_buffer_pending_batches"), r.cfg.DrainTimeout)
+		}
+	}
+	gd.Seconds = time.Since(t0).Seconds()
+	// One scrape's samples are not read at one instant: read the totals
+	// again once the queue is empty.
+	sleepCtx(ctx, 500*time.Millisecond)
+	if m, err = g.metrics(ctx); err != nil {
+		return gd, err
+	}
+	cpu1, err := procCPU(g.pid())
+	if err != nil {
+		return gd, err
+	}
+	gd.CPUSeconds = (cpu1 - cpu0).Seconds()
+	mem, err := procMemory(g.pid())
+	if err != nil {
+		return gd, err
+	}
+	gd.HWM = mem.HWM
+	gd.Readings = m.sum("gateway_uplink_readings_total")
+	gd.Progress = append(gd.Progress, progress{Seconds: gd.Seconds, Readings: gd.Readings})
+	gd.Markers = m.sum("gateway_uplink_batches_total", `result="delivered"`) +
+		m.sum("gateway_uplink_batches_total", `result="already_delivered"`)
+	for _, op := range []string{"TransactWriteItems", "BatchWriteItem", "PutItem", "UpdateItem", "DescribeTable"} {
+		if n := m.sum("gateway_uplink_request_duration_seconds_count", `operation="`+op+`"`); n > 0 {
+			gd.Requests[op] = n
+		}
+	}
+	gd.BatchItems = m.sum("gateway_uplink_batch_write_items_sum")
+	gd.Unprocessed = m.sum("gateway_uplink_unprocessed_items_total")
+	gd.RequestErrors = m.sum("gateway_uplink_request_errors_total")
+	gd.ErrorsByKind = map[string]float64{}
+	for series, v := range m {
+		if strings.HasPrefix(series, "gateway_uplink_request_errors_total{") && v > 0 {
+			gd.ErrorsByKind[series] = v
+		}
+	}
+	gd.TxLimit = m.sum("gateway_uplink_transaction_max_items")
+	if err := g.stop(); err != nil {
+		return gd, err
+	}
+	if gd.ReadingsStored, err = countItems(ctx, client, tables.Readings); err != nil {
+		return gd, err
+	}
+	if gd.MarkersStored, err = countItems(ctx, client, tables.ProcessedBatches); err != nil {
+		return gd, err
+	}
+	return gd, nil
+}
