@@ -5,6 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 BINARIES := gatewayd gatewayctl devicesim
 TEST_TIMEOUT ?= 14m
+CI_FUZZTIME ?= 3s
 
 .PHONY: help build run test test-short lint fmt vet fuzz dynamodb-local clean
 
@@ -21,8 +22,9 @@ dynamodb-local: ## install AWS DynamoDB Local into .cache/ (needs Java 17; insta
 run: build dynamodb-local ## run the gateway, DynamoDB Local, its tables and a few simulated devices; Ctrl-C stops all
 	@deploy/local/run.sh
 
-test: dynamodb-local lint ## run every test, integration tests included, with the race detector
+test: dynamodb-local lint ## every test, integration and 3-minute soak included, with the race detector; then each fuzz target briefly
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME)
 
 test-short: ## unit tests only (no DynamoDB Local, no subprocesses)
 	$(GO) test -short -count=1 ./...
