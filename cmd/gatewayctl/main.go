@@ -231,6 +231,15 @@ func registerCloudFlags(fs *flag.FlagSet, getenv func(string) string) *cloudFlag
 // client validates the cloud flags and returns a client and the table names.
 func (e *cmdEnv) client(ctx context.Context) (*dynamodb.Client, cloud.Tables, error) {
 	if err := e.cloud.cfg.Validate(); err != nil {
+		var fe *cloud.FieldError
+		if errors.As(err, &fe) {
+			// The value came from the flag or its environment variable.
+			fe.Field = map[string]string{
+				"endpoint":     "--dynamodb-endpoint (" + envEndpoint + ")",
+				"region":       "--aws-region (" + envRegion + ")",
+				"table_prefix": "--table-prefix (" + envPrefix + ")",
+			}[fe.Field]
+		}
 		return nil, cloud.Tables{}, usageError{msg: err.Error()}
 	}
 	if e.cloud.timeout <= 0 {

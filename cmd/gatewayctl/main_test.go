@@ -101,8 +101,8 @@ func TestGatewayctl(t *testing.T) {
 			{name: "revoke without id", args: []string{"keys", "revoke"}, wantCode: 2, wantStderr: "want KEY_ID, got 0 arguments"},
 			{name: "revoke with two ids", args: []string{"keys", "revoke", "a", "b"}, wantCode: 2, wantStderr: "want KEY_ID, got 2 arguments"},
 			{name: "list with argument", args: []string{"keys", "list", "extra"}, wantCode: 2, wantStderr: "unexpected arguments"},
-			{name: "bad endpoint", args: []string{"tables", "create", "--dynamodb-endpoint", "localhost:8000"}, wantCode: 2, wantStderr: "absolute http or https URL"},
-			{name: "bad prefix from env", env: []string{"GATEWAY_TABLE_PREFIX=a/b"}, args: []string{"keys", "list"}, wantCode: 2, wantStderr: "table_prefix"},
+			{name: "bad endpoint", args: []string{"tables", "create", "--dynamodb-endpoint", "localhost:8000"}, wantCode: 2, wantStderr: `--dynamodb-endpoint (GATEWAY_DYNAMODB_ENDPOINT) "localhost:8000": want an absolute http or https URL`},
+			{name: "bad prefix from env", env: []string{"GATEWAY_TABLE_PREFIX=a/b"}, args: []string{"keys", "list"}, wantCode: 2, wantStderr: `--table-prefix (GATEWAY_TABLE_PREFIX) "a/b": only`},
 			{name: "create without pepper", args: []string{"keys", "create", "--dynamodb-endpoint", "http://127.0.0.1:1"}, wantCode: 2, wantStderr: "GATEWAY_API_KEY_PEPPER"},
 			{name: "subcommand help", args: []string{"keys", "revoke", "-h"}, wantCode: 0, wantStderr: "usage: gatewayctl keys revoke [flags] KEY_ID"},
 		}

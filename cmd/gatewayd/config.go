@@ -103,6 +103,15 @@ func (c Config) Validate() error {
 	if c.ShutdownTimeout <= 0 {
 		return errors.New("shutdown_timeout: must be positive")
 	}
+	var fe *cloud.FieldError
+	if err := c.cloud().Validate(); errors.As(err, &fe) {
+		// cloud.Config names its fields as gatewayctl's do; here they are
+		// dynamodb_endpoint and aws_region.
+		if name, ok := map[string]string{"endpoint": "dynamodb_endpoint", "region": "aws_region"}[fe.Field]; ok {
+			fe.Field = name
+		}
+		return err
+	}
 	for _, v := range []interface{ Validate() error }{c.cloud(), c.MQTT, c.HTTP, c.Auth, c.Ingest, c.Devices, c.Buffer, c.Uplink, c.Push} {
 		if err := v.Validate(); err != nil {
 			return err

@@ -59,6 +59,8 @@ func TestConfigErrorsNameTheSetting(t *testing.T) {
 		{"bad env duration", "", []string{"GATEWAY_BUFFER_RETENTION=week"}, nil, "GATEWAY_BUFFER_RETENTION (buffer.retention)"},
 		{"invalid value", "uplink:\n  transaction_max_items: 500\n", nil, nil, "uplink.transaction_max_items"},
 		{"bad log level", "log_level: loud\n", nil, nil, "log_level"},
+		{"bad endpoint", "dynamodb_endpoint: localhost:8000\n", nil, nil, `dynamodb_endpoint "localhost:8000": want an absolute http or https URL`},
+		{"bad region", "", []string{"GATEWAY_AWS_REGION=eu west"}, nil, `aws_region "eu west"`},
 		{"stray argument", "", nil, []string{"serve"}, "unexpected argument"},
 	}
 	for _, tt := range tests {

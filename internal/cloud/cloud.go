@@ -54,26 +54,36 @@ var (
 // maxTableName is DynamoDB's limit on table name length.
 const maxTableName = 255
 
-// Validate reports whether the configuration is usable.
+// FieldError is a Config field that breaks a rule. Field is the yaml name
+// (endpoint, region, table_prefix); programs that spell the setting
+// differently (gatewayd's dynamodb_endpoint, a command-line flag) rename it
+// before showing the error.
+type FieldError struct {
+	Field string
+	Value string
+	Rule  string
+}
+
+func (e *FieldError) Error() string { return fmt.Sprintf("%s %q: %s", e.Field, e.Value, e.Rule) }
+
+// Validate reports whether the configuration is usable; its errors are
+// *FieldError.
 func (c Config) Validate() error {
 	if c.Endpoint != "" {
 		u, err := url.Parse(c.Endpoint)
-		if err != nil {
-			return fmt.Errorf("endpoint %q: want an absolute http or https URL: %w", c.Endpoint, err)
-		}
-		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("endpoint %q: want an absolute http or https URL", c.Endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return &FieldError{Field: "endpoint", Value: c.Endpoint, Rule: "want an absolute http or https URL"}
 		}
 	}
 	if !regionChars.MatchString(c.Region) {
-		return fmt.Errorf("region %q: only letters, digits and '-' are allowed", c.Region)
+		return &FieldError{Field: "region", Value: c.Region, Rule: "only letters, digits and '-' are allowed"}
 	}
 	if !tableNameChars.MatchString(c.TablePrefix) {
-		return fmt.Errorf("table_prefix %q: only a-z, A-Z, 0-9, '_', '-' and '.' are allowed", c.TablePrefix)
+		return &FieldError{Field: "table_prefix", Value: c.TablePrefix, Rule: "only a-z, A-Z, 0-9, '_', '-' and '.' are allowed"}
 	}
 	if n := len(c.TablePrefix) + len(ProcessedBatchesTable); n > maxTableName {
-		return fmt.Errorf("table_prefix %q: table names would be %d characters, DynamoDB allows %d",
-			c.TablePrefix, n, maxTableName)
+		return &FieldError{Field: "table_prefix", Value: c.TablePrefix,
+			Rule: fmt.Sprintf("table names would be %d characters, DynamoDB allows %d", n, maxTableName)}
 	}
 	return nil
 }
