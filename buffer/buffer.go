@@ -99,10 +99,11 @@ type Options struct {
 	// MaxPendingBytes is the buffer's disk budget in bytes. It counts every
 	// record the buffer keeps: queued batches and their markers, delivered
 	// markers kept for the retention window (and their collection index),
-	// dead-lettered batches, and state records, each as key + value + 32
-	// bytes of Badger overhead (Usage). When a new batch would exceed it,
-	// the oldest delivered markers are evicted first; if that is not
-	// enough, FullPolicy decides. Default 1 GiB.
+	// history records, dead-lettered batches, and state records, each as
+	// key + value + 32 bytes of Badger overhead (Usage). When a new batch
+	// would exceed it, the oldest history records are evicted first, then
+	// the oldest delivered markers; if that is not enough, FullPolicy
+	// decides. Default 1 GiB.
 	MaxPendingBytes int64 `yaml:"max_pending_bytes"`
 	// MinFreeBytes is the free-space watermark of the data directory's file
 	// system: below it new batches are refused with Full, whatever
@@ -672,12 +673,21 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 	var n, payload, pendingFreed, deliveredAdded, historyAdded, kept int64
 	wb := newTxnWriter(b.db, nil)
 	for _, p := range batches {
-		val, queued, err := wb.queuedValue(p.Seq)
+		// The queue entry's value is read only when the history keeps it.
+		var val []byte
+		var valLen int
+		var queued bool
+		var err error
+		if b.historyEnabled() {
+			val, queued, err = wb.queuedValue(p.Seq)
+			valLen = len(val)
+		} else {
+			valLen, queued, err = wb.queued(p.Seq)
+		}
 		if err != nil {
 			wb.discard()
 			return err
 		}
-		valLen := len(val)
 		m, found, err := wb.marker(p.BatchID)
 		if err != nil {
 			wb.discard()

@@ -228,3 +228,36 @@ func BenchmarkDeviceBatchesPendingScan(b *testing.B) {
 	}
 	b.Run("history", query)
 }
+
+// BenchmarkMarkDeliveredHistory measures marking groups of 100 batches of
+// 10 readings delivered with the history on (the payloads move to h/
+// records in the same synced transaction) and off.
+func BenchmarkMarkDeliveredHistory(b *testing.B) {
+	for _, tc := range []struct {
+		name      string
+		retention time.Duration
+	}{{"history_on", 0}, {"history_off", -time.Second}} {
+		b.Run(tc.name, func(b *testing.B) {
+			buf := open(b, b.TempDir(), Options{HistoryRetention: tc.retention})
+			id := 0
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				var group []Entry
+				for range 100 {
+					ts := make([]int64, 10)
+					for j := range ts {
+						ts[j] = 1_700_000_000_000 + int64(id*10+j)*1000
+					}
+					group = append(group, batchEntry(hwA, fmt.Sprintf("batch-%d", id), ts...))
+					id++
+				}
+				commit(b, buf, group...)
+				pend, err := buf.Pending(0, 100)
+				require.NoError(b, err)
+				b.StartTimer()
+				require.NoError(b, buf.MarkDelivered(pend))
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*100), "µs/batch")
+		})
+	}
+}
