@@ -99,10 +99,11 @@ type Options struct {
 	// MaxPendingBytes is the buffer's disk budget in bytes. It counts every
 	// record the buffer keeps: queued batches and their markers, delivered
 	// markers kept for the retention window (and their collection index),
-	// dead-lettered batches, and state records, each as key + value + 32
-	// bytes of Badger overhead (Usage). When a new batch would exceed it,
-	// the oldest delivered markers are evicted first; if that is not
-	// enough, FullPolicy decides. Default 1 GiB.
+	// history records, dead-lettered batches, and state records, each as
+	// key + value + 32 bytes of Badger overhead (Usage). When a new batch
+	// would exceed it, the oldest history records are evicted first, then
+	// the oldest delivered markers; if that is not enough, FullPolicy
+	// decides. Default 1 GiB.
 	MaxPendingBytes int64 `yaml:"max_pending_bytes"`
 	// MinFreeBytes is the free-space watermark of the data directory's file
 	// system: below it new batches are refused with Full, whatever
@@ -123,6 +124,14 @@ type Options struct {
 	// "duplicate". Default 168h (7 days). Markers may go earlier when the
 	// budget needs their space.
 	Retention time.Duration `yaml:"retention"`
+	// HistoryRetention is how long a delivered batch's payload is kept after
+	// delivery so that operators can read a device's recent readings on
+	// the gateway (GET /v1/devices/{hardware_id}/readings and /summary).
+	// Default 24h (zero takes the default, like every option); a negative
+	// duration such as -1s turns the history off, and what is kept is
+	// collected at the next collection. History is the first thing evicted
+	// when the budget needs room.
+	HistoryRetention time.Duration `yaml:"history_retention"`
 	// CollectInterval is how often expired markers are collected. Default 1m.
 	CollectInterval time.Duration `yaml:"collect_interval"`
 	// MaxGroupBatches caps how many batches one group commit takes. Default 1024.
@@ -145,14 +154,15 @@ type Options struct {
 // DefaultOptions returns the defaults documented on Options.
 func DefaultOptions() Options {
 	return Options{
-		MaxPendingBytes: 1 << 30,
-		MinFreeBytes:    256 << 20,
-		FullPolicy:      PolicyRejectNew,
-		Retention:       7 * 24 * time.Hour,
-		CollectInterval: time.Minute,
-		MaxGroupBatches: 1024,
-		MemTableSize:    16 << 20,
-		BlockCacheSize:  8 << 20,
+		MaxPendingBytes:  1 << 30,
+		MinFreeBytes:     256 << 20,
+		FullPolicy:       PolicyRejectNew,
+		Retention:        7 * 24 * time.Hour,
+		HistoryRetention: 24 * time.Hour,
+		CollectInterval:  time.Minute,
+		MaxGroupBatches:  1024,
+		MemTableSize:     16 << 20,
+		BlockCacheSize:   8 << 20,
 	}
 }
 
@@ -227,6 +237,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Retention == 0 {
 		o.Retention = d.Retention
+	}
+	if o.HistoryRetention == 0 {
+		o.HistoryRetention = d.HistoryRetention
 	}
 	if o.CollectInterval == 0 {
 		o.CollectInterval = d.CollectInterval
@@ -317,6 +330,10 @@ type Buffer struct {
 	pendingBatches atomic.Int64
 	pendingBytes   atomic.Int64
 	usage          usage
+	// historySpan is the longest reading span (last minus first reading,
+	// ms) of a history record, for finding the records overlapping a
+	// window through keys ordered by first reading.
+	historySpan atomic.Int64
 
 	fullLog  logEvery
 	evictLog logEvery
@@ -404,22 +421,31 @@ func (b *Buffer) load() error {
 		return err
 	}
 	b.nextSeq = s.nextSeq
+	b.store(s)
+	return nil
+}
+
+// store sets the counters to what a scan found.
+func (b *Buffer) store(s scanResult) {
 	b.pendingBatches.Store(s.pendingBatches)
 	b.pendingBytes.Store(s.pendingBytes)
 	b.usage.pending.Store(s.usage.Pending)
 	b.usage.delivered.Store(s.usage.Delivered)
 	b.usage.dead.Store(s.usage.Dead)
 	b.usage.state.Store(s.usage.State)
+	b.usage.history.Store(s.usage.History)
 	b.usage.deliveredMarkers.Store(s.usage.DeliveredMarkers)
 	b.usage.deadBatches.Store(s.usage.DeadBatches)
+	b.usage.historyBatches.Store(s.usage.HistoryBatches)
 	b.usage.stateRecords.Store(s.stateRecords)
-	return nil
+	b.noteSpan(s.historySpan)
 }
 
 type scanResult struct {
 	nextSeq, storedSeq           uint64
 	pendingBatches, pendingBytes int64
 	stateRecords                 int64
+	historySpan                  int64
 	usage                        Usage
 }
 
@@ -476,6 +502,23 @@ func (b *Buffer) scan() (scanResult, error) {
 					}
 					s.usage.Dead += deadRecord(len(k)-len(deadPrefix), len(v))
 					s.usage.DeadBatches++
+				case bytes.HasPrefix(k, historyPrefix):
+					d, err := decodeHistory(v)
+					if err != nil {
+						return fmt.Errorf("history record %q: %w", k, err)
+					}
+					s.usage.History += historyRecord(len(k), len(v))
+					s.usage.HistoryBatches++
+					s.historySpan = max(s.historySpan, d.LastMS-d.FirstMS)
+				case bytes.HasPrefix(k, historyIndexPrefix):
+					if len(k) < len(historyIndexPrefix)+8 {
+						return fmt.Errorf("malformed history index key %q", k)
+					}
+					hkey, _, err := decodeHistoryIndexValue(v)
+					if err != nil {
+						return fmt.Errorf("history index entry %q: %w", k, err)
+					}
+					s.usage.History += historyIndexRecord(len(k)-len(historyIndexPrefix)-8, len(hkey))
 				case bytes.HasPrefix(k, statePrefix):
 					s.usage.State += recordSize(len(k), len(v))
 					s.stateRecords++
@@ -507,15 +550,7 @@ func (b *Buffer) recount() {
 		b.logger.Error("recounting the buffer", "err", err)
 		return
 	}
-	b.pendingBatches.Store(s.pendingBatches)
-	b.pendingBytes.Store(s.pendingBytes)
-	b.usage.pending.Store(s.usage.Pending)
-	b.usage.delivered.Store(s.usage.Delivered)
-	b.usage.dead.Store(s.usage.Dead)
-	b.usage.state.Store(s.usage.State)
-	b.usage.deliveredMarkers.Store(s.usage.DeliveredMarkers)
-	b.usage.deadBatches.Store(s.usage.DeadBatches)
-	b.usage.stateRecords.Store(s.stateRecords)
+	b.store(s)
 }
 
 // Commit durably stores entries and reports, per entry, what it did. It
@@ -619,7 +654,8 @@ func (b *Buffer) Pending(after uint64, limit int) ([]Pending, error) {
 }
 
 // MarkDelivered removes delivered batches from the queue and keeps their
-// markers for the retention window. A batch no longer queued (dropped by
+// markers for the retention window and, in the same transaction, their
+// payloads for the history window (HistoryRetention). A batch no longer queued (dropped by
 // the drop_oldest policy while the uplink forwarded it, or already marked)
 // is skipped.
 func (b *Buffer) MarkDelivered(batches []Pending) error {
@@ -634,10 +670,20 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
 	now := b.opts.now()
-	var n, payload, pendingFreed, deliveredAdded int64
+	var n, payload, pendingFreed, deliveredAdded, historyAdded, kept int64
 	wb := newTxnWriter(b.db, nil)
 	for _, p := range batches {
-		valLen, queued, err := wb.queued(p.Seq)
+		// The queue entry's value is read only when the history keeps it.
+		var val []byte
+		var valLen int
+		var queued bool
+		var err error
+		if b.historyEnabled() {
+			val, queued, err = wb.queuedValue(p.Seq)
+			valLen = len(val)
+		} else {
+			valLen, queued, err = wb.queued(p.Seq)
+		}
 		if err != nil {
 			wb.discard()
 			return err
@@ -661,6 +707,17 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 		if err := wb.delete(queueKey(p.Seq)); err != nil {
 			return err
 		}
+		if b.historyEnabled() {
+			added, err := b.keepHistory(wb, p, val, now)
+			if err != nil {
+				wb.discard()
+				return err
+			}
+			if added > 0 {
+				historyAdded += added
+				kept++
+			}
+		}
 		n++
 		payload += int64(valLen)
 		pendingFreed += pendingCost(len(p.BatchID), valLen)
@@ -681,6 +738,8 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 	b.usage.pending.Add(-pendingFreed)
 	b.usage.delivered.Add(deliveredAdded)
 	b.usage.deliveredMarkers.Add(n)
+	b.usage.history.Add(historyAdded)
+	b.usage.historyBatches.Add(kept)
 	b.metrics.delivered.Add(float64(n))
 	return nil
 }
@@ -880,7 +939,7 @@ func (b *Buffer) SaveStates(records map[string][]byte) error {
 	return nil
 }
 
-// Run collects expired delivery markers and garbage-collects Badger's
+// Run collects expired delivery markers and history records and garbage-collects Badger's
 // value log until ctx is done.
 func (b *Buffer) Run(ctx context.Context) error {
 	collect := time.NewTicker(b.opts.CollectInterval)
@@ -899,6 +958,14 @@ func (b *Buffer) Run(ctx context.Context) error {
 				b.logger.Error("collecting expired markers", "err", err)
 			} else if n > 0 {
 				b.logger.Debug("collected expired markers", "count", n)
+			}
+			if n, err := b.CollectHistory(); err != nil {
+				if errors.Is(err, ErrClosed) {
+					return nil
+				}
+				b.logger.Error("collecting expired history", "err", err)
+			} else if n > 0 {
+				b.logger.Debug("collected expired history", "count", n)
 			}
 		case <-vlog.C:
 			b.mu.RLock()

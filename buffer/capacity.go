@@ -22,8 +22,9 @@ const (
 
 // Eviction reasons, the reason label of gateway_buffer_evicted_batches_total.
 const (
-	reasonMarkerEvicted = "marker_evicted"
-	reasonDroppedOldest = "dropped_oldest"
+	reasonHistoryEvicted = "history_evicted"
+	reasonMarkerEvicted  = "marker_evicted"
+	reasonDroppedOldest  = "dropped_oldest"
 )
 
 // Refusal reasons, the reason label of gateway_buffer_refused_batches_total.
@@ -66,14 +67,16 @@ type usage struct {
 	delivered atomic.Int64 // delivered markers and their collection index entries
 	dead      atomic.Int64 // dead letters and their markers
 	state     atomic.Int64 // state records (devices, key cache)
+	history   atomic.Int64 // delivered payloads kept and their collection index entries
 
 	deliveredMarkers atomic.Int64
 	deadBatches      atomic.Int64
+	historyBatches   atomic.Int64
 	stateRecords     atomic.Int64
 }
 
 func (u *usage) total() int64 {
-	return u.pending.Load() + u.delivered.Load() + u.dead.Load() + u.state.Load()
+	return u.pending.Load() + u.delivered.Load() + u.dead.Load() + u.state.Load() + u.history.Load()
 }
 
 // Usage is what the buffer holds, in bytes as buffer.max_pending_bytes
@@ -90,26 +93,33 @@ type Usage struct {
 	Dead int64
 	// State is the gateway's state records (device registry, key cache).
 	State int64
+	// History is the delivered batches kept for local queries
+	// (HistoryRetention) and their collection index entries.
+	History int64
 	// DeliveredMarkers is how many delivered markers are kept.
 	DeliveredMarkers int64
 	// DeadBatches is how many batches are dead-lettered.
 	DeadBatches int64
+	// HistoryBatches is how many delivered batches the history keeps.
+	HistoryBatches int64
 }
 
 // Total is every byte the budget counts.
-func (u Usage) Total() int64 { return u.Pending + u.Delivered + u.Dead + u.State }
+func (u Usage) Total() int64 { return u.Pending + u.Delivered + u.Dead + u.State + u.History }
 
 // Usage returns what the buffer holds now.
 func (b *Buffer) Usage() Usage {
 	return Usage{
 		Pending: b.usage.pending.Load(), Delivered: b.usage.delivered.Load(),
-		Dead: b.usage.dead.Load(), State: b.usage.state.Load(),
+		Dead: b.usage.dead.Load(), State: b.usage.state.Load(), History: b.usage.history.Load(),
 		DeliveredMarkers: b.usage.deliveredMarkers.Load(), DeadBatches: b.usage.deadBatches.Load(),
+		HistoryBatches: b.usage.historyBatches.Load(),
 	}
 }
 
 // evicted is what one group's evictions freed.
 type evicted struct {
+	history, historyBytes int64
 	markers, markerBytes  int64
 	dropped, droppedBytes int64
 	// payloadBytes is the queue value bytes dropped (Stats.PendingBytes).

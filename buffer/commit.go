@@ -112,6 +112,9 @@ func (b *Buffer) report(res groupResult) {
 			}
 		}
 	}
+	if res.ev.history > 0 {
+		b.metrics.evicted.WithLabelValues(reasonHistoryEvicted).Add(float64(res.ev.history))
+	}
 	if res.ev.markers > 0 {
 		b.metrics.evicted.WithLabelValues(reasonMarkerEvicted).Add(float64(res.ev.markers))
 		if ok, suppressed := b.evictLog.allow(res.ev.markers); ok {
@@ -200,7 +203,7 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 			res.refusedBy, res.free = refusedFreeSpace, int64(free)
 		} else {
 			used := b.usage.total()
-			room := b.opts.MaxPendingBytes - used + b.usage.delivered.Load()
+			room := b.opts.MaxPendingBytes - used + b.usage.history.Load() + b.usage.delivered.Load()
 			if b.opts.FullPolicy == PolicyDropOldest {
 				room += b.usage.pending.Load()
 			}
@@ -212,14 +215,21 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 				admittedCost += c.cost
 				admitted++
 			}
-			// Make room: delivered markers first, then (drop_oldest) the
-			// oldest undelivered batches.
+			// Make room: history first, then delivered markers, then
+			// (drop_oldest) the oldest undelivered batches.
 			if need := used + admittedCost - b.opts.MaxPendingBytes; need > 0 {
-				if err := b.evictMarkers(w, need, &res.ev); err != nil {
+				if err := b.evictHistory(w, need, &res.ev); err != nil {
 					w.discard()
 					return res, err
 				}
-				if need -= res.ev.markerBytes; need > 0 && b.opts.FullPolicy == PolicyDropOldest {
+				if need -= res.ev.historyBytes; need > 0 {
+					if err := b.evictMarkers(w, need, &res.ev); err != nil {
+						w.discard()
+						return res, err
+					}
+					need -= res.ev.markerBytes
+				}
+				if need > 0 && b.opts.FullPolicy == PolicyDropOldest {
 					if err := b.dropOldest(w, need, &res.ev); err != nil {
 						w.discard()
 						return res, err
@@ -267,7 +277,7 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 			f.req.out[f.i] = Conflict
 		}
 	}
-	if res.stored == 0 && res.ev.markers == 0 && res.ev.markerBytes == 0 && res.ev.dropped == 0 {
+	if res.stored == 0 && res.ev.markers == 0 && res.ev.markerBytes == 0 && res.ev.dropped == 0 && res.ev.history == 0 {
 		w.discard()
 		return res, nil
 	}
@@ -306,6 +316,8 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 	b.usage.pending.Add(admittedCost - res.ev.droppedBytes)
 	b.usage.delivered.Add(-res.ev.markerBytes)
 	b.usage.deliveredMarkers.Add(-res.ev.markers)
+	b.usage.history.Add(-res.ev.historyBytes)
+	b.usage.historyBatches.Add(-res.ev.history)
 	return res, nil
 }
 
@@ -343,6 +355,22 @@ func (w *txnWriter) queued(seq uint64) (int, bool, error) {
 		return 0, false, fmt.Errorf("reading queue entry %d: %w", seq, err)
 	}
 	return int(item.ValueSize()), true, nil
+}
+
+// queuedValue returns the queue entry seq, if it exists.
+func (w *txnWriter) queuedValue(seq uint64) ([]byte, bool, error) {
+	item, err := w.txn.Get(queueKey(seq))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("reading queue entry %d: %w", seq, err)
+	}
+	v, err := item.ValueCopy(nil)
+	if err != nil {
+		return nil, false, fmt.Errorf("reading queue entry %d: %w", seq, err)
+	}
+	return v, true, nil
 }
 
 func (w *txnWriter) marker(batchID string) (marker, bool, error) {

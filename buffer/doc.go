@@ -20,6 +20,13 @@
 //	                              receive time and the canonical payload
 //	e/<delivered ms, 8 bytes><batch_id>
 //	                              collection index of delivered markers
+//	h/<hardware_id>\x00<first reading ms, 8 bytes big endian><batch_id>
+//	                              a delivered batch kept for local queries:
+//	                              the q/ header, delivery time, first and
+//	                              last reading time, then the payload
+//	y/<delivered ms, 8 bytes><batch_id>
+//	                              collection index of h/: the h/ value's
+//	                              length (4 bytes) and the h/ key
 //	x/<batch_id>                  a dead-lettered batch (same encoding as q/)
 //	m/seq                         the next queue sequence number
 //	s/<name>                      small gateway state (the API key cache,
@@ -31,12 +38,27 @@
 // The queue order (seq) is arrival order, so forwarding in seq order keeps
 // each device's batches in the order they were acknowledged.
 //
+// # History
+//
+// MarkDelivered moves a delivered batch's payload from its q/ entry to an
+// h/ record in the same transaction that rewrites its marker, so keeping
+// it costs no write or sync of its own. buffer.history_retention (default
+// 24h; a negative duration turns it off) bounds how long it stays: Run
+// collects expired records through the y/ index along with the expired
+// markers. The h/ key orders one device's records by first reading, so
+// DeviceBatches finds the records overlapping a window with one seek (back
+// by the longest span of a batch kept) instead of a scan; pending batches
+// are found by scanning the queue, which has no per-device index (an index
+// would cost every commit a record; BenchmarkDeviceBatchesPendingScan
+// measures the scan). A payload whose reading times cannot be read is not
+// kept.
+//
 // # Capacity
 //
 // buffer.max_pending_bytes is a budget for everything the buffer keeps:
 // pending batches and their markers, delivered markers and their
-// collection index entries, dead letters and their markers, and state
-// records. Each record counts as its key and value plus 32 bytes, about
+// collection index entries, history records and their index entries, dead
+// letters and their markers, and state records. Each record counts as its key and value plus 32 bytes, about
 // what Badger adds per record (the 8-byte version, the entry header and
 // checksum, block offsets, bloom filter bits); Usage and
 // gateway_buffer_used_bytes{kind} report the sum. It is a logical size:
@@ -44,9 +66,11 @@
 // versions until compaction), so leave the disk room beyond the budget;
 // the free-space watermark guards the disk itself.
 //
-// When a new batch would exceed the budget, delivered markers are evicted
-// first, oldest delivery first (gateway_buffer_evicted_batches_total
-// {reason="marker_evicted"}): a device re-sending such a batch is no longer
+// When a new batch would exceed the budget, history records go first,
+// oldest delivery first (gateway_buffer_evicted_batches_total
+// {reason="history_evicted"}): they only serve operators' queries. Then
+// delivered markers are evicted, oldest delivery first
+// (gateway_buffer_evicted_batches_total {reason="marker_evicted"}): a device re-sending such a batch is no longer
 // told "duplicate" and the batch is stored and forwarded again, which the
 // cloud's conditional marker absorbs. If that is not enough, the policy
 // decides:
@@ -61,7 +85,9 @@
 //     for devices that cannot keep data themselves. A batch larger than the
 //     budget minus dead letters and state is refused, never made room for.
 //
-// Dead letters and state records count but are never evicted. Refusals are
+// Dead letters and state records count but are never evicted. History
+// records are counted by Usage.History and gateway_buffer_used_bytes
+// {kind="history"}, and the clean-shutdown record checks their number. Refusals are
 // counted by gateway_buffer_refused_batches_total{reason}.
 //
 // buffer.min_free_bytes is a watermark on the data directory's file

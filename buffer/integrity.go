@@ -569,13 +569,16 @@ type cleanRecord struct {
 	DeliveredMarkers int64  `json:"delivered_markers"`
 	DeadBatches      int64  `json:"dead_batches"`
 	StateRecords     int64  `json:"state_records"`
+	// HistoryBatches is absent (0) in records written before the history
+	// existed, when there was none.
+	HistoryBatches int64 `json:"history_batches"`
 }
 
 func (b *Buffer) cleanRecord() cleanRecord {
 	return cleanRecord{
 		Seq: b.nextSeq, PendingBatches: b.pendingBatches.Load(),
 		DeliveredMarkers: b.usage.deliveredMarkers.Load(), DeadBatches: b.usage.deadBatches.Load(),
-		StateRecords: b.usage.stateRecords.Load(),
+		StateRecords: b.usage.stateRecords.Load(), HistoryBatches: b.usage.historyBatches.Load(),
 	}
 }
 
@@ -584,11 +587,12 @@ func (want cleanRecord) matches(got cleanRecord) error {
 	// group consumes numbers), never behind.
 	if got.Seq > want.Seq || got.PendingBatches != want.PendingBatches ||
 		got.DeliveredMarkers != want.DeliveredMarkers || got.DeadBatches != want.DeadBatches ||
-		got.StateRecords != want.StateRecords {
+		got.StateRecords != want.StateRecords || got.HistoryBatches != want.HistoryBatches {
 		return fmt.Errorf("it was closed cleanly holding %d pending batches, %d delivered markers, %d dead "+
-			"letters and %d state records, but holds %d, %d, %d and %d: files were lost or damaged while "+
-			"the gateway was stopped", want.PendingBatches, want.DeliveredMarkers, want.DeadBatches,
-			want.StateRecords, got.PendingBatches, got.DeliveredMarkers, got.DeadBatches, got.StateRecords)
+			"letters, %d state records and %d history records, but holds %d, %d, %d, %d and %d: files were "+
+			"lost or damaged while the gateway was stopped", want.PendingBatches, want.DeliveredMarkers,
+			want.DeadBatches, want.StateRecords, want.HistoryBatches, got.PendingBatches, got.DeliveredMarkers,
+			got.DeadBatches, got.StateRecords, got.HistoryBatches)
 	}
 	return nil
 }

@@ -15,8 +15,11 @@ type metrics struct {
 	delivered      prometheus.Counter
 	deadLettered   prometheus.Counter
 	collected      prometheus.Counter
-	evicted        *prometheus.CounterVec
-	refused        *prometheus.CounterVec
+	// collectedHistory counts history records deleted after
+	// buffer.history_retention.
+	collectedHistory prometheus.Counter
+	evicted          *prometheus.CounterVec
+	refused          *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
@@ -55,9 +58,14 @@ func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
 			Namespace: "gateway", Subsystem: "buffer", Name: "collected_markers_total",
 			Help: "Delivery markers deleted after the retention window.",
 		}),
+		collectedHistory: f.NewCounter(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "buffer", Name: "collected_history_batches_total",
+			Help: "Delivered batches deleted from the local history after buffer.history_retention.",
+		}),
 		evicted: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "buffer", Name: "evicted_batches_total",
 			Help: "Batches evicted to keep the buffer within buffer.max_pending_bytes, by reason: " +
+				"history_evicted (a delivered batch's payload kept for local queries, before buffer.history_retention ended), " +
 				"marker_evicted (a delivered batch's marker, before its retention ended), " +
 				"dropped_oldest (an undelivered batch, under buffer.full_policy drop_oldest).",
 		}, []string{"reason"}),
@@ -70,7 +78,7 @@ func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
 	for _, o := range []Outcome{Stored, Duplicate, Conflict, Full} {
 		m.outcomes.WithLabelValues(o.String())
 	}
-	for _, r := range []string{reasonMarkerEvicted, reasonDroppedOldest} {
+	for _, r := range []string{reasonHistoryEvicted, reasonMarkerEvicted, reasonDroppedOldest} {
 		m.evicted.WithLabelValues(r)
 	}
 	for _, r := range []string{refusedBudget, refusedFreeSpace} {
@@ -97,7 +105,7 @@ func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
 	used := func(kind string, v func() int64) {
 		f.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: "gateway", Subsystem: "buffer", Name: "used_bytes",
-			Help:        "What the disk budget (buffer.max_pending_bytes) counts, by kind: pending, delivered (markers), dead (letters), state.",
+			Help:        "What the disk budget (buffer.max_pending_bytes) counts, by kind: pending, delivered (markers), dead (letters), state, history (delivered payloads kept for local queries).",
 			ConstLabels: prometheus.Labels{"kind": kind},
 		}, func() float64 { return float64(v()) })
 	}
@@ -105,6 +113,11 @@ func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
 	used("delivered", b.usage.delivered.Load)
 	used("dead", b.usage.dead.Load)
 	used("state", b.usage.state.Load)
+	used("history", b.usage.history.Load)
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "gateway", Subsystem: "buffer", Name: "history_batches",
+		Help: "Delivered batches whose payloads are kept for local queries (buffer.history_retention).",
+	}, func() float64 { return float64(b.usage.historyBatches.Load()) })
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "gateway", Subsystem: "buffer", Name: "budget_bytes",
 		Help: "The disk budget, buffer.max_pending_bytes.",
