@@ -109,7 +109,9 @@ func statusSources(clk *statusClock, eta *float64) gateway.StatusSources {
 			return buffer.Space{UsedBytes: 900000000, BudgetBytes: 1 << 30, FreeBytes: 12<<30 + 512<<20, FreeKnown: true,
 				MinFreeBytes: 256 << 20}
 		},
-		Clock: func() gateway.ClockStatus { return gateway.ClockStatus{OffsetSeconds: 3, Learned: true, Plausible: true} },
+		Clock: func() gateway.ClockStatus {
+			return gateway.ClockStatus{OffsetSeconds: 3, Learned: true, Plausible: true}
+		},
 	}
 }
 
