@@ -233,7 +233,7 @@ func TestStatusPageContent(t *testing.T) {
 		"<dt>Clock offset</dt><dd>&#43;3s",
 		"(learned from DynamoDB)",
 		`<span class="badge bad">down</span>`,
-		"<dd>2026-11-20 14:00:00 UTC <span class=\"muted\">(5m ago)</span></dd>",
+		"<dd>2026-11-20 14:00:00 UTC <span class=\"muted age\">(5m ago)</span></dd>",
 		"<dd>1,234 batches, 3.2 MiB</dd>",
 		"<dt>Oldest waiting</dt><dd>12m 34s</dd>",
 		"<dd>4.5 batches/s</dd>",
