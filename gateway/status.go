@@ -21,9 +21,9 @@ import (
 type StatusSources struct {
 	// Version is the gateway's build version.
 	Version string
-	// StartedAt is when the process started (time.Now, with its monotonic
-	// reading); zero leaves the uptime out.
-	StartedAt time.Time
+	// Uptime is how long the process has run (on the monotonic clock:
+	// time.Since of its start); nil leaves the uptime out.
+	Uptime func() time.Duration
 	// Now is the gateway's (corrected) clock; nil means time.Now.
 	Now func() time.Time
 	// Uplink reports the uplink's state and backlog.
@@ -182,10 +182,10 @@ func (h *HTTPServer) status() StatusData {
 		now = src.Now()
 	}
 	s := StatusData{Version: src.Version, Now: now.UTC(), Ready: true}
-	if !src.StartedAt.IsZero() {
-		// The uptime is measured on the system's monotonic clock; the start
-		// time shown is on the corrected clock, as every other time here.
-		up := max(0, time.Since(src.StartedAt))
+	if src.Uptime != nil {
+		// The start time shown is on the corrected clock, as every other
+		// time here.
+		up := max(0, src.Uptime())
 		s.UptimeSeconds = up.Seconds()
 		s.StartedAt = now.Add(-up).UTC()
 	}

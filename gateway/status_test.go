@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -96,9 +97,9 @@ func statusSources(clk *statusClock, eta *float64) gateway.StatusSources {
 	errAt := statusT0.Add(2*time.Hour + 4*time.Minute)
 	delivered := statusT0.Add(2*time.Hour + time.Minute)
 	return gateway.StatusSources{
-		Version:   "1.4.2-test",
-		StartedAt: time.Now().Add(-(3*time.Hour + 12*time.Minute)),
-		Now:       clk.Now,
+		Version: "1.4.2-test",
+		Uptime:  func() time.Duration { return 3*time.Hour + 12*time.Minute + 30*time.Second },
+		Now:     clk.Now,
 		Uplink: func() uplink.Report {
 			return uplink.Report{State: "down", Since: statusT0.Add(2 * time.Hour), BacklogBatches: 1234,
 				BacklogBytes: 3355443, OldestAgeSeconds: 754, DrainRateBatches: 4.5, ETASeconds: eta,
@@ -227,7 +228,7 @@ func TestStatusPageContent(t *testing.T) {
 	}
 	common := []string{
 		`<meta http-equiv="refresh" content="10">`,
-		"version 1.4.2-test · up 3h 12m",
+		"version 1.4.2-test · up 3h 12m (since 2026-11-20 10:52:30 UTC)",
 		"as of 2026-11-20 14:05:00 UTC",
 		`<span class="badge ok">ready</span>`,
 		"<dt>Clock offset</dt><dd>&#43;3s",
@@ -297,7 +298,8 @@ func TestStatusJSON(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(body), &s))
 	require.Equal(t, "1.4.2-test", s.Version)
 	require.True(t, now.Equal(s.Now))
-	require.InDelta(t, (3*time.Hour + 12*time.Minute).Seconds(), s.UptimeSeconds, 60)
+	require.Equal(t, (3*time.Hour + 12*time.Minute + 30*time.Second).Seconds(), s.UptimeSeconds)
+	require.True(t, now.Add(-(3*time.Hour + 12*time.Minute + 30*time.Second)).Equal(s.StartedAt))
 	require.True(t, s.Ready)
 	require.Equal(t, "down", s.Uplink.State)
 	require.EqualValues(t, 1234, s.Uplink.BacklogBatches)
@@ -364,5 +366,78 @@ func TestFleetLimit(t *testing.T) {
 			got = append(got, a.HardwareID)
 		}
 		require.Equal(t, tt.want, got, "limit %d", tt.limit)
+	}
+}
+
+func TestStatusPageStates(t *testing.T) {
+	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, buf.Close()) })
+	clk := &statusClock{now: statusT0}
+	empty, err := gateway.NewRegistry(gateway.DevicesConfig{}, buf, clk, nil, prometheus.NewRegistry())
+	require.NoError(t, err)
+
+	tests := []struct {
+		name    string
+		src     gateway.StatusSources
+		ready   error
+		want    []string
+		notWant []string
+	}{
+		{
+			name: "all well",
+			src: gateway.StatusSources{Version: "dev", Now: clk.Now,
+				Uplink: func() uplink.Report { return uplink.Report{State: "up", Since: statusT0.Add(-time.Minute)} },
+				Buffer: func() buffer.Space {
+					return buffer.Space{UsedBytes: 1 << 20, BudgetBytes: 1 << 30, FreeBytes: 1 << 30, FreeKnown: true}
+				},
+				Clock: func() gateway.ClockStatus { return gateway.ClockStatus{Plausible: true} },
+			},
+			want: []string{"<title>Greenhouse gateway</title>", `<span class="badge ok">ready</span>`,
+				`<span class="badge ok">up</span>`, "<dt>Since</dt><dd>2026-11-20 11:59:00 UTC <span class=\"muted age\">(1m ago)</span>", "<dt>Oldest waiting</dt><dd>none</dd>",
+				"<dt>Time to drain</dt><dd>nothing to drain</dd>", `<span class="badge ok">room</span>`,
+				"<dd>1.0 MiB of 1.0 GiB (0.1%)</dd>", "<dt>Clock offset</dt><dd>0s", "(not learned yet: system clock as is)",
+				`<span class="badge ok">all well</span>`, "No device needs attention.", "<b>0</b>known"},
+			notWant: []string{"Last error", "Failed rounds", "Last delivery", "<table>", "implausible"},
+		},
+		{
+			name:  "stopping, buffer nearly full, clock implausible",
+			ready: errors.New("shutting down"),
+			src: gateway.StatusSources{Version: "dev", Now: clk.Now,
+				Buffer: func() buffer.Space { return buffer.Space{UsedBytes: 1000, BudgetBytes: 1024} },
+				Clock:  func() gateway.ClockStatus { return gateway.ClockStatus{OffsetSeconds: -3720, Plausible: false} },
+			},
+			want: []string{"<title>Greenhouse gateway: not ready</title>", `<span class="badge bad">not ready</span>`,
+				"<dt>Readiness</dt><dd>shutting down</dd>", `<span class="badge bad">nearly full</span>`,
+				`<div class="bar full">`, "<dd>1000 B of 1.0 KiB (97.7%)</dd>", "<dd>unknown <span",
+				"<dd>-1h 2m", `<span class="badge bad">implausible</span>`},
+			notWant: []string{`id="uplink"`},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0"}, gateway.HTTPDeps{
+				Devices: empty, AdminToken: adminToken, Status: tt.src,
+				Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return tt.ready },
+			}, nil)
+			require.NoError(t, err)
+			require.NoError(t, api.Listen())
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- api.Run(ctx) }()
+			defer func() {
+				cancel()
+				require.NoError(t, <-done)
+			}()
+			resp, page := get(t, "http://"+api.Addr()+"/", authBasic, "operator", adminToken)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			for _, s := range tt.want {
+				require.Contains(t, page, s)
+			}
+			for _, s := range tt.notWant {
+				require.NotContains(t, page, s)
+			}
+		})
 	}
 }

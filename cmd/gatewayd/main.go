@@ -207,7 +207,8 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	api, err := gateway.NewHTTPServer(cfg.HTTP, gateway.HTTPDeps{
 		Ingest: ingest, Auth: auth, Devices: devices, AdminToken: adminToken,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready,
-		Status: gateway.StatusSources{Version: version, StartedAt: startedAt, Now: clk.Now, Uplink: up.Report,
+		Status: gateway.StatusSources{Version: version, Now: clk.Now, Uplink: up.Report,
+			Uptime: func() time.Duration { return time.Since(startedAt) },
 			Buffer: buf.Space, Clock: func() gateway.ClockStatus {
 				return gateway.ClockStatus{OffsetSeconds: clk.Offset().Seconds(), Learned: clk.Learned(), Plausible: clk.Plausible()}
 			}},
