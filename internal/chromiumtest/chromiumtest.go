@@ -76,7 +76,7 @@ func Screenshot(tb testing.TB, url string, width, height int) string {
 // run runs chromium headless with args and returns its standard output.
 func run(tb testing.TB, args ...string) []byte {
 	tb.Helper()
-	bin := require(tb)
+	bin := binary(tb)
 	home := tb.TempDir()
 	all := append([]string{
 		"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -110,9 +110,9 @@ func run(tb testing.TB, args ...string) []byte {
 	return stdout.Bytes()
 }
 
-// require returns chromium's path, installing it when missing; it skips tb
+// binary returns chromium's path, installing it when missing; it skips tb
 // (fails it when CI is set) when that is impossible.
-func require(tb testing.TB) string {
+func binary(tb testing.TB) string {
 	tb.Helper()
 	if bin, ok := installed(); ok {
 		return bin
@@ -126,6 +126,7 @@ func require(tb testing.TB) string {
 	}
 	if os.Getenv("CI") != "" {
 		tb.Fatalf("chromiumtest: %v", install.err)
+		return ""
 	}
 	tb.Skipf("chromiumtest: %v", install.err)
 	return ""
