@@ -118,7 +118,7 @@ func statusSources(clk *statusClock, eta *float64) gateway.StatusSources {
 
 // startStatusServer serves the HTTP API with the status fixture on a
 // loopback port and returns its base URL.
-func startStatusServer(t *testing.T, token string, devices *gateway.Registry, src gateway.StatusSources) string {
+func startStatusServer(t testing.TB, token string, devices *gateway.Registry, src gateway.StatusSources) string {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0"}, gateway.HTTPDeps{
