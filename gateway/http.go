@@ -69,9 +69,11 @@ type HTTPDeps struct {
 	Devices *Registry
 	// History backs the operator's reading queries; nil answers them 404.
 	History History
-	// AdminToken guards the operator endpoints (Authorization: Bearer);
-	// empty disables them.
+	// AdminToken guards the operator endpoints (Authorization: Bearer, or
+	// Basic with the token as password); empty disables them.
 	AdminToken string
+	// Status feeds the status page (GET /) and GET /v1/status.
+	Status StatusSources
 	// Metrics serves /metrics.
 	Metrics http.Handler
 	// Ready reports whether the gateway can take batches (for /readyz).
@@ -107,6 +109,8 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 	mux.HandleFunc("GET /v1/devices/{hardware_id}", h.admin(h.getDevice))
 	mux.HandleFunc("GET /v1/devices/{hardware_id}/readings", h.admin(h.deviceReadings))
 	mux.HandleFunc("GET /v1/devices/{hardware_id}/summary", h.admin(h.deviceSummary))
+	mux.HandleFunc("GET /v1/status", h.admin(h.statusJSON))
+	mux.HandleFunc("GET /{$}", h.statusPage)
 	mux.Handle("GET /metrics", deps.Metrics)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -246,13 +250,23 @@ func (h *HTTPServer) admin(next http.HandlerFunc) http.HandlerFunc {
 				"message": "the operator API is disabled: set GATEWAY_ADMIN_TOKEN"})
 			return
 		}
-		if subtle.ConstantTimeCompare([]byte(apiKey(r)), []byte(h.deps.AdminToken)) != 1 {
+		if subtle.ConstantTimeCompare([]byte(adminCredential(r)), []byte(h.deps.AdminToken)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Basic realm="greenhouse-gateway"`)
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"status": "error",
-				"message": "missing or wrong admin token (Authorization: Bearer TOKEN)"})
+				"message": "missing or wrong admin token (Authorization: Bearer TOKEN, or Basic with any user name and the token as password)"})
 			return
 		}
 		next(w, r)
 	}
+}
+
+// adminCredential returns the admin token a request presents: the
+// password of Basic auth (browsers), else the Bearer token or X-API-Key.
+func adminCredential(r *http.Request) string {
+	if _, password, ok := r.BasicAuth(); ok {
+		return password
+	}
+	return apiKey(r)
 }
 
 func (h *HTTPServer) listDevices(w http.ResponseWriter, r *http.Request) {

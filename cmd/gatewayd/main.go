@@ -103,6 +103,7 @@ func lookupEnv(environ []string, name string) string {
 //  4. the buffer closes last: commits already queued are written and
 //     answered, then Badger is closed.
 func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logger) error {
+	startedAt := time.Now()
 	logger.Info("gatewayd starting", "version", version, "data_dir", cfg.DataDir)
 	pepper, err := cloud.LoadPepper(lookupEnv(environ, envPepper), cfg.APIKeyPepperFile)
 	if err != nil {
@@ -206,6 +207,11 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	api, err := gateway.NewHTTPServer(cfg.HTTP, gateway.HTTPDeps{
 		Ingest: ingest, Auth: auth, Devices: devices, History: buf, AdminToken: adminToken,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready,
+		Status: gateway.StatusSources{Version: version, Now: clk.Now, Uplink: up.Report,
+			Uptime: func() time.Duration { return time.Since(startedAt) },
+			Buffer: buf.Space, Clock: func() gateway.ClockStatus {
+				return gateway.ClockStatus{OffsetSeconds: clk.Offset().Seconds(), Learned: clk.Learned(), Plausible: clk.Plausible()}
+			}},
 	}, logger)
 	if err != nil {
 		return err

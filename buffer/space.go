@@ -1,0 +1,25 @@
+package buffer
+
+// Space is the buffer's disk budget and its file system's free space, as
+// operators see them (the status page).
+type Space struct {
+	// UsedBytes is what the budget counts now (Usage().Total()).
+	UsedBytes int64
+	// BudgetBytes is Options.MaxPendingBytes, defaults applied.
+	BudgetBytes int64
+	// FreeBytes is the free space of the data directory's file system;
+	// FreeKnown is false when it could not be read (FreeBytes is 0 then).
+	FreeBytes uint64
+	FreeKnown bool
+	// MinFreeBytes is the free-space watermark, Options.MinFreeBytes with
+	// defaults applied.
+	MinFreeBytes int64
+}
+
+// Space returns the budget in use and the free space now. It reads the
+// file system's statistics (one statfs).
+func (b *Buffer) Space() Space {
+	free, ok := b.free.bytes()
+	return Space{UsedBytes: b.usage.total(), BudgetBytes: b.opts.MaxPendingBytes,
+		FreeBytes: free, FreeKnown: ok, MinFreeBytes: b.opts.MinFreeBytes}
+}

@@ -1,0 +1,116 @@
+//go:build unix
+
+package gateway_test
+
+import (
+	"image"
+	"image/color"
+	"image/png"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/internal/chromiumtest"
+)
+
+// browserURL serves the status fixture behind a loopback proxy that signs
+// every request in with Basic auth, as a browser does once the operator
+// typed the token, and returns the proxy's URL.
+func browserURL(t *testing.T) string {
+	t.Helper()
+	devices, clk, _ := statusFleet(t)
+	eta := 274.0
+	base := startStatusServer(t, adminToken, devices, statusSources(clk, &eta))
+	target, err := url.Parse(base)
+	require.NoError(t, err)
+	proxy := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.SetBasicAuth("operator", adminToken)
+	}}
+	srv := httptest.NewServer(proxy) // 127.0.0.1
+	t.Cleanup(srv.Close)
+	return srv.URL + "/"
+}
+
+func TestStatusPageInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs chromium")
+	}
+	page := browserURL(t)
+
+	t.Run("DOM", func(t *testing.T) {
+		dom := chromiumtest.DumpDOM(t, page)
+		for _, s := range []string{
+			"<title>Greenhouse gateway: uplink down</title>",
+			"version 1.4.2-test · up 3h 12m",
+			"<dd>1,234 batches, 3.2 MiB</dd>",
+			"<dt>Time to drain</dt><dd>4m 34s</dd>",
+			"<dt>Clock offset</dt><dd>+3s",
+			"<dd>858.3 MiB of 1.0 GiB (83.8%)</dd>",
+			"<b>4</b>registered", "<b>2</b>silent over 1h", "<b>1</b>reboot loops", "<b>2</b>clock problems",
+			`<td class="hw">AA:BB:CC:DD:EE:02</td>`,
+			"&lt;script&gt;alert('loop')&lt;/script&gt;",
+			`<td class="hw">&lt;img src=x onerror=alert(1)&gt;</td>`,
+			"&lt;b&gt;dial tcp 127.0.0.1:8000&lt;/b&gt;",
+		} {
+			require.Contains(t, dom, s)
+		}
+		// Markup from devices and errors stayed text: no element made of it.
+		require.NotContains(t, dom, "<script")
+		require.NotContains(t, dom, "<img")
+		require.NotContains(t, dom, "<b>dial")
+	})
+
+	for _, tt := range []struct {
+		name          string
+		width, height int
+	}{
+		{"desktop", 1280, 900},
+		{"phone", 412, 915},
+	} {
+		t.Run("screenshot "+tt.name, func(t *testing.T) {
+			file := chromiumtest.Screenshot(t, page, tt.width, tt.height)
+			if dir := os.Getenv("STATUS_SCREENSHOT_DIR"); dir != "" {
+				raw, err := os.ReadFile(file)
+				require.NoError(t, err)
+				require.NoError(t, os.WriteFile(filepath.Join(dir, "status-"+tt.name+".png"), raw, 0o644))
+			}
+			img := decodePNG(t, file)
+			require.Equal(t, image.Rect(0, 0, tt.width, tt.height), img.Bounds())
+			// The header bar is the page's green (#24523a): the style applied.
+			requireNear(t, color.RGBA{0x24, 0x52, 0x3a, 0xff}, img.At(4, 4))
+			// Text and boxes, not one flat colour: many distinct colours.
+			colours := map[color.RGBA]bool{}
+			for y := 0; y < tt.height; y += 2 {
+				for x := 0; x < tt.width; x += 2 {
+					colours[color.RGBAModel.Convert(img.At(x, y)).(color.RGBA)] = true
+				}
+			}
+			require.Greater(t, len(colours), 50, "distinct colours")
+		})
+	}
+}
+
+func decodePNG(t *testing.T, file string) image.Image {
+	t.Helper()
+	f, err := os.Open(file)
+	require.NoError(t, err)
+	defer f.Close()
+	img, err := png.Decode(f)
+	require.NoError(t, err)
+	return img
+}
+
+// requireNear asserts that got is want within a small rounding difference
+// per channel.
+func requireNear(t *testing.T, want color.RGBA, got color.Color) {
+	t.Helper()
+	g := color.RGBAModel.Convert(got).(color.RGBA)
+	near := func(a, b uint8) bool { return int(a)-int(b) <= 3 && int(b)-int(a) <= 3 }
+	require.True(t, near(want.R, g.R) && near(want.G, g.G) && near(want.B, g.B), "colour %v, want about %v", g, want)
+}

@@ -1,0 +1,443 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/uplink"
+)
+
+// statusClock is a settable clock.
+type statusClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *statusClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *statusClock) Plausible() bool { return true }
+
+func (c *statusClock) set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
+}
+
+// statusT0 is when the status fixture's first device was seen.
+var statusT0 = time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+
+// markupHW is a device record on disk whose hardware_id holds markup: the
+// registry loads records without validating them again.
+const markupHW = `<img src=x onerror=alert(1)>`
+
+// statusFleet registers, at a fixed clock, a fleet with one device of each
+// kind, and returns the registry and the time the page is looked at
+// (statusT0 + 2h5m):
+//
+//	AA:BB:CC:DD:EE:01  registered, silent since statusT0
+//	AA:BB:CC:DD:EE:02  registered, 3 boots in a minute: reboot loop (limit 2)
+//	AA:BB:CC:DD:EE:03  registered, 2 batches rejected as clock_not_synced
+//	AA:BB:CC:DD:EE:04  registered, fine
+//	AA:BB:CC:DD:EE:05  not registered, 1 batch repaired from its uptime
+//	markupHW          loaded from disk, silent since statusT0 - 1h
+func statusFleet(t *testing.T) (*gateway.Registry, *statusClock, time.Time) {
+	t.Helper()
+	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, buf.Close()) })
+	raw, err := json.Marshal(gateway.Device{HardwareID: markupHW, FriendlyName: "x",
+		FirstSeenAt: statusT0.Add(-2 * time.Hour), LastSeenAt: statusT0.Add(-time.Hour)})
+	require.NoError(t, err)
+	require.NoError(t, buf.SaveState("dev/"+markupHW, raw))
+
+	clk := &statusClock{now: statusT0}
+	devices, err := gateway.NewRegistry(gateway.DevicesConfig{RebootLoopBoots: 2}, buf, clk, nil, prometheus.NewRegistry())
+	require.NoError(t, err)
+	register := func(hw, name string) {
+		_, _, err := devices.Register(&contract.Registration{HardwareID: hw, BootID: newBoot(), FirmwareVersion: "1.0.16",
+			FriendlyName: name, Capabilities: contract.Capabilities{Sensors: []string{"bme280_temp_c"}, Features: map[string]bool{}}})
+		require.NoError(t, err)
+	}
+	register("AA:BB:CC:DD:EE:01", "North bench")
+	clk.set(statusT0.Add(2 * time.Hour))
+	for range 3 {
+		register("AA:BB:CC:DD:EE:02", "<script>alert('loop')</script>")
+	}
+	register("AA:BB:CC:DD:EE:03", "Seedlings")
+	devices.NotSynced("AA:BB:CC:DD:EE:03")
+	devices.NotSynced("AA:BB:CC:DD:EE:03")
+	register("AA:BB:CC:DD:EE:04", "South bench")
+	devices.Observe(&contract.Batch{BatchID: "AA:BB:CC:DD:EE:05_x", HardwareID: "AA:BB:CC:DD:EE:05", BootID: newBoot(),
+		FirmwareVersion: "1.0.16", Readings: []contract.Reading{{TimestampMS: statusT0.UnixMilli()}}}, true, true)
+	now := statusT0.Add(2*time.Hour + 5*time.Minute)
+	clk.set(now)
+	return devices, clk, now
+}
+
+// statusSources are the figures the fixture's page must show.
+func statusSources(clk *statusClock, eta *float64) gateway.StatusSources {
+	errAt := statusT0.Add(2*time.Hour + 4*time.Minute)
+	delivered := statusT0.Add(2*time.Hour + time.Minute)
+	return gateway.StatusSources{
+		Version: "1.4.2-test",
+		Uptime:  func() time.Duration { return 3*time.Hour + 12*time.Minute + 30*time.Second },
+		Now:     clk.Now,
+		Uplink: func() uplink.Report {
+			return uplink.Report{State: "down", Since: statusT0.Add(2 * time.Hour), BacklogBatches: 1234,
+				BacklogBytes: 3355443, OldestAgeSeconds: 754, DrainRateBatches: 4.5, ETASeconds: eta,
+				LastError: `<b>dial tcp 127.0.0.1:8000</b>: connection refused`, LastErrorAt: &errAt, FailedRounds: 7,
+				LastDeliveryAt: &delivered}
+		},
+		Buffer: func() buffer.Space {
+			return buffer.Space{UsedBytes: 900000000, BudgetBytes: 1 << 30, FreeBytes: 12<<30 + 512<<20, FreeKnown: true,
+				MinFreeBytes: 256 << 20}
+		},
+		Clock: func() gateway.ClockStatus {
+			return gateway.ClockStatus{OffsetSeconds: 3, Learned: true, Plausible: true}
+		},
+	}
+}
+
+// startStatusServer serves the HTTP API with the status fixture on a
+// loopback port and returns its base URL.
+func startStatusServer(t testing.TB, token string, devices *gateway.Registry, src gateway.StatusSources) string {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0"}, gateway.HTTPDeps{
+		Devices: devices, AdminToken: token, Status: src,
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return nil },
+	}, nil)
+	require.NoError(t, err)
+	require.NoError(t, api.Listen())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- api.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return "http://" + api.Addr()
+}
+
+type authMode int
+
+const (
+	authNone authMode = iota
+	authBasic
+	authBearer
+)
+
+func get(t *testing.T, url string, mode authMode, user, token string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	switch mode {
+	case authBasic:
+		req.SetBasicAuth(user, token)
+	case authBearer:
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, string(body)
+}
+
+func TestStatusAuth(t *testing.T) {
+	devices, clk, _ := statusFleet(t)
+	on := startStatusServer(t, adminToken, devices, statusSources(clk, nil))
+	off := startStatusServer(t, "", devices, statusSources(clk, nil))
+	const challenge = `Basic realm="greenhouse-gateway"`
+
+	tests := []struct {
+		name      string
+		base      string
+		path      string
+		mode      authMode
+		user      string
+		token     string
+		code      int
+		challenge bool
+		contains  string
+	}{
+		{"page without credentials", on, "/", authNone, "", "", 401, true, "missing or wrong admin token"},
+		{"page, Basic with a wrong token", on, "/", authBasic, "operator", "wrong", 401, true, ""},
+		{"page, Basic with an empty password", on, "/", authBasic, "admin-secret", "", 401, true, ""},
+		{"page, Bearer with a wrong token", on, "/", authBearer, "", "wrong", 401, true, ""},
+		{"page, Basic with the token", on, "/", authBasic, "operator", adminToken, 200, false, "<title>Greenhouse gateway"},
+		{"page, Basic with any user name", on, "/", authBasic, "", adminToken, 200, false, "<title>Greenhouse gateway"},
+		{"page, Bearer with the token", on, "/", authBearer, "", adminToken, 200, false, "<title>Greenhouse gateway"},
+		{"JSON without credentials", on, "/v1/status", authNone, "", "", 401, true, ""},
+		{"JSON, Basic with the token", on, "/v1/status", authBasic, "ops", adminToken, 200, false, `"backlog_batches":1234`},
+		{"JSON, Bearer with the token", on, "/v1/status", authBearer, "", adminToken, 200, false, `"backlog_batches":1234`},
+		{"devices, Basic with the token", on, "/v1/devices", authBasic, "ops", adminToken, 200, false, `"count":6`},
+		{"devices without credentials", on, "/v1/devices", authNone, "", "", 401, true, ""},
+		{"other paths are not the page", on, "/index.html", authBasic, "ops", adminToken, 404, false, ""},
+		{"page without an admin token", off, "/", authNone, "", "", 403, false, "GATEWAY_ADMIN_TOKEN"},
+		{"JSON without an admin token", off, "/v1/status", authBasic, "ops", adminToken, 403, false, "GATEWAY_ADMIN_TOKEN"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := get(t, tt.base+tt.path, tt.mode, tt.user, tt.token)
+			require.Equal(t, tt.code, resp.StatusCode, body)
+			if tt.challenge {
+				require.Equal(t, challenge, resp.Header.Get("WWW-Authenticate"))
+			} else {
+				require.Empty(t, resp.Header.Get("WWW-Authenticate"))
+			}
+			require.Contains(t, body, tt.contains)
+			if tt.path == "/" && resp.StatusCode != 401 {
+				require.Equal(t, "text/html; charset=utf-8", resp.Header.Get("Content-Type"))
+				require.Contains(t, resp.Header.Get("Content-Security-Policy"), "default-src 'none'")
+			}
+		})
+	}
+}
+
+func TestStatusPageContent(t *testing.T) {
+	devices, clk, _ := statusFleet(t)
+	eta := 274.0
+	tests := []struct {
+		name    string
+		eta     *float64
+		want    []string
+		notWant []string
+	}{
+		{"no ETA", nil, []string{"unknown: no recent delivery to estimate from"}, []string{"4m 34s"}},
+		{"with ETA", &eta, []string{"<dt>Time to drain</dt><dd>4m 34s</dd>"}, []string{"unknown: no recent delivery"}},
+	}
+	common := []string{
+		`<meta http-equiv="refresh" content="10">`,
+		"version 1.4.2-test · up 3h 12m (since 2026-11-20 10:52:30 UTC)",
+		"as of 2026-11-20 14:05:00 UTC",
+		`<span class="badge ok">ready</span>`,
+		"<dt>Clock offset</dt><dd>&#43;3s",
+		"(learned from DynamoDB)",
+		`<span class="badge bad">down</span>`,
+		"<dd>2026-11-20 14:00:00 UTC <span class=\"muted age\">(5m ago)</span></dd>",
+		"<dd>1,234 batches, 3.2 MiB</dd>",
+		"<dt>Oldest waiting</dt><dd>12m 34s</dd>",
+		"<dd>4.5 batches/s</dd>",
+		"<dt>Failed rounds</dt><dd>7</dd>",
+		"<dt>Last delivery</dt><dd>2026-11-20 14:01:00 UTC",
+		"(2026-11-20 14:04:00 UTC, 1m ago)",
+		"&lt;b&gt;dial tcp 127.0.0.1:8000&lt;/b&gt;: connection refused",
+		"<dd>858.3 MiB of 1.0 GiB (83.8%)</dd>",
+		`<span class="badge warn">filling</span>`,
+		`style="width:83.8%"`,
+		"<dd>12.5 GiB <span",
+		"below 256.0 MiB",
+		"<b>4</b>registered", "<b>6</b>known", "<b>4</b>seen in the last hour",
+		"<b>2</b>silent over 1h", "<b>1</b>reboot loops", "<b>2</b>clock problems",
+		"5 need attention",
+		"reboot loop: 3 boots in the last hour",
+		"clock not synced: 2 batches rejected",
+		"silent for 2h 5m",
+		"clock not synced: 1 batch repaired from uptime",
+		"&lt;script&gt;alert(&#39;loop&#39;)&lt;/script&gt;",
+		"&lt;img src=x onerror=alert(1)&gt;",
+		`<a href="/metrics">`, `<a href="/v1/devices">`, `<a href="/v1/uplink">`, `<a href="/v1/audit">`, `<a href="/v1/status">`,
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base := startStatusServer(t, adminToken, devices, statusSources(clk, tt.eta))
+			resp, page := get(t, base+"/", authBasic, "operator", adminToken)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			for _, s := range append(common, tt.want...) {
+				require.Contains(t, page, s)
+			}
+			for _, s := range tt.notWant {
+				require.NotContains(t, page, s)
+			}
+			require.NotContains(t, page, "<script>", "markup from devices and errors is escaped")
+			require.NotContains(t, page, "<img")
+			require.NotContains(t, page, "<b>dial")
+
+			// Attention rows, worst first: the loop, the rejects, the
+			// silent ones (longest first), the repaired; EE:04 is fine.
+			rows := []string{"AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03", "&lt;img src=x", "AA:BB:CC:DD:EE:01", "AA:BB:CC:DD:EE:05"}
+			last := -1
+			for _, hw := range rows {
+				i := strings.Index(page, `<td class="hw">`+hw)
+				require.Greater(t, i, last, "row %s in order", hw)
+				last = i
+			}
+			require.NotContains(t, page, `<td class="hw">AA:BB:CC:DD:EE:04`)
+		})
+	}
+}
+
+func TestStatusJSON(t *testing.T) {
+	devices, clk, now := statusFleet(t)
+	base := startStatusServer(t, adminToken, devices, statusSources(clk, nil))
+	resp, body := get(t, base+"/v1/status", authBearer, "", adminToken)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, body, `"eta_seconds":null`)
+
+	var s gateway.StatusData
+	require.NoError(t, json.Unmarshal([]byte(body), &s))
+	require.Equal(t, "1.4.2-test", s.Version)
+	require.True(t, now.Equal(s.Now))
+	require.Equal(t, (3*time.Hour + 12*time.Minute + 30*time.Second).Seconds(), s.UptimeSeconds)
+	require.True(t, now.Add(-(3*time.Hour + 12*time.Minute + 30*time.Second)).Equal(s.StartedAt))
+	require.True(t, s.Ready)
+	require.Equal(t, "down", s.Uplink.State)
+	require.EqualValues(t, 1234, s.Uplink.BacklogBatches)
+	require.Nil(t, s.Uplink.ETASeconds)
+	require.Equal(t, 7, s.Uplink.FailedRounds)
+	require.EqualValues(t, 900000000, s.Buffer.UsedBytes)
+	require.InDelta(t, 0.838, s.Buffer.UsedFraction, 0.001)
+	require.NotNil(t, s.Buffer.FreeBytes)
+	require.EqualValues(t, uint64(12<<30+512<<20), *s.Buffer.FreeBytes)
+	require.Equal(t, gateway.ClockStatus{OffsetSeconds: 3, Learned: true, Plausible: true}, *s.Clock)
+
+	f := s.Devices
+	require.Equal(t, 6, f.Known)
+	require.Equal(t, 4, f.Registered)
+	require.Equal(t, 4, f.SeenLastHour)
+	require.Equal(t, 2, f.SilentOverHour)
+	require.Equal(t, 1, f.RebootLoops)
+	require.Equal(t, 2, f.ClockProblems)
+	require.Equal(t, 5, f.NeedAttention)
+	var order []string
+	for _, a := range f.Attention {
+		order = append(order, a.HardwareID)
+	}
+	require.Equal(t, []string{"AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03", markupHW, "AA:BB:CC:DD:EE:01", "AA:BB:CC:DD:EE:05"}, order)
+	require.Equal(t, []string{"silent for 2h 5m"}, f.Attention[3].Reasons)
+	require.True(t, statusT0.Equal(f.Attention[3].LastSeenAt))
+}
+
+func TestStatusSectionsLeftOut(t *testing.T) {
+	devices, clk, _ := statusFleet(t)
+	base := startStatusServer(t, adminToken, devices, gateway.StatusSources{Version: "dev", Now: clk.Now})
+	resp, page := get(t, base+"/", authBasic, "operator", adminToken)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, page, "version dev · as of 2026-11-20 14:05:00 UTC")
+	for _, s := range []string{`id="uplink"`, `id="buffer"`, "Clock offset", "Uptime"} {
+		require.NotContains(t, page, s)
+	}
+	require.Contains(t, page, `id="devices"`)
+
+	resp, body := get(t, base+"/v1/status", authBasic, "operator", adminToken)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var raw map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal([]byte(body), &raw))
+	for _, k := range []string{"uplink", "buffer", "clock", "started_at"} {
+		require.NotContains(t, raw, k)
+	}
+}
+
+func TestFleetLimit(t *testing.T) {
+	devices, _, now := statusFleet(t)
+	tests := []struct {
+		limit int
+		want  []string
+	}{
+		{0, []string{}},
+		{2, []string{"AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03"}},
+		{gateway.MaxAttentionDevices, []string{"AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03", markupHW, "AA:BB:CC:DD:EE:01", "AA:BB:CC:DD:EE:05"}},
+	}
+	for _, tt := range tests {
+		f := devices.Fleet(now, tt.limit)
+		require.Equal(t, 5, f.NeedAttention, "limit %d", tt.limit)
+		got := []string{}
+		for _, a := range f.Attention {
+			got = append(got, a.HardwareID)
+		}
+		require.Equal(t, tt.want, got, "limit %d", tt.limit)
+	}
+}
+
+func TestStatusPageStates(t *testing.T) {
+	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, buf.Close()) })
+	clk := &statusClock{now: statusT0}
+	empty, err := gateway.NewRegistry(gateway.DevicesConfig{}, buf, clk, nil, prometheus.NewRegistry())
+	require.NoError(t, err)
+
+	tests := []struct {
+		name    string
+		src     gateway.StatusSources
+		ready   error
+		want    []string
+		notWant []string
+	}{
+		{
+			name: "all well",
+			src: gateway.StatusSources{Version: "dev", Now: clk.Now,
+				Uplink: func() uplink.Report { return uplink.Report{State: "up", Since: statusT0.Add(-time.Minute)} },
+				Buffer: func() buffer.Space {
+					return buffer.Space{UsedBytes: 1 << 20, BudgetBytes: 1 << 30, FreeBytes: 1 << 30, FreeKnown: true}
+				},
+				Clock: func() gateway.ClockStatus { return gateway.ClockStatus{Plausible: true} },
+			},
+			want: []string{"<title>Greenhouse gateway</title>", `<span class="badge ok">ready</span>`,
+				`<span class="badge ok">up</span>`, "<dt>Since</dt><dd>2026-11-20 11:59:00 UTC <span class=\"muted age\">(1m ago)</span>", "<dt>Oldest waiting</dt><dd>none</dd>",
+				"<dt>Time to drain</dt><dd>nothing to drain</dd>", `<span class="badge ok">room</span>`,
+				"<dd>1.0 MiB of 1.0 GiB (0.1%)</dd>", "<dt>Clock offset</dt><dd>0s", "(not learned yet: system clock as is)",
+				`<span class="badge ok">all well</span>`, "No device needs attention.", "<b>0</b>known"},
+			notWant: []string{"Last error", "Failed rounds", "Last delivery", "<table>", "implausible"},
+		},
+		{
+			name:  "stopping, buffer nearly full, clock implausible",
+			ready: errors.New("shutting down"),
+			src: gateway.StatusSources{Version: "dev", Now: clk.Now,
+				Buffer: func() buffer.Space { return buffer.Space{UsedBytes: 1000, BudgetBytes: 1024} },
+				Clock:  func() gateway.ClockStatus { return gateway.ClockStatus{OffsetSeconds: -3720, Plausible: false} },
+			},
+			want: []string{"<title>Greenhouse gateway: not ready</title>", `<span class="badge bad">not ready</span>`,
+				"<dt>Readiness</dt><dd>shutting down</dd>", `<span class="badge bad">nearly full</span>`,
+				`<div class="bar full">`, "<dd>1000 B of 1.0 KiB (97.7%)</dd>", "<dd>unknown <span",
+				"<dd>-1h 2m", `<span class="badge bad">implausible</span>`},
+			notWant: []string{`id="uplink"`},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0"}, gateway.HTTPDeps{
+				Devices: empty, AdminToken: adminToken, Status: tt.src,
+				Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return tt.ready },
+			}, nil)
+			require.NoError(t, err)
+			require.NoError(t, api.Listen())
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- api.Run(ctx) }()
+			defer func() {
+				cancel()
+				require.NoError(t, <-done)
+			}()
+			resp, page := get(t, "http://"+api.Addr()+"/", authBasic, "operator", adminToken)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			for _, s := range tt.want {
+				require.Contains(t, page, s)
+			}
+			for _, s := range tt.notWant {
+				require.NotContains(t, page, s)
+			}
+		})
+	}
+}
