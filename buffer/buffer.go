@@ -890,8 +890,10 @@ func (b *Buffer) SaveState(name string, value []byte) error {
 	return b.SaveStates(map[string][]byte{name: value})
 }
 
-// SaveStates durably stores several state records in one synced
-// transaction.
+// SaveStates durably stores several state records. Each record is written
+// whole; records that do not fit in one Badger transaction (thousands of
+// device records after a busy flush interval) are saved in as many synced
+// transactions as they need, so on an error some may already be saved.
 func (b *Buffer) SaveStates(records map[string][]byte) error {
 	if len(records) == 0 {
 		return nil
@@ -903,28 +905,52 @@ func (b *Buffer) SaveStates(records map[string][]byte) error {
 	}
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
+	names := make([]string, 0, len(records))
+	for name := range records {
+		names = append(names, name)
+	}
+	for len(names) > 0 {
+		n, err := b.saveStates(names, records)
+		if err != nil {
+			return fmt.Errorf("saving %d state records: %w", len(records), err)
+		}
+		names = names[n:]
+	}
+	return nil
+}
+
+// saveStates saves the records of as many of names as fit in one synced
+// transaction and returns how many it saved.
+func (b *Buffer) saveStates(names []string, records map[string][]byte) (int, error) {
 	var delta, added int64
 	b.vlogSyncFailed.Store(false)
-	err := b.db.Update(func(txn *badger.Txn) error {
-		delta, added = 0, 0
-		for name, value := range records {
-			k := stateKey(name)
-			item, err := txn.Get(k)
-			switch {
-			case err == nil:
-				delta -= recordSize(len(k), int(item.ValueSize()))
-			case errors.Is(err, badger.ErrKeyNotFound):
-				added++
-			default:
-				return err
-			}
-			if err := txn.Set(k, value); err != nil {
-				return err
-			}
-			delta += recordSize(len(k), len(value))
+	txn := b.db.NewTransaction(true)
+	defer txn.Discard()
+	n := 0
+	for _, name := range names {
+		k := stateKey(name)
+		value := records[name]
+		var old int64
+		item, err := txn.Get(k)
+		switch {
+		case err == nil:
+			old = recordSize(len(k), int(item.ValueSize()))
+		case errors.Is(err, badger.ErrKeyNotFound):
+		default:
+			return 0, err
 		}
-		return nil
-	})
+		if err := txn.Set(k, value); errors.Is(err, badger.ErrTxnTooBig) && n > 0 {
+			break // the rest go in the next transaction
+		} else if err != nil {
+			return 0, err
+		}
+		if old == 0 {
+			added++
+		}
+		delta += recordSize(len(k), len(value)) - old
+		n++
+	}
+	err := txn.Commit()
 	if err == nil && b.vlogSyncFailed.Swap(false) {
 		err = errors.New("badger could not sync its value log")
 	}
@@ -932,11 +958,11 @@ func (b *Buffer) SaveStates(records map[string][]byte) error {
 		err = b.dirSync.syncIfChanged()
 	}
 	if err != nil {
-		return fmt.Errorf("saving %d state records: %w", len(records), err)
+		return 0, err
 	}
 	b.usage.state.Add(delta)
 	b.usage.stateRecords.Add(added)
-	return nil
+	return n, nil
 }
 
 // Run collects expired delivery markers and history records and garbage-collects Badger's
