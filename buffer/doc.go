@@ -20,7 +20,8 @@
 //	                              receive time and the canonical payload
 //	e/<delivered ms, 8 bytes><batch_id>
 //	                              collection index of delivered markers
-//	x/<batch_id>                  a dead-lettered batch (same encoding as q/)
+//	x/<batch_id>                  a dead-lettered batch (as q/, with the
+//	                              reason between receive time and payload)
 //	m/seq                         the next queue sequence number
 //	s/<name>                      small gateway state (the API key cache,
 //	                              the device registry)
