@@ -67,6 +67,8 @@ type HTTPDeps struct {
 	Auth   *Authenticator
 	// Devices backs the operator endpoints; nil disables them.
 	Devices *Registry
+	// DeadLetters backs /v1/dead-letters (the buffer).
+	DeadLetters DeadLetterStore
 	// AdminToken guards the operator endpoints (Authorization: Bearer);
 	// empty disables them.
 	AdminToken string
@@ -103,6 +105,8 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 	mux.HandleFunc("POST /v1/register", h.register)
 	mux.HandleFunc("GET /v1/devices", h.admin(h.listDevices))
 	mux.HandleFunc("GET /v1/devices/{hardware_id}", h.admin(h.getDevice))
+	mux.HandleFunc("GET /v1/dead-letters", h.admin(h.listDeadLetters))
+	mux.HandleFunc("POST /v1/dead-letters/{batch_id}/reforward", h.admin(h.reforwardDeadLetter))
 	mux.Handle("GET /metrics", deps.Metrics)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
