@@ -179,7 +179,8 @@ type statusReport struct {
 }
 
 type metricsBacklog struct {
-	UplinkUp         bool    `json:"uplink_up"`
+	// UplinkUp is nil when the gateway exports no gateway_uplink_up.
+	UplinkUp         *bool   `json:"uplink_up,omitempty"`
 	PendingBatches   int64   `json:"pending_batches"`
 	PendingBytes     int64   `json:"pending_bytes"`
 	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
@@ -259,9 +260,12 @@ func gatherStatus(ctx context.Context, c *apiClient) (*statusReport, error) {
 			r.Problems = append(r.Problems, "reading /metrics: "+merr.Error())
 			break
 		}
-		r.Backlog = &metricsBacklog{UplinkUp: m["gateway_uplink_up"] == 1,
-			PendingBatches: int64(m["gateway_buffer_pending_batches"]), PendingBytes: int64(m["gateway_buffer_pending_bytes"]),
+		r.Backlog = &metricsBacklog{PendingBatches: int64(m["gateway_buffer_pending_batches"]), PendingBytes: int64(m["gateway_buffer_pending_bytes"]),
 			OldestAgeSeconds: m["gateway_buffer_oldest_pending_age_seconds"]}
+		if v, ok := m["gateway_uplink_up"]; ok {
+			up := v == 1
+			r.Backlog.UplinkUp = &up
+		}
 	case errors.As(err, &aerr):
 		r.Problems = append(r.Problems, "/v1/uplink: "+aerr.Error())
 	default:
@@ -344,9 +348,9 @@ func printStatus(w io.Writer, r *statusReport) {
 		}
 	}
 	if b := r.Backlog; b != nil {
-		state := "down"
-		if b.UplinkUp {
-			state = "up"
+		state := "unknown"
+		if b.UplinkUp != nil {
+			state = map[bool]string{true: "up", false: "down"}[*b.UplinkUp]
 		}
 		fmt.Fprintf(w, "uplink: %s (from /metrics; this gateway has no /v1/uplink)\n", state)
 		fmt.Fprintf(w, "backlog: %d batches, %s", b.PendingBatches, fmtBytes(b.PendingBytes))
@@ -388,7 +392,11 @@ func fmtTime(t time.Time) string {
 }
 
 func fmtSeconds(s float64) string {
-	return time.Duration(s * float64(time.Second)).Round(time.Second).String()
+	d := time.Duration(s * float64(time.Second)).Round(time.Second)
+	if d >= 48*time.Hour {
+		return fmt.Sprintf("%dd%dh", d/(24*time.Hour), d%(24*time.Hour)/time.Hour)
+	}
+	return d.String()
 }
 
 func fmtBytes(n int64) string {
