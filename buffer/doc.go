@@ -6,8 +6,11 @@
 // cloud and marks them delivered; a delivered batch keeps a small marker for
 // a retention window so that a device re-sending it is told "duplicate", and
 // the marker is then collected. Undelivered batches leave the queue only by
-// delivery, an operator's dead-lettering, or, if the operator chose
-// buffer.full_policy drop_oldest, to make room (see Capacity).
+// delivery, dead-lettering (a batch the cloud refuses for its content is
+// kept aside with the reason), or, if the operator chose
+// buffer.full_policy drop_oldest, to make room (see Capacity). An operator
+// may put a dead letter back at the end of the queue (Reforward); Snapshot
+// reads a stopped gateway's buffer without changing it.
 //
 // # On-disk layout
 //

@@ -62,7 +62,9 @@ func (f apiFlags) client(env *cmdEnv) (*apiClient, error) {
 		}
 		token = strings.TrimRight(string(raw), "\r\n")
 	}
-	return &apiClient{base: strings.TrimRight(*f.url, "/"), token: token, http: &http.Client{}}, nil
+	// A gateway answers its operator API from memory or one Badger read;
+	// a minute bounds a hung one (--timeout bounds the whole command).
+	return &apiClient{base: strings.TrimRight(*f.url, "/"), token: token, http: &http.Client{Timeout: time.Minute}}, nil
 }
 
 // errNotAvailable is a 404 from an endpoint: an older gatewayd.
