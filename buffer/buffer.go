@@ -314,7 +314,8 @@ type Buffer struct {
 	// no other writer changes underneath.
 	wmu sync.Mutex
 
-	// Owned by the committer goroutine.
+	// nextSeq is the next queue sequence number; guarded by wmu (the
+	// committer's groups and Reforward take numbers from it).
 	nextSeq uint64
 
 	free    freeSpace
@@ -450,9 +451,11 @@ type scanResult struct {
 }
 
 // scan reads every record and decodes it.
-func (b *Buffer) scan() (scanResult, error) {
+func (b *Buffer) scan() (scanResult, error) { return scanDB(b.db) }
+
+func scanDB(db *badger.DB) (scanResult, error) {
 	s := scanResult{nextSeq: 1}
-	err := b.db.View(func(txn *badger.Txn) error {
+	err := db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: true, PrefetchSize: 100})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
@@ -745,8 +748,9 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 }
 
 // DeadLetter moves a batch the cloud refuses permanently out of the queue
-// into the dead-letter area, where it is kept (never deleted by the buffer)
-// for an operator to inspect. A batch no longer queued is skipped.
+// into the dead-letter area, where it is kept with reason (never deleted by
+// the buffer) for an operator to inspect (DeadLetters) or re-forward
+// (Reforward). A batch no longer queued is skipped.
 func (b *Buffer) DeadLetter(p Pending, reason string) error {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
@@ -773,7 +777,7 @@ func (b *Buffer) DeadLetter(p Pending, reason string) error {
 	}
 	m.state = stateDead
 	m.doneAt = b.opts.now()
-	val := encodePending(p)
+	val := encodeDead(p, reason)
 	if err := wb.set(markerKey(p.BatchID), m.encode()); err != nil {
 		return err
 	}

@@ -194,8 +194,8 @@ func TestDropOldestNeverDropsForABatchThatCannotFit(t *testing.T) {
 
 func TestDeadLettersCountButAreNeverEvicted(t *testing.T) {
 	p1, p2 := entry("p1", "one"), entry("p2", "two")
-	dead := deadRecord(2, len(encodePending(Pending{BatchID: "p1", HardwareID: p1.HardwareID,
-		ReceivedAt: p1.ReceivedAt, Payload: p1.Payload}))) + markerRecord(2)
+	dead := deadRecord(2, len(encodeDead(Pending{BatchID: "p1", HardwareID: p1.HardwareID,
+		ReceivedAt: p1.ReceivedAt, Payload: p1.Payload}, "ValidationException"))) + markerRecord(2)
 	b := open(t, t.TempDir(), Options{MaxPendingBytes: dead + cost(p2) - 1, FullPolicy: PolicyDropOldest})
 	require.Equal(t, []Outcome{Stored}, commit(t, b, p1))
 	pend, err := b.Pending(0, 1)

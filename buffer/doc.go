@@ -6,8 +6,11 @@
 // cloud and marks them delivered; a delivered batch keeps a small marker for
 // a retention window so that a device re-sending it is told "duplicate", and
 // the marker is then collected. Undelivered batches leave the queue only by
-// delivery, an operator's dead-lettering, or, if the operator chose
-// buffer.full_policy drop_oldest, to make room (see Capacity).
+// delivery, dead-lettering (a batch the cloud refuses for its content is
+// kept aside with the reason), or, if the operator chose
+// buffer.full_policy drop_oldest, to make room (see Capacity). An operator
+// may put a dead letter back at the end of the queue (Reforward); Snapshot
+// reads a stopped gateway's buffer without changing it.
 //
 // # On-disk layout
 //
@@ -27,7 +30,8 @@
 //	y/<delivered ms, 8 bytes><batch_id>
 //	                              collection index of h/: the h/ value's
 //	                              length (4 bytes) and the h/ key
-//	x/<batch_id>                  a dead-lettered batch (same encoding as q/)
+//	x/<batch_id>                  a dead-lettered batch (as q/, with the
+//	                              reason between receive time and payload)
 //	m/seq                         the next queue sequence number
 //	s/<name>                      small gateway state (the API key cache,
 //	                              the device registry)

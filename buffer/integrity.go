@@ -53,7 +53,10 @@ func damaged(dir, format string, args ...any) error {
 // system problem means files Badger cannot read.
 func openError(dir string, err error) error {
 	msg := err.Error()
-	for _, env := range []string{"Cannot acquire directory lock", "permission denied",
+	if strings.Contains(msg, "Cannot acquire directory lock") {
+		return &InUseError{Dir: dir, Err: err}
+	}
+	for _, env := range []string{"permission denied",
 		"no space left on device", "read-only file system", "too many open files", "cannot allocate memory"} {
 		if strings.Contains(msg, env) {
 			return fmt.Errorf("opening buffer %s: %w", dir, err)
@@ -61,6 +64,25 @@ func openError(dir string, err error) error {
 	}
 	return damaged(dir, "badger cannot open it: %v", err)
 }
+
+// ErrInUse matches (errors.Is) every *InUseError.
+var ErrInUse = errors.New("buffer: in use by another process")
+
+// InUseError reports a data directory another process (a running gatewayd)
+// holds: Badger locks it for as long as it is open.
+type InUseError struct {
+	Dir string
+	Err error
+}
+
+func (e *InUseError) Error() string {
+	return fmt.Sprintf("opening buffer %s: another process is using it: %v", e.Dir, e.Err)
+}
+
+// Is makes errors.Is(err, ErrInUse) true.
+func (e *InUseError) Is(target error) bool { return target == ErrInUse }
+
+func (e *InUseError) Unwrap() error { return e.Err }
 
 // checkNotInUse fails when another process holds the directory (Badger
 // flocks the directory itself), so that checkDirectory never reads the
@@ -75,7 +97,7 @@ func checkNotInUse(dir string) error {
 	}
 	defer f.Close()
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return fmt.Errorf("opening buffer %s: another process is using it: %w", dir, err)
+		return &InUseError{Dir: dir, Err: err}
 	}
 	return syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 }

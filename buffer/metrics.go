@@ -14,6 +14,7 @@ type metrics struct {
 	commitSeconds  prometheus.Histogram
 	delivered      prometheus.Counter
 	deadLettered   prometheus.Counter
+	reforwarded    prometheus.Counter
 	collected      prometheus.Counter
 	// collectedHistory counts history records deleted after
 	// buffer.history_retention.
@@ -53,6 +54,10 @@ func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
 		deadLettered: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "buffer", Name: "dead_lettered_batches_total",
 			Help: "Batches moved to the dead-letter area after a permanent cloud refusal.",
+		}),
+		reforwarded: f.NewCounter(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "buffer", Name: "reforwarded_batches_total",
+			Help: "Dead-lettered batches an operator moved back into the queue.",
 		}),
 		collected: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "buffer", Name: "collected_markers_total",

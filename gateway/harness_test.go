@@ -137,7 +137,7 @@ func startGateway(t *testing.T, store gateway.Committer, options ...func(*gatewa
 	require.NoError(t, err)
 	require.NoError(t, broker.Listen())
 	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0", MaxBodyBytes: 64 << 10}, gateway.HTTPDeps{
-		Ingest: ingest, Auth: auth, Devices: devices, History: buf, AdminToken: adminToken,
+		Ingest: ingest, Auth: auth, Devices: devices, History: buf, AdminToken: adminToken, DeadLetters: buf,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return nil },
 	}, nil)
 	require.NoError(t, err)

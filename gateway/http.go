@@ -69,6 +69,8 @@ type HTTPDeps struct {
 	Devices *Registry
 	// History backs the operator's reading queries; nil answers them 404.
 	History History
+	// DeadLetters backs /v1/dead-letters (the buffer).
+	DeadLetters DeadLetterStore
 	// AdminToken guards the operator endpoints (Authorization: Bearer, or
 	// Basic with the token as password); empty disables them.
 	AdminToken string
@@ -111,6 +113,8 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 	mux.HandleFunc("GET /v1/devices/{hardware_id}/summary", h.admin(h.deviceSummary))
 	mux.HandleFunc("GET /v1/status", h.admin(h.statusJSON))
 	mux.HandleFunc("GET /{$}", h.statusPage)
+	mux.HandleFunc("GET /v1/dead-letters", h.admin(h.listDeadLetters))
+	mux.HandleFunc("POST /v1/dead-letters/{batch_id}/reforward", h.admin(h.reforwardDeadLetter))
 	mux.Handle("GET /metrics", deps.Metrics)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -1,11 +1,16 @@
 // Command gatewayctl administers the gateway's cloud side: it creates the DynamoDB tables,
-// probes the endpoint's transaction size limit and manages device API keys.
+// probes the endpoint's transaction size limit and manages device API keys. It also shows
+// a running gatewayd's status and inspects, exports and re-forwards what a gatewayd's
+// buffer holds.
 //
 //	gatewayctl tables create [flags]
 //	gatewayctl tables probe [flags]
 //	gatewayctl keys create [flags] [--description TEXT]
 //	gatewayctl keys revoke [flags] KEY_ID
 //	gatewayctl keys list [flags]
+//	gatewayctl readings latest [flags]
+//	gatewayctl status [--url URL] [--admin-token-file FILE] [--json]
+//	gatewayctl buffer inspect|export|dead-letters|reforward [flags]
 //	gatewayctl --version
 //
 // Every command takes --dynamodb-endpoint, --aws-region and --table-prefix (environment
@@ -69,6 +74,11 @@ commands:
   keys revoke     revoke an API key: gatewayctl keys revoke [flags] KEY_ID
   keys list       list API keys, newest first
   readings latest print the newest readings in device_readings
+  status          ask a running gatewayd for its readiness, uplink, devices and dead letters
+  buffer inspect  check a stopped gatewayd's buffer and print what it holds
+  buffer export   write a stopped gatewayd's pending and dead-lettered batches as NDJSON
+  buffer dead-letters  list dead-lettered batches (--data-dir DIR or --url URL)
+  buffer reforward     queue a dead-lettered batch again (--data-dir DIR or --url URL)
 
 Flags follow the command; "gatewayctl <command> -h" lists them.
 "gatewayctl --version" prints the version.
@@ -80,7 +90,9 @@ type command struct {
 	args  string // positional arguments for the usage line
 	about string
 	// npos is the exact number of positional arguments.
-	npos  int
+	npos int
+	// local commands do not reach DynamoDB: no cloud flags.
+	local bool
 	setup func(fs *flag.FlagSet, getenv func(string) string) func(ctx context.Context, env *cmdEnv, pos []string) error
 }
 
@@ -103,6 +115,18 @@ var commands = []command{
 		setup: setupKeysList},
 	{name: "readings latest", args: "[--hardware-id HW] [--limit N]", about: "Print the newest readings in device_readings, read straight from DynamoDB.",
 		setup: setupReadingsLatest},
+	{name: "status", local: true, args: "[--url URL] [--admin-token-file FILE] [--json]", about: "Ask a running gatewayd (GET /readyz, /v1/uplink, /v1/devices, /v1/dead-letters)\n" +
+		"and print a summary. The admin token comes from --admin-token-file or GATEWAY_ADMIN_TOKEN.", setup: setupStatus},
+	{name: "buffer inspect", local: true, args: "--data-dir DIR [--top N] [--json]", about: "Check a stopped gatewayd's buffer as gatewayd does at start and print what it holds:\n" +
+		"pending batches by device, delivered markers, dead letters with their reasons, state records, space.",
+		setup: setupBufferInspect},
+	{name: "buffer export", local: true, args: "--data-dir DIR [--what pending|dead|all] [--hardware-id HW] [--out FILE]",
+		about: "Write a stopped gatewayd's batches as NDJSON, one batch a line with its payload as JSON.", setup: setupBufferExport},
+	{name: "buffer dead-letters", local: true, args: "(--data-dir DIR | --url URL) [--limit N] [--json]",
+		about: "List dead-lettered batches with the cloud's reason.", setup: setupBufferDeadLetters},
+	{name: "buffer reforward", local: true, args: "(--data-dir DIR | --url URL) BATCH_ID", npos: 1,
+		about: "Move a dead-lettered batch back to the end of the queue, to be forwarded again.\n" +
+			"It then reaches the cloud after batches its device sent later.", setup: setupBufferReforward},
 }
 
 // usageError is wrong usage: exit status 2.
@@ -123,9 +147,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		fmt.Fprintf(stdout, "gatewayctl %s\n", version)
 		return exitOK
 	}
-	if len(args) >= 2 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help") {
+	if len(args) >= 2 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help") && args[0] != "status" {
 		fmt.Fprint(stdout, mainUsage)
 		return exitOK
+	}
+	for _, c := range commands {
+		if c.name == args[0] {
+			return c.run(ctx, args[1:], stdout, stderr, getenv)
+		}
 	}
 	if len(args) < 2 || strings.HasPrefix(args[1], "-") {
 		fmt.Fprintf(stderr, "gatewayctl: %q needs a subcommand\n\n%s", args[0], mainUsage)
@@ -153,7 +182,13 @@ func (c command) run(ctx context.Context, args []string, stdout, stderr io.Write
 		fmt.Fprintf(out, "\n\n%s\n\nflags:\n", c.about)
 		fs.PrintDefaults()
 	}
-	env := &cmdEnv{stdout: stdout, stderr: stderr, getenv: getenv, cloud: registerCloudFlags(fs, getenv)}
+	env := &cmdEnv{stdout: stdout, stderr: stderr, getenv: getenv}
+	if c.local {
+		env.cloud = &cloudFlags{timeout: 30 * time.Minute}
+		fs.DurationVar(&env.cloud.timeout, "timeout", env.cloud.timeout, "give up after this long")
+	} else {
+		env.cloud = registerCloudFlags(fs, getenv)
+	}
 	do := c.setup(fs, getenv)
 
 	pos, err := parseInterleaved(fs, args)
