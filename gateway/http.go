@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/uplink"
 )
 
 // HTTPConfig configures the HTTP API.
@@ -70,6 +71,9 @@ type HTTPDeps struct {
 	// AdminToken guards the operator endpoints (Authorization: Bearer);
 	// empty disables them.
 	AdminToken string
+	// Uplink reports the uplink's state for GET /v1/uplink (operator API);
+	// nil answers 404.
+	Uplink func() uplink.Report
 	// Metrics serves /metrics.
 	Metrics http.Handler
 	// Ready reports whether the gateway can take batches (for /readyz).
@@ -103,6 +107,7 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 	mux.HandleFunc("POST /v1/register", h.register)
 	mux.HandleFunc("GET /v1/devices", h.admin(h.listDevices))
 	mux.HandleFunc("GET /v1/devices/{hardware_id}", h.admin(h.getDevice))
+	mux.HandleFunc("GET /v1/uplink", h.admin(h.uplinkReport))
 	mux.Handle("GET /metrics", deps.Metrics)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -268,6 +273,14 @@ func (h *HTTPServer) getDevice(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, d)
+}
+
+func (h *HTTPServer) uplinkReport(w http.ResponseWriter, r *http.Request) {
+	if h.deps.Uplink == nil {
+		writeJSON(w, http.StatusNotFound, map[string]string{"status": "error", "message": "no uplink runs in this gateway"})
+		return
+	}
+	writeJSON(w, http.StatusOK, h.deps.Uplink())
 }
 
 func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {

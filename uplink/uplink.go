@@ -269,6 +269,7 @@ type Uplink struct {
 	arrivals ewmaRate // queued batches per second
 	index    *backlogIndex
 	lastSeq  uint64 // the newest queue entry seen (Run's goroutine only)
+	seqKnown bool   // lastSeq was read from the queue
 
 	mu           sync.Mutex
 	txLimit      int // 0 until known
@@ -312,15 +313,17 @@ func New(cfg Config, store Store, devices DeviceSource, clock Clock, db DynamoDB
 	}
 	u := &Uplink{
 		cfg: cfg, store: store, devices: devices, db: db, probe: probe, tables: tables,
-		logger:  logger.With("component", "uplink"),
-		metrics: newMetrics(reg),
-		clock:   clock,
-		txLimit: cfg.TransactionMaxItems,
+		logger:    logger.With("component", "uplink"),
+		metrics:   newMetrics(reg),
+		clock:     clock,
+		txLimit:   cfg.TransactionMaxItems,
 		status:    Status{Up: true, Since: time.Now()},
 		drain:     ewmaRate{tau: drainTau},
 		arrivals:  ewmaRate{tau: arrivalTau},
 		uncertain: map[string]bool{},
 	}
+	// Deliveries are measured from the start.
+	u.drain.add(0, time.Now())
 	u.limiter = newAIMD(cfg.Concurrency, cfg.MaxConcurrency, func(n int) { u.metrics.concurrency.Set(float64(n)) })
 	if src, ok := store.(refSource); ok {
 		u.index = &backlogIndex{src: src, devices: map[string][]uint64{}}
@@ -561,7 +564,13 @@ func (u *Uplink) countArrivals(leased []buffer.Pending) {
 	if u.index != nil {
 		newest = max(newest, u.index.newest())
 	}
-	u.arrivals.add(int(newest-u.lastSeq), time.Now())
+	if u.seqKnown {
+		u.arrivals.add(int(newest-u.lastSeq), time.Now())
+	} else {
+		// What is queued at start is a backlog, not arrivals.
+		u.arrivals.add(0, time.Now())
+		u.seqKnown = true
+	}
 	u.lastSeq = newest
 }
 

@@ -204,7 +204,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		return nil
 	}
 	api, err := gateway.NewHTTPServer(cfg.HTTP, gateway.HTTPDeps{
-		Ingest: ingest, Auth: auth, Devices: devices, AdminToken: adminToken,
+		Ingest: ingest, Auth: auth, Devices: devices, AdminToken: adminToken, Uplink: up.Report,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready,
 	}, logger)
 	if err != nil {
