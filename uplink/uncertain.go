@@ -17,11 +17,14 @@ import (
 const batchGetMax = 100
 
 // An uncertain batch may be in the cloud already: it was leased by the
-// round a crash interrupted (the first lease after a start takes the same
-// oldest batches), or its write failed with an ambiguous error (a timeout,
-// a lost answer, a 5xx). Before it is written again its processed_batches
-// marker is looked up; a batch whose marker exists is recorded as
-// delivered without a write.
+// round a crash interrupted, or its write failed with an ambiguous error (a
+// timeout, a lost answer, a 5xx). Before it is written again its
+// processed_batches marker is looked up; a batch whose marker exists is
+// recorded as delivered without a write. The interrupted round's lease was
+// the oldest batches, which the first lease after a start takes again,
+// and devices' oldest batches, which later rounds take as fresh batches:
+// so the whole first lease is checked, and every fresh batch queued before
+// the start.
 
 // markUncertain remembers that batchID's write may have been applied.
 func (u *Uplink) markUncertain(batchID string) {
@@ -32,13 +35,13 @@ func (u *Uplink) markUncertain(batchID string) {
 
 // checkUncertain looks up the markers of the lease's uncertain batches,
 // records those found as delivered, and returns the batches still to
-// forward, in lease order.
-func (u *Uplink) checkUncertain(ctx context.Context, leased []buffer.Pending) ([]buffer.Pending, error) {
+// forward, in lease order. leased[freshFrom:] are the fresh batches.
+func (u *Uplink) checkUncertain(ctx context.Context, leased []buffer.Pending, freshFrom int) ([]buffer.Pending, error) {
 	u.mu.Lock()
 	all := !u.startChecked
 	var check []buffer.Pending
-	for _, p := range leased {
-		if all || u.uncertain[p.BatchID] {
+	for i, p := range leased {
+		if all || u.uncertain[p.BatchID] || (i >= freshFrom && p.Seq <= u.startSeq) {
 			check = append(check, p)
 		}
 	}

@@ -270,6 +270,7 @@ type Uplink struct {
 	index    *backlogIndex
 	lastSeq  uint64 // the newest queue entry seen (Run's goroutine only)
 	seqKnown bool   // lastSeq was read from the queue
+	startSeq uint64 // the newest queue entry at start
 
 	mu           sync.Mutex
 	txLimit      int // 0 until known
@@ -456,6 +457,10 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 		if u.index != nil {
 			u.index.clear()
 		}
+		// Nothing was pending at start, so nothing is uncertain.
+		u.mu.Lock()
+		u.startChecked = true
+		u.mu.Unlock()
 		return devices, false, nil
 	}
 	// Group by device, keeping arrival order within each device.
@@ -479,7 +484,7 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 	}
 	u.metrics.roundBatches.Observe(float64(len(leased)))
 	taken := len(leased)
-	if leased, err = u.checkUncertain(ctx, leased); err != nil {
+	if leased, err = u.checkUncertain(ctx, leased, oldest); err != nil {
 		return 0, false, err
 	}
 	order, byDevice = order[:0], map[string][]buffer.Pending{}
@@ -570,6 +575,7 @@ func (u *Uplink) countArrivals(leased []buffer.Pending) {
 		// What is queued at start is a backlog, not arrivals.
 		u.arrivals.add(0, time.Now())
 		u.seqKnown = true
+		u.startSeq = newest
 	}
 	u.lastSeq = newest
 }
