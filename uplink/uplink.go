@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -484,6 +485,10 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 	}
 	u.metrics.roundBatches.Observe(float64(len(leased)))
 	taken := len(leased)
+	fresh := map[string]bool{}
+	for _, p := range leased[min(oldest, len(leased)):] {
+		fresh[p.HardwareID] = true
+	}
 	if leased, err = u.checkUncertain(ctx, leased, oldest); err != nil {
 		return 0, false, err
 	}
@@ -494,6 +499,17 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 		}
 		byDevice[p.HardwareID] = append(byDevice[p.HardwareID], p)
 	}
+	// Fresh devices first: one batch each, they do not wait for workers
+	// busy with a backlog.
+	slices.SortStableFunc(order, func(a, b string) int {
+		switch {
+		case fresh[a] == fresh[b]:
+			return 0
+		case fresh[a]:
+			return -1
+		}
+		return 1
+	})
 	if len(order) == 0 {
 		return taken, full, nil
 	}
