@@ -36,7 +36,9 @@ type recordingDB struct {
 	onWrite   func()         // called at each write, outside mu
 	inflight  int
 	maxFlight int
-	gets      int // BatchGetItem calls
+	gets      int            // BatchGetItem calls
+	writes    int            // writes applied
+	attempts  map[string]int // write requests by batch_id
 }
 
 func (f *recordingDB) TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, _ ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error) {
@@ -53,6 +55,10 @@ func (f *recordingDB) TransactWriteItems(ctx context.Context, in *dynamodb.Trans
 	defer f.mu.Unlock()
 	f.inflight--
 	id := in.TransactItems[len(in.TransactItems)-1].Put.Item["batch_id"].(*types.AttributeValueMemberS).Value
+	if f.attempts == nil {
+		f.attempts = map[string]int{}
+	}
+	f.attempts[id]++
 	switch {
 	case f.throttle > 0:
 		f.throttle--
@@ -61,10 +67,15 @@ func (f *recordingDB) TransactWriteItems(ctx context.Context, in *dynamodb.Trans
 		f.failOnce--
 		return nil, errors.New("connection reset by peer")
 	case slices.Contains(f.written, id):
-		return nil, &types.TransactionCanceledException{Message: aws.String("cancelled"),
-			CancellationReasons: []types.CancellationReason{{Code: aws.String("ConditionalCheckFailed")}}}
+		reasons := make([]types.CancellationReason, len(in.TransactItems))
+		for i := range reasons {
+			reasons[i].Code = aws.String("None")
+		}
+		reasons[len(reasons)-1].Code = aws.String("ConditionalCheckFailed")
+		return nil, &types.TransactionCanceledException{Message: aws.String("cancelled"), CancellationReasons: reasons}
 	}
 	f.written = append(f.written, id)
+	f.writes++
 	if f.loseOnce[id] > 0 {
 		f.loseOnce[id]--
 		return nil, fmt.Errorf("read tcp 127.0.0.1:1->127.0.0.1:2: %w", context.DeadlineExceeded)
@@ -245,6 +256,7 @@ func TestAmbiguousFailureIsCheckedBeforeTheBatchIsWrittenAgain(t *testing.T) {
 	require.Equal(t, 4.0, metricValue(reg, "gateway_uplink_readings_total", ""))
 	db.mu.Lock()
 	require.Equal(t, 2, db.gets, "one lookup at start, one for b1 after the timeout")
+	require.Equal(t, 1, db.attempts[b1.BatchID], "b1 not sent again")
 	db.mu.Unlock()
 }
 
@@ -394,4 +406,36 @@ func TestBatchWhoseMarkerExistsIsNotWrittenAgainAfterARestart(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestFreshBatchQueuedBeforeAStartIsCheckedFirst(t *testing.T) {
+	buf := openBuffer(t)
+	var backlog []*contract.Batch
+	for w := range 100 {
+		backlog = append(backlog, seqBatch(t, "EE:00:00:00:05:01", w, 1))
+	}
+	store(t, buf, backlog...)
+	b, c := seqBatch(t, "EE:00:00:00:05:02", 0, 1), seqBatch(t, "EE:00:00:00:05:03", 0, 1)
+	store(t, buf, b, c)
+	// The run before the start sent b as a fresh batch and crashed before
+	// recording it.
+	db := &recordingDB{written: []string{b.BatchID}}
+	reg := prometheus.NewRegistry()
+	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, LeaseBatches: 16, FreshReserve: 1},
+		buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
+	require.NoError(t, err)
+	runUntilEmpty(t, up, buf)
+
+	order := db.order()
+	require.Len(t, order, 102)
+	db.mu.Lock()
+	require.Equal(t, 101, db.writes)
+	require.Zero(t, db.attempts[b.BatchID], "b not sent again")
+	db.mu.Unlock()
+	require.Less(t, slices.Index(order, c.BatchID), 1+16, "c, the newest head, went in the first round")
+	require.Equal(t, 1.0, metricValue(reg, "gateway_uplink_batches_total", "already_delivered"))
+	require.Equal(t, 101.0, metricValue(reg, "gateway_uplink_batches_total", "delivered"))
+	state, err := buf.Lookup(b.BatchID)
+	require.NoError(t, err)
+	require.Equal(t, "delivered", state)
 }
