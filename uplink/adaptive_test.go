@@ -28,17 +28,18 @@ import (
 // write and then lose its answer.
 type recordingDB struct {
 	uplink.DynamoDB
-	mu        sync.Mutex
-	written   []string       // batch_ids in write order (one entry per applied write)
-	throttle  int            // the next this many writes are throttled
-	loseOnce  map[string]int // batch_id: apply, then fail with a network error, this many times
-	failOnce  int            // the next this many writes fail without being applied
-	onWrite   func()         // called at each write, outside mu
-	inflight  int
-	maxFlight int
-	gets      int            // BatchGetItem calls
-	writes    int            // writes applied
-	attempts  map[string]int // write requests by batch_id
+	mu              sync.Mutex
+	written         []string       // batch_ids in write order (one entry per applied write)
+	throttle        int            // the next this many writes are throttled
+	loseOnce        map[string]int // batch_id: apply, then fail with a network error, this many times
+	failOnce        int            // the next this many writes fail without being applied
+	onWrite         func()         // called at each write, outside mu
+	inflight        int
+	maxFlight       int
+	gets            int            // BatchGetItem calls
+	unprocessedGets int            // the next this many BatchGetItem calls leave half the keys unprocessed
+	writes          int            // writes applied
+	attempts        map[string]int // write requests by batch_id
 }
 
 func (f *recordingDB) TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, _ ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error) {
@@ -89,7 +90,17 @@ func (f *recordingDB) BatchGetItem(_ context.Context, in *dynamodb.BatchGetItemI
 	f.gets++
 	out := &dynamodb.BatchGetItemOutput{Responses: map[string][]map[string]types.AttributeValue{}}
 	for table, ka := range in.RequestItems {
-		for _, k := range ka.Keys {
+		if !aws.ToBool(ka.ConsistentRead) {
+			return nil, errors.New("markers must be read consistently")
+		}
+		keys := ka.Keys
+		if f.unprocessedGets > 0 && len(keys) > 1 {
+			// DynamoDB answers part of the keys and returns the rest.
+			f.unprocessedGets--
+			out.UnprocessedKeys = map[string]types.KeysAndAttributes{table: {Keys: keys[len(keys)/2:], ConsistentRead: ka.ConsistentRead}}
+			keys = keys[:len(keys)/2]
+		}
+		for _, k := range keys {
 			if slices.Contains(f.written, k["batch_id"].(*types.AttributeValueMemberS).Value) {
 				out.Responses[table] = append(out.Responses[table], map[string]types.AttributeValue{"batch_id": k["batch_id"]})
 			}
@@ -438,4 +449,32 @@ func TestFreshBatchQueuedBeforeAStartIsCheckedFirst(t *testing.T) {
 	state, err := buf.Lookup(b.BatchID)
 	require.NoError(t, err)
 	require.Equal(t, "delivered", state)
+}
+
+func TestMarkerLookupResendsUnprocessedKeys(t *testing.T) {
+	buf := openBuffer(t)
+	var batches []*contract.Batch
+	for w := range 40 {
+		batches = append(batches, seqBatch(t, "EE:00:00:00:06:01", w, 1))
+	}
+	store(t, buf, batches...)
+	// A crashed run had written the first 30.
+	var written []string
+	for _, b := range batches[:30] {
+		written = append(written, b.BatchID)
+	}
+	db := &recordingDB{written: written, unprocessedGets: 2}
+	reg := prometheus.NewRegistry()
+	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10}, buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
+	require.NoError(t, err)
+	runUntilEmpty(t, up, buf)
+
+	require.Equal(t, 30.0, metricValue(reg, "gateway_uplink_batches_total", "already_delivered"))
+	require.Equal(t, 10.0, metricValue(reg, "gateway_uplink_batches_total", "delivered"))
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	require.Equal(t, 3, db.gets, "40 keys: 20 answered, then 10, then the last 10")
+	for _, b := range batches[:30] {
+		require.Zero(t, db.attempts[b.BatchID], "%s not sent again", b.BatchID)
+	}
 }
