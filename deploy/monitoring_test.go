@@ -404,6 +404,14 @@ func TestMetricsOfARunningGateway(t *testing.T) {
 		`"capabilities":{"sensors":["bme280"],"features":{"offline_buffering":true}}}`, hw, boot), http.StatusCreated)
 	first, firstID := readingsBatch(hw, boot, 0)
 	g.post(t, "/v1/readings", key, first, http.StatusOK)
+	// Delivered first: the first lease after a start is checked against
+	// the markers before any write, and the second batch must come later.
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(string(g.scrape(t)),
+		`gateway_uplink_batches_total{result="delivered"} 1`+"\n"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first batch was not delivered within 30s")
+		}
+	}
 	// The second batch's marker is already in processed_batches: the uplink's transaction is
 	// cancelled (a request error) and the batch counts as already delivered.
 	second, secondID := readingsBatch(hw, boot, 1)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/uplink"
 )
 
 // HTTPConfig configures the HTTP API.
@@ -76,6 +77,9 @@ type HTTPDeps struct {
 	AdminToken string
 	// Status feeds the status page (GET /) and GET /v1/status.
 	Status StatusSources
+	// Uplink reports the uplink's state for GET /v1/uplink (operator API);
+	// nil answers 404.
+	Uplink func() uplink.Report
 	// Metrics serves /metrics.
 	Metrics http.Handler
 	// Ready reports whether the gateway can take batches (for /readyz).
@@ -115,6 +119,7 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 	mux.HandleFunc("GET /{$}", h.statusPage)
 	mux.HandleFunc("GET /v1/dead-letters", h.admin(h.listDeadLetters))
 	mux.HandleFunc("POST /v1/dead-letters/{batch_id}/reforward", h.admin(h.reforwardDeadLetter))
+	mux.HandleFunc("GET /v1/uplink", h.admin(h.uplinkReport))
 	mux.Handle("GET /metrics", deps.Metrics)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -290,6 +295,14 @@ func (h *HTTPServer) getDevice(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, d)
+}
+
+func (h *HTTPServer) uplinkReport(w http.ResponseWriter, r *http.Request) {
+	if h.deps.Uplink == nil {
+		writeJSON(w, http.StatusNotFound, map[string]string{"status": "error", "message": "no uplink runs in this gateway"})
+		return
+	}
+	writeJSON(w, http.StatusOK, h.deps.Uplink())
 }
 
 func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {

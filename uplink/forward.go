@@ -148,12 +148,13 @@ func (u *Uplink) batchWrite(ctx context.Context, batchID string, reqs []types.Wr
 	u.metrics.requestItems.Observe(float64(len(reqs)))
 	for attempt := 0; ; attempt++ {
 		var out *dynamodb.BatchWriteItemOutput
-		err := u.call(ctx, "BatchWriteItem", func(ctx context.Context) error {
+		err := u.callOutcome(ctx, "BatchWriteItem", func(ctx context.Context) (bool, error) {
 			var err error
 			out, err = u.db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
 				RequestItems: map[string][]types.WriteRequest{u.tables.Readings: reqs},
 			})
-			return err
+			// Unprocessed items are DynamoDB throttling part of a request.
+			return err == nil && len(out.UnprocessedItems[u.tables.Readings]) > 0, err
 		})
 		if err != nil {
 			return u.classify("BatchWriteItem", batchID, err)
@@ -164,7 +165,7 @@ func (u *Uplink) batchWrite(ctx context.Context, batchID string, reqs []types.Wr
 		}
 		u.metrics.unprocessed.Add(float64(len(reqs)))
 		if attempt == 4 {
-			return fmt.Errorf("BatchWriteItem for %s: %d items still unprocessed (throttled)", batchID, len(reqs))
+			return fmt.Errorf("BatchWriteItem for %s: %d items still unprocessed: %w", batchID, len(reqs), errUnprocessed)
 		}
 		select {
 		case <-ctx.Done():
@@ -175,13 +176,36 @@ func (u *Uplink) batchWrite(ctx context.Context, batchID string, reqs []types.Wr
 	}
 }
 
-// call runs one request with the request timeout and records its latency.
+// errUnprocessed is DynamoDB leaving items of a batch request unprocessed
+// after several resends (throttling).
+var errUnprocessed = errors.New("throttled")
+
+// call runs one request with the request timeout, within the AIMD limit of
+// requests in flight, and records its latency.
 func (u *Uplink) call(ctx context.Context, op string, f func(context.Context) error) error {
+	return u.callOutcome(ctx, op, func(ctx context.Context) (bool, error) { return false, f(ctx) })
+}
+
+// callOutcome is call for a request that can succeed and still report
+// throttling (f's first result).
+func (u *Uplink) callOutcome(ctx context.Context, op string, f func(context.Context) (bool, error)) error {
+	gen, err := u.limiter.acquire(ctx)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, u.cfg.RequestTimeout)
 	defer cancel()
 	start := time.Now()
-	err := f(ctx)
+	partly, err := f(ctx)
 	u.metrics.requestSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	o := outcomeSuccess
+	switch {
+	case partly || throttled(err):
+		o = outcomeThrottled
+	case err != nil:
+		o = outcomeOther
+	}
+	u.limiter.release(gen, o)
 	if err != nil {
 		u.metrics.requestErrors.WithLabelValues(op, errorKind(err)).Inc()
 	}

@@ -16,6 +16,13 @@ type metrics struct {
 	deviceUpserts  prometheus.Counter
 	up             prometheus.Gauge
 	txLimit        prometheus.Gauge
+	concurrency    prometheus.Gauge
+	roundBatches   prometheus.Histogram
+	waveBatches    prometheus.Histogram
+	roundWait      prometheus.Histogram
+	freshBatches   prometheus.Counter
+
+	reg prometheus.Registerer
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -23,7 +30,32 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reg = prometheus.NewRegistry()
 	}
 	f := promauto.With(reg)
+	batchBuckets := []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
 	m := &metrics{
+		reg: reg,
+		concurrency: f.NewGauge(prometheus.GaugeOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "concurrency",
+			Help: "DynamoDB requests the uplink may have in flight now (AIMD: grows on success, halves on throttling).",
+		}),
+		roundBatches: f.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "round_batches",
+			Help:    "Batches per forwarding round.",
+			Buckets: batchBuckets,
+		}),
+		waveBatches: f.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "wave_batches",
+			Help:    "Batches per wave in batch write mode.",
+			Buckets: batchBuckets,
+		}),
+		roundWait: f.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "round_wait_seconds",
+			Help:    "Adaptive wait for more batches before a round is sent (0 at low arrival rates).",
+			Buckets: []float64{0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2},
+		}),
+		freshBatches: f.NewCounter(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "fresh_batches_total",
+			Help: "Batches of devices without a backlog forwarded ahead of other devices' backlog.",
+		}),
 		batches: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "batches_total",
 			Help: "Batches forwarded, by result: delivered, already_delivered (the cloud marker existed), dead_lettered.",

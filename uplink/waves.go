@@ -32,7 +32,7 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 					break
 				}
 				// Damaged on disk: keep it aside and go on with the device.
-				if dlErr := u.store.DeadLetter(p, err.Error()); dlErr != nil {
+				if dlErr := u.deadLetter(p, err.Error()); dlErr != nil {
 					stopped[hw] = true
 					firstErr = cmp(firstErr, dlErr)
 					break
@@ -44,6 +44,7 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 		if len(wave) == 0 {
 			break
 		}
+		u.metrics.waveBatches.Observe(float64(len(wave)))
 		errs := u.writeWave(ctx, wave)
 		var delivered []buffer.Pending
 		for i, cb := range wave {
@@ -55,7 +56,7 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 				u.metrics.readings.Add(float64(len(cb.readings)))
 				next[hw]++
 			case errors.As(err, &perm):
-				if dlErr := u.store.DeadLetter(cb.pending, perm.Error()); dlErr != nil {
+				if dlErr := u.deadLetter(cb.pending, perm.Error()); dlErr != nil {
 					stopped[hw] = true
 					firstErr = cmp(firstErr, dlErr)
 					continue
@@ -65,12 +66,15 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 					"batch_id", cb.pending.BatchID, "hardware_id", hw, "err", perm.err)
 				next[hw]++
 			default:
+				if ambiguous(err) {
+					u.markUncertain(cb.pending.BatchID)
+				}
 				stopped[hw] = true
 				firstErr = cmp(firstErr, err)
 			}
 		}
 		// Recorded per wave, so that a crash re-sends at most one wave.
-		if err := u.store.MarkDelivered(delivered); err != nil {
+		if err := u.markDelivered(delivered); err != nil {
 			return cmp(firstErr, fmt.Errorf("recording delivery: %w", err))
 		}
 	}
@@ -140,9 +144,10 @@ func (u *Uplink) writeWave(ctx context.Context, wave []*cloudBatch) []error {
 	return errs
 }
 
-// parallel runs f(0..n-1) on up to Concurrency goroutines.
+// parallel runs f(0..n-1) on up to MaxConcurrency goroutines; the AIMD
+// limiter bounds their requests in flight.
 func (u *Uplink) parallel(n int, f func(int)) {
-	sem := make(chan struct{}, u.cfg.Concurrency)
+	sem := make(chan struct{}, u.cfg.MaxConcurrency)
 	var wg sync.WaitGroup
 	for i := range n {
 		sem <- struct{}{}

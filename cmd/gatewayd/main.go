@@ -206,6 +206,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	}
 	api, err := gateway.NewHTTPServer(cfg.HTTP, gateway.HTTPDeps{
 		Ingest: ingest, Auth: auth, Devices: devices, History: buf, AdminToken: adminToken, DeadLetters: buf,
+		Uplink:  up.Report,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready,
 		Status: gateway.StatusSources{Version: version, Now: clk.Now, Uplink: up.Report,
 			Uptime: func() time.Duration { return time.Since(startedAt) },

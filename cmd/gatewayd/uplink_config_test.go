@@ -1,0 +1,53 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestUplinkAdaptiveSettingsFromFileAndEnvironment(t *testing.T) {
+	file := writeFile(t, `
+uplink:
+  max_concurrency: 32
+  fresh_reserve: 16
+  max_wait: 250ms
+  wait_target_rate: 50
+`)
+	env := []string{"GATEWAY_UPLINK_MAX_BATCH_SIZE=64", "GATEWAY_UPLINK_WAIT_STEEPNESS=0.5",
+		"GATEWAY_UPLINK_MAX_WAIT=300ms", "GATEWAY_API_KEY_PEPPER=x"}
+	cfg, _, unknown, err := loadConfig([]string{"--config", file}, env)
+	require.NoError(t, err)
+	require.Empty(t, unknown)
+	u := cfg.Uplink
+	require.Equal(t, 32, u.MaxConcurrency)
+	require.Equal(t, 16, u.FreshReserve)
+	require.Equal(t, 300*time.Millisecond, u.MaxWait, "environment beats file")
+	require.Equal(t, 50.0, u.WaitTargetRate)
+	require.Equal(t, 64, u.MaxBatchSize)
+	require.Equal(t, 0.5, u.WaitSteepness)
+}
+
+func TestUplinkAdaptiveSettingsErrorsNameTheSetting(t *testing.T) {
+	tests := []struct {
+		name string
+		file string
+		env  []string
+		want string
+	}{
+		{"max_concurrency too high", "uplink:\n  max_concurrency: 1000\n", nil, "uplink.max_concurrency: must be between 1 and 256"},
+		{"concurrency above max_concurrency", "uplink:\n  concurrency: 40\n  max_concurrency: 20\n", nil, "uplink.concurrency: must not exceed uplink.max_concurrency"},
+		{"fresh_reserve not below lease_batches", "uplink:\n  lease_batches: 32\n  fresh_reserve: 32\n", nil, "uplink.fresh_reserve: 32 must be below uplink.lease_batches (32)"},
+		{"negative max_wait", "", []string{"GATEWAY_UPLINK_MAX_WAIT=-1s"}, "uplink.max_wait: must not be negative"},
+		{"max_batch_size above lease_batches", "uplink:\n  max_batch_size: 300\n", nil, "uplink.max_batch_size: 300 must not exceed uplink.lease_batches (256)"},
+		{"negative wait_target_rate", "uplink:\n  wait_target_rate: -1\n", nil, "uplink.wait_target_rate"},
+		{"wait_steepness not a number", "", []string{"GATEWAY_UPLINK_WAIT_STEEPNESS=steep"}, "GATEWAY_UPLINK_WAIT_STEEPNESS (uplink.wait_steepness)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, _, err := loadConfig([]string{"--config", writeFile(t, tt.file)}, append(tt.env, "GATEWAY_API_KEY_PEPPER=x"))
+			require.ErrorContains(t, err, tt.want)
+		})
+	}
+}

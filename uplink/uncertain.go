@@ -1,0 +1,141 @@
+package uplink
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"greenhouse-gateway/buffer"
+)
+
+// batchGetMax is BatchGetItem's key limit.
+const batchGetMax = 100
+
+// An uncertain batch may be in the cloud already: it was leased by the
+// round a crash interrupted, or its write failed with an ambiguous error (a
+// timeout, a lost answer, a 5xx). Before it is written again its
+// processed_batches marker is looked up; a batch whose marker exists is
+// recorded as delivered without a write. The interrupted round's lease was
+// the oldest batches, which the first lease after a start takes again,
+// and devices' oldest batches, which later rounds take as fresh batches:
+// so the whole first lease is checked, and every fresh batch queued before
+// the start.
+
+// markUncertain remembers that batchID's write may have been applied.
+func (u *Uplink) markUncertain(batchID string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.uncertain[batchID] = true
+}
+
+// checkUncertain looks up the markers of the lease's uncertain batches,
+// records those found as delivered, and returns the batches still to
+// forward, in lease order. leased[freshFrom:] are the fresh batches.
+func (u *Uplink) checkUncertain(ctx context.Context, leased []buffer.Pending, freshFrom int) ([]buffer.Pending, error) {
+	u.mu.Lock()
+	all := !u.startChecked
+	var check []buffer.Pending
+	for i, p := range leased {
+		if all || u.uncertain[p.BatchID] || (i >= freshFrom && p.Seq <= u.startSeq) {
+			check = append(check, p)
+		}
+	}
+	u.mu.Unlock()
+	if len(check) == 0 {
+		return leased, nil
+	}
+	found := map[string]bool{}
+	for start := 0; start < len(check); start += batchGetMax {
+		part := check[start:min(start+batchGetMax, len(check))]
+		if err := u.lookupMarkers(ctx, part, found); err != nil {
+			return nil, err
+		}
+	}
+	var rest, delivered []buffer.Pending
+	for _, p := range leased {
+		if found[p.BatchID] {
+			delivered = append(delivered, p)
+		} else {
+			rest = append(rest, p)
+		}
+	}
+	if err := u.markDelivered(delivered); err != nil {
+		return nil, fmt.Errorf("recording delivery: %w", err)
+	}
+	for _, p := range delivered {
+		u.metrics.batches.WithLabelValues("already_delivered").Inc()
+		u.metrics.readings.Add(float64(readingCount(p.Payload)))
+	}
+	u.mu.Lock()
+	u.startChecked = true
+	for _, p := range check {
+		delete(u.uncertain, p.BatchID)
+	}
+	u.mu.Unlock()
+	if len(delivered) > 0 {
+		u.logger.Info("batches found in the cloud already; recorded as delivered without writing", "batches", len(delivered))
+	}
+	return rest, nil
+}
+
+// lookupMarkers reads up to 100 markers with a consistent read, resending
+// unprocessed keys a few times, and adds the batch_ids found to found.
+func (u *Uplink) lookupMarkers(ctx context.Context, batches []buffer.Pending, found map[string]bool) error {
+	keys := make([]map[string]types.AttributeValue, 0, len(batches))
+	for _, p := range batches {
+		keys = append(keys, map[string]types.AttributeValue{"batch_id": s(p.BatchID)})
+	}
+	wait := 50 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		var out *dynamodb.BatchGetItemOutput
+		err := u.call(ctx, "BatchGetItem", func(ctx context.Context) error {
+			var err error
+			out, err = u.db.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{
+				RequestItems: map[string]types.KeysAndAttributes{u.tables.ProcessedBatches: {
+					Keys:                 keys,
+					ConsistentRead:       aws.Bool(true),
+					ProjectionExpression: aws.String("batch_id"),
+				}},
+			})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("BatchGetItem of %d markers: %w", len(keys), err)
+		}
+		for _, item := range out.Responses[u.tables.ProcessedBatches] {
+			if v, ok := item["batch_id"].(*types.AttributeValueMemberS); ok {
+				found[v.Value] = true
+			}
+		}
+		keys = out.UnprocessedKeys[u.tables.ProcessedBatches].Keys
+		if len(keys) == 0 {
+			return nil
+		}
+		if attempt == 4 {
+			return fmt.Errorf("BatchGetItem: %d markers still unprocessed (throttled): %w", len(keys), errUnprocessed)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(jitter(wait)):
+		}
+		wait *= 2
+	}
+}
+
+// readingCount is the number of readings in a buffered payload (0 when it
+// does not decode).
+func readingCount(payload []byte) int {
+	var b struct {
+		Readings []json.RawMessage `json:"readings"`
+	}
+	if json.Unmarshal(payload, &b) != nil {
+		return 0
+	}
+	return len(b.Readings)
+}

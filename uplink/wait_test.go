@@ -1,0 +1,188 @@
+package uplink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+	"github.com/stretchr/testify/require"
+)
+
+func TestAdaptiveWait(t *testing.T) {
+	const maxWait = 100 * time.Millisecond
+	tests := []struct {
+		name      string
+		rate      float64
+		maxWait   time.Duration
+		target    float64
+		steepness float64
+		want      time.Duration
+		delta     time.Duration
+	}{
+		{"no arrivals: at once", 0, maxWait, 20, 0.25, 0, 0},
+		{"negative rate: at once", -3, maxWait, 20, 0.25, 0, 0},
+		{"NaN rate: at once", nanRate(), maxWait, 20, 0.25, 0, 0},
+		{"one batch a second: almost at once", 1, maxWait, 20, 0.25, 200 * time.Microsecond, 100 * time.Microsecond},
+		{"at the target: half", 20, maxWait, 20, 0.25, 50 * time.Millisecond, 500 * time.Microsecond},
+		{"far above the target: max", 200, maxWait, 20, 0.25, maxWait, 0},
+		{"infinite rate: max", posInf(), maxWait, 20, 0.25, maxWait, 0},
+		{"no max wait: never waits", 1000, 0, 20, 0.25, 0, 0},
+		{"flat sigmoid: never waits", 1000, maxWait, 20, 0, 0, 0},
+		{"steep: below target near 0", 15, maxWait, 20, 2, 0, 100 * time.Microsecond},
+		{"steep: above target near max", 25, maxWait, 20, 2, maxWait, 100 * time.Microsecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := AdaptiveWait(tt.rate, tt.maxWait, tt.target, tt.steepness)
+			require.InDelta(t, float64(tt.want), float64(got), float64(tt.delta), "got %v", got)
+			require.GreaterOrEqual(t, got, time.Duration(0))
+			require.LessOrEqual(t, got, max(tt.maxWait, 0))
+		})
+	}
+}
+
+func TestAdaptiveWaitRisesWithTheRate(t *testing.T) {
+	prev := time.Duration(-1)
+	for rate := 0.0; rate <= 100; rate += 0.5 {
+		w := AdaptiveWait(rate, time.Second, 20, 0.25)
+		require.GreaterOrEqual(t, w, prev, "rate %v", rate)
+		prev = w
+	}
+}
+
+func nanRate() float64 { var z float64; return z / z }
+func posInf() float64  { var z float64; return 1 / z }
+
+func TestEWMARate(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name  string
+		every time.Duration
+		n     int
+		steps int
+		want  float64
+	}{
+		{"10 a second for 10 time constants", 100 * time.Millisecond, 1, 3000, 10},
+		{"50 every second", time.Second, 50, 300, 50},
+		{"nothing counted", time.Second, 0, 100, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := ewmaRate{tau: 30 * time.Second}
+			now := t0
+			for range tt.steps {
+				e.add(tt.n, now)
+				now = now.Add(tt.every)
+			}
+			require.InDelta(t, tt.want, e.at(now.Add(-tt.every)), tt.want*0.01+1e-9)
+		})
+	}
+	e := ewmaRate{tau: 30 * time.Second}
+	require.Zero(t, e.at(t0), "no estimate before any count")
+	e.add(10, t0)
+	e.add(10, t0.Add(time.Second))
+	r := e.at(t0.Add(time.Second))
+	require.Positive(t, r)
+	require.InDelta(t, r/2.718281828, e.at(t0.Add(31*time.Second)), r*0.001, "decays by e per time constant without events")
+}
+
+func TestETA(t *testing.T) {
+	tests := []struct {
+		backlog int64
+		rate    float64
+		want    *float64
+	}{
+		{0, 0, aws.Float64(0)},
+		{0, 5, aws.Float64(0)},
+		{100, 0, nil},
+		{100, 1e-6, nil},
+		{100, 4, aws.Float64(25)},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%d at %v", tt.backlog, tt.rate), func(t *testing.T) {
+			require.Equal(t, tt.want, eta(tt.backlog, tt.rate))
+		})
+	}
+}
+
+func TestAIMD(t *testing.T) {
+	var seen []int
+	a := newAIMD(8, 10, func(n int) { seen = append(seen, n) })
+	ctx := context.Background()
+
+	// A burst of throttled requests started together halves the limit once.
+	var gens []uint64
+	for range 8 {
+		g, err := a.acquire(ctx)
+		require.NoError(t, err)
+		gens = append(gens, g)
+	}
+	for _, g := range gens {
+		a.release(g, outcomeThrottled)
+	}
+	require.Equal(t, 4, a.current())
+
+	// Requests started after the decrease may decrease again, down to 1.
+	for range 5 {
+		g, err := a.acquire(ctx)
+		require.NoError(t, err)
+		a.release(g, outcomeThrottled)
+	}
+	require.Equal(t, 1, a.current())
+
+	// At the limit, acquire waits.
+	g, err := a.acquire(ctx)
+	require.NoError(t, err)
+	short, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = a.acquire(short)
+	require.ErrorIs(t, err, context.Canceled)
+	a.release(g, outcomeOther)
+	require.Equal(t, 1, a.current(), "other failures change nothing")
+
+	// Additive increase: one more per limit successes, up to the maximum.
+	for range 1000 {
+		g, err := a.acquire(ctx)
+		require.NoError(t, err)
+		a.release(g, outcomeSuccess)
+	}
+	require.Equal(t, 10, a.current())
+	require.Equal(t, []int{8, 4, 2, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, seen)
+}
+
+func TestThrottledAndAmbiguous(t *testing.T) {
+	status := func(code int) error {
+		return &smithyhttp.ResponseError{Response: &smithyhttp.Response{Response: &http.Response{StatusCode: code}}, Err: errors.New("x")}
+	}
+	tests := []struct {
+		name      string
+		err       error
+		throttled bool
+		ambiguous bool
+	}{
+		{"throughput", &types.ProvisionedThroughputExceededException{Message: aws.String("x")}, true, false},
+		{"request limit", &types.RequestLimitExceeded{Message: aws.String("x")}, true, false},
+		{"500", status(500), true, true},
+		{"503", status(503), true, true},
+		{"400", status(400), false, true},
+		{"internal server error", &types.InternalServerError{Message: aws.String("x")}, true, true},
+		{"transaction throttled", &types.TransactionCanceledException{CancellationReasons: []types.CancellationReason{{Code: aws.String("None")}, {Code: aws.String("ThrottlingError")}}}, true, false},
+		{"marker exists", &types.TransactionCanceledException{CancellationReasons: []types.CancellationReason{{Code: aws.String("ConditionalCheckFailed")}}}, false, false},
+		{"validation", &types.ResourceNotFoundException{Message: aws.String("x")}, false, false},
+		{"timeout", fmt.Errorf("call: %w", context.DeadlineExceeded), false, true},
+		{"network", errors.New("connection reset by peer"), false, true},
+		{"unprocessed items", fmt.Errorf("x: %w", errUnprocessed), false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.throttled, throttled(tt.err))
+			require.Equal(t, tt.ambiguous, ambiguous(tt.err))
+		})
+	}
+}
