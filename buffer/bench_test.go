@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -117,3 +118,35 @@ func runCommitters(b *testing.B, n int, commit func(i int64) error) float64 {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// BenchmarkCommitGroupWait measures the adaptive group wait
+// (Options.GroupMaxWait) against no wait, in the same run: n committers,
+// each committing one 600-byte batch at a time, for several maximum waits.
+// It reports commits/s, syncs/commit and the p50 and p99 time of one
+// Commit. Printed, not asserted:
+//
+//	go test -run '^$' -bench CommitGroupWait -benchtime 3000x ./buffer
+func BenchmarkCommitGroupWait(b *testing.B) {
+	for _, n := range []int{1, 16, 256} {
+		for _, wait := range []time.Duration{0, 250 * time.Microsecond, time.Millisecond, 4 * time.Millisecond} {
+			b.Run(fmt.Sprintf("committers=%d/max_wait=%s", n, wait), func(b *testing.B) {
+				buf := open(b, b.TempDir(), Options{GroupMaxWait: wait})
+				payload := string(make([]byte, 600))
+				start := buf.syncs.Load()
+				lat := make([]time.Duration, b.N+1)
+				perSec := runCommitters(b, n, func(i int64) error {
+					begin := time.Now()
+					_, err := buf.Commit(context.Background(), []Entry{entry(fmt.Sprintf("id-%d", i), payload)})
+					lat[i] = time.Since(begin)
+					return err
+				})
+				lat = lat[1:]
+				slices.Sort(lat)
+				b.ReportMetric(perSec, "commits/s")
+				b.ReportMetric(float64(buf.syncs.Load()-start)/float64(b.N), "syncs/commit")
+				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			})
+		}
+	}
+}

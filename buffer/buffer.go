@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -127,6 +128,19 @@ type Options struct {
 	CollectInterval time.Duration `yaml:"collect_interval"`
 	// MaxGroupBatches caps how many batches one group commit takes. Default 1024.
 	MaxGroupBatches int `yaml:"max_group_batches"`
+	// GroupMaxWait is the longest the committer waits for more commits
+	// before writing a group, when the observed rate of concurrent commits
+	// (those arriving while another commit waits or is being written) says
+	// more are about to come: the wait follows a sigmoid of that rate, 0
+	// when it is 0 (a lone device never waits for itself), GroupMaxWait/2
+	// at GroupWaitRate (see groupWait). A full group (MaxGroupBatches) is
+	// written at once. 0, the default, does not wait: the committer takes
+	// what is queued, which already groups the commits that arrived while
+	// the previous group was being synced. At most 100ms.
+	GroupMaxWait time.Duration `yaml:"group_max_wait"`
+	// GroupWaitRate is the rate of concurrent commits, per second, at
+	// which the committer waits half of GroupMaxWait. Default 2000.
+	GroupWaitRate float64 `yaml:"group_wait_rate"`
 	// MemTableSize is Badger's memtable size in bytes. Default 16 MiB,
 	// sized for a 1 GB Raspberry Pi.
 	MemTableSize int64 `yaml:"memtable_size"`
@@ -151,6 +165,7 @@ func DefaultOptions() Options {
 		Retention:       7 * 24 * time.Hour,
 		CollectInterval: time.Minute,
 		MaxGroupBatches: 1024,
+		GroupWaitRate:   2000,
 		MemTableSize:    16 << 20,
 		BlockCacheSize:  8 << 20,
 	}
@@ -205,6 +220,10 @@ func (o Options) Validate() error {
 		return errors.New("buffer.collect_interval: must not be negative")
 	case o.MaxGroupBatches < 0:
 		return errors.New("buffer.max_group_batches: must not be negative")
+	case o.GroupMaxWait < 0 || o.GroupMaxWait > 100*time.Millisecond:
+		return fmt.Errorf("buffer.group_max_wait: %s is not between 0 and 100ms", o.GroupMaxWait)
+	case o.GroupWaitRate < 0 || math.IsNaN(o.GroupWaitRate) || math.IsInf(o.GroupWaitRate, 0):
+		return fmt.Errorf("buffer.group_wait_rate: %v is not a non-negative number of commits per second", o.GroupWaitRate)
 	case o.BlockCacheSize < 0:
 		return errors.New("buffer.block_cache_size: must not be negative")
 	}
@@ -233,6 +252,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxGroupBatches == 0 {
 		o.MaxGroupBatches = d.MaxGroupBatches
+	}
+	if o.GroupMaxWait == 0 {
+		o.GroupMaxWait = d.GroupMaxWait
+	}
+	if o.GroupWaitRate == 0 {
+		o.GroupWaitRate = d.GroupWaitRate
 	}
 	if o.BlockCacheSize == 0 {
 		o.BlockCacheSize = d.BlockCacheSize
@@ -302,7 +327,8 @@ type Buffer struct {
 	wmu sync.Mutex
 
 	// Owned by the committer goroutine.
-	nextSeq uint64
+	nextSeq  uint64
+	arrivals arrivalRate
 
 	free    freeSpace
 	dirSync dirSyncer
