@@ -103,7 +103,9 @@ func lookupEnv(environ []string, name string) string {
 //  4. the buffer closes last: commits already queued are written and
 //     answered, then Badger is closed.
 func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logger) error {
-	logger.Info("gatewayd starting", "version", version, "data_dir", cfg.DataDir)
+	limit, limitFrom := applyMemoryLimit(cfg.MemoryLimit, environ)
+	logger.Info("gatewayd starting", "version", version, "data_dir", cfg.DataDir,
+		"memory_limit_bytes", limit, "memory_limit_from", limitFrom)
 	pepper, err := cloud.LoadPepper(lookupEnv(environ, envPepper), cfg.APIKeyPepperFile)
 	if err != nil {
 		return err
@@ -213,6 +215,10 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	if err := api.Listen(); err != nil {
 		return err
 	}
+	pprofSrv, err := listenPprof(cfg.Debug.PprofAddr, logger)
+	if err != nil {
+		return err
+	}
 	logger.Info("gatewayd ready", "mqtt", mqttWhere, "http", api.Addr(),
 		"dynamodb", endpointName(cfg.DynamoDBEndpoint), "tables_prefix", cfg.TablePrefix)
 
@@ -242,6 +248,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	})
 	g.Go(func() error { return mqttRun(gctx) }) // 2.
 	g.Go(func() error { return api.Run(gctx) }) // 2.
+	g.Go(func() error { return pprofSrv.Run(gctx) })
 	g.Go(func() error { return up.Run(gctx) })  // 3.
 	g.Go(func() error { return buf.Run(gctx) })
 	g.Go(func() error { return devices.Run(gctx) }) // saves device records once more on the way out
