@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -141,8 +142,11 @@ type Options struct {
 	// GroupWaitRate is the rate of concurrent commits, per second, at
 	// which the committer waits half of GroupMaxWait. Default 2000.
 	GroupWaitRate float64 `yaml:"group_wait_rate"`
-	// MemTableSize is Badger's memtable size in bytes. Default 16 MiB,
-	// sized for a 1 GB Raspberry Pi.
+	// MemTableSize is Badger's memtable size in bytes. Default 8 MiB,
+	// sized for a 1 GB Raspberry Pi: each memtable holds about 1.3 times
+	// this on the heap, and flushing one about twice this more (doc.go,
+	// Memory). A smaller value applies only after the write-ahead logs of
+	// the larger one are flushed (the next clean stop).
 	MemTableSize int64 `yaml:"memtable_size"`
 	// BlockCacheSize is Badger's block cache in bytes. Default 8 MiB.
 	BlockCacheSize int64 `yaml:"block_cache_size"`
@@ -154,6 +158,9 @@ type Options struct {
 	beforeCommit func() error
 	// freeBytes, when set, replaces the data directory's statfs (tests).
 	freeBytes func() (uint64, bool)
+	// tuneBadger, when set, changes the Badger options after
+	// badgerOptions (benchmarks compare settings with it).
+	tuneBadger func(*badger.Options)
 }
 
 // DefaultOptions returns the defaults documented on Options.
@@ -166,7 +173,7 @@ func DefaultOptions() Options {
 		CollectInterval: time.Minute,
 		MaxGroupBatches: 1024,
 		GroupWaitRate:   2000,
-		MemTableSize:    16 << 20,
+		MemTableSize:    8 << 20,
 		BlockCacheSize:  8 << 20,
 	}
 }
@@ -182,7 +189,7 @@ func DefaultOptions() Options {
 // of delivery and state. That is 9 memtables and 22 tables; the formula
 // adds two memtables and two tables of margin: 11*memtable + 24*table,
 // where a table is memtable/8 between 256 KiB and 2 MiB. With the default
-// 16 MiB memtable: 224 MiB.
+// 8 MiB memtable: 112 MiB.
 func RequiredFreeBytes(memTableSize int64) int64 {
 	if memTableSize == 0 {
 		memTableSize = DefaultOptions().MemTableSize
@@ -270,7 +277,30 @@ func (o Options) withDefaults() Options {
 
 // badgerOptions are the Badger settings of a buffer; doc.go explains them.
 func badgerOptions(dir string, o Options, logger badger.Logger) badger.Options {
+	bo := badgerOptionsFor(dir, o, logger, strconv.IntSize)
+	if o.tuneBadger != nil {
+		o.tuneBadger(&bo)
+	}
+	return bo
+}
+
+// valueLogFileSize is Badger's value log file size on a 64-bit machine;
+// Badger maps each file at twice this size.
+const valueLogFileSize = 64 << 20
+
+// valueLogFileSize32 is the value log file size on a 32-bit machine, where
+// every mapping (value log, memtable logs, tables) shares a 3 GiB address
+// space (2 GiB on some kernels).
+const valueLogFileSize32 = 16 << 20
+
+// badgerOptionsFor are the Badger settings on a machine whose int has
+// intSize bits.
+func badgerOptionsFor(dir string, o Options, logger badger.Logger, intSize int) badger.Options {
 	ts := tableSize(o.MemTableSize)
+	vlog := int64(valueLogFileSize)
+	if intSize == 32 {
+		vlog = valueLogFileSize32
+	}
 	bo := badger.DefaultOptions(dir).
 		WithSyncWrites(true).
 		WithDetectConflicts(false).
@@ -278,9 +308,12 @@ func badgerOptions(dir string, o Options, logger badger.Logger) badger.Options {
 		// Values must fit one transaction (15% of a memtable); larger
 		// ones go to the value log, which is synced the same way.
 		WithValueThreshold(min(1<<20, o.MemTableSize/8)).
-		WithNumMemtables(3).
+		// The memtable being written and one being flushed: each holds
+		// an arena of about 1.3 memtables on the heap, and a flush's
+		// table builder about twice the memtable.
+		WithNumMemtables(2).
 		WithBlockCacheSize(o.BlockCacheSize).
-		WithValueLogFileSize(64 << 20).
+		WithValueLogFileSize(vlog).
 		WithNumCompactors(2).
 		// Bounded L0 and equal-sized tables keep the space a compaction
 		// needs bounded (RequiredFreeBytes).
@@ -378,7 +411,16 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 		logger.Warn("ignoring the clean-shutdown record", "err", err)
 	}
 	vlogSyncFailed := new(atomic.Bool)
-	db, err := badger.Open(badgerOptions(dir, opts, badgerLogger{l: logger, vlogSyncFailed: vlogSyncFailed}))
+	bopts := opts
+	if bopts.MemTableSize, err = memTableSizeFor(dir, opts.MemTableSize); err != nil {
+		return nil, fmt.Errorf("opening buffer %s: %w", dir, err)
+	}
+	if bopts.MemTableSize != opts.MemTableSize {
+		logger.Info("write-ahead logs of a larger memtable are replayed with their size; "+
+			"buffer.memtable_size applies after the next clean stop",
+			"memtable_size", bopts.MemTableSize, "configured", opts.MemTableSize)
+	}
+	db, err := badger.Open(badgerOptions(dir, bopts, badgerLogger{l: logger, vlogSyncFailed: vlogSyncFailed}))
 	if err != nil {
 		return nil, openError(dir, err)
 	}
