@@ -56,16 +56,16 @@ func (b *Buffer) gather(first *commitReq) []*commitReq {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	taken := len(group)
-wait:
+collect:
 	for n < b.opts.MaxGroupBatches {
 		select {
 		case req := <-b.reqs:
 			group = append(group, req)
 			n += len(req.entries)
 		case <-timer.C:
-			break wait
+			break collect
 		case <-b.closing:
-			break wait
+			break collect
 		}
 	}
 	b.arrivals.observe(time.Now(), len(group)-taken)
