@@ -248,13 +248,13 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	})
 	g.Go(func() error { return mqttRun(gctx) }) // 2.
 	g.Go(func() error { return api.Run(gctx) }) // 2.
-	g.Go(func() error { return pprofSrv.Run(gctx) })
 	g.Go(func() error { return up.Run(gctx) })  // 3.
 	g.Go(func() error { return buf.Run(gctx) })
 	g.Go(func() error { return devices.Run(gctx) }) // saves device records once more on the way out
 	g.Go(func() error { return pusher.Run(gctx) })  // 3. with push.url set, pushes once more (at most 5 s)
 	// WatchdogSec=: WATCHDOG=1 every half interval while healthy() is nil.
 	g.Go(func() error { return sdnotify.RunWatchdog(gctx, healthy) })
+	g.Go(func() error { return pprofSrv.Run(gctx) }) // with debug.pprof_addr set
 
 	done := make(chan error, 1)
 	go func() { done <- g.Wait() }()
