@@ -4,13 +4,20 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/options"
 	"github.com/stretchr/testify/require"
 )
 
@@ -117,3 +124,120 @@ func runCommitters(b *testing.B, n int, commit func(i int64) error) float64 {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// BenchmarkCommitGroupWait measures the adaptive group wait
+// (Options.GroupMaxWait) against no wait, in the same run: n committers,
+// each committing one 600-byte batch at a time, for several maximum waits.
+// It reports commits/s, syncs/commit and the p50 and p99 time of one
+// Commit. Printed, not asserted:
+//
+//	go test -run '^$' -bench CommitGroupWait -benchtime 3000x ./buffer
+func BenchmarkCommitGroupWait(b *testing.B) {
+	for _, n := range []int{1, 16, 256} {
+		for _, wait := range []time.Duration{0, 250 * time.Microsecond, time.Millisecond, 4 * time.Millisecond} {
+			b.Run(fmt.Sprintf("committers=%d/max_wait=%s", n, wait), func(b *testing.B) {
+				buf := open(b, b.TempDir(), Options{GroupMaxWait: wait})
+				payload := string(make([]byte, 600))
+				start := buf.syncs.Load()
+				lat := make([]time.Duration, b.N+1)
+				perSec := runCommitters(b, n, func(i int64) error {
+					begin := time.Now()
+					_, err := buf.Commit(context.Background(), []Entry{entry(fmt.Sprintf("id-%d", i), payload)})
+					lat[i] = time.Since(begin)
+					return err
+				})
+				lat = lat[1:]
+				slices.Sort(lat)
+				b.ReportMetric(perSec, "commits/s")
+				b.ReportMetric(float64(buf.syncs.Load()-start)/float64(b.N), "syncs/commit")
+				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			})
+		}
+	}
+}
+
+// BenchmarkIngestFootprint measures the memory Badger takes under
+// sustained ingest with the buffer's options against earlier settings, in
+// the same run: 256 committers (devices waiting for their ack) commit b.N
+// batches of 1,200 bytes (ten readings of canonical JSON). It reports
+// commits/s, the largest heap in use seen during the run (sampled every
+// 20 ms), the heap in use after a GC with the buffer still open, and the
+// process's resident set then (which includes Badger's mapped files).
+// Printed, not asserted:
+//
+//	go test -run '^$' -bench IngestFootprint -benchtime 100000x ./buffer
+func BenchmarkIngestFootprint(b *testing.B) {
+	variants := []struct {
+		name     string
+		memtable int64
+		tune     func(*badger.Options)
+	}{
+		{"memtable=16MiB/memtables=3 (before)", 16 << 20, func(o *badger.Options) { o.NumMemtables = 3 }},
+		{"memtable=16MiB/memtables=2", 16 << 20, nil},
+		{"memtable=8MiB/memtables=2", 8 << 20, nil},
+		{"memtable=8MiB/memtables=2/index_cache=4MiB", 8 << 20, func(o *badger.Options) { o.IndexCacheSize = 4 << 20 }},
+		{"memtable=8MiB/memtables=2/no_compression", 8 << 20, func(o *badger.Options) { o.Compression = options.None }},
+		{"memtable=8MiB/memtables=2/value_log_above=512B", 8 << 20, func(o *badger.Options) { o.ValueThreshold = 512 }},
+	}
+	for _, v := range variants {
+		b.Run(v.name, func(b *testing.B) {
+			runtime.GC()
+			debug.FreeOSMemory()
+			opts := Options{MemTableSize: v.memtable, tuneBadger: v.tune}
+			buf := open(b, b.TempDir(), opts)
+			payload := string(make([]byte, 1200))
+			var peak atomic.Uint64
+			stop := make(chan struct{})
+			sampled := make(chan struct{})
+			go func() {
+				defer close(sampled)
+				t := time.NewTicker(20 * time.Millisecond)
+				defer t.Stop()
+				var ms runtime.MemStats
+				for {
+					select {
+					case <-stop:
+						return
+					case <-t.C:
+						runtime.ReadMemStats(&ms)
+						if ms.HeapInuse > peak.Load() {
+							peak.Store(ms.HeapInuse)
+						}
+					}
+				}
+			}()
+			perSec := runCommitters(b, 256, func(i int64) error {
+				_, err := buf.Commit(context.Background(), []Entry{entry(fmt.Sprintf("AA:BB:CC:DD:EE:FF-%09d", i), payload)})
+				return err
+			})
+			close(stop)
+			<-sampled
+			runtime.GC()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			b.ReportMetric(perSec, "commits/s")
+			b.ReportMetric(float64(peak.Load())/(1<<20), "peak-heap-MB")
+			b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-after-gc-MB")
+			b.ReportMetric(float64(selfRSS())/(1<<20), "rss-MB")
+		})
+	}
+}
+
+// selfRSS is this process's resident set in bytes (VmRSS), 0 if unknown.
+func selfRSS() int64 {
+	raw, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(rest)
+			if len(f) == 2 {
+				kb, _ := strconv.ParseInt(f[0], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}

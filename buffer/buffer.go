@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -136,8 +138,24 @@ type Options struct {
 	CollectInterval time.Duration `yaml:"collect_interval"`
 	// MaxGroupBatches caps how many batches one group commit takes. Default 1024.
 	MaxGroupBatches int `yaml:"max_group_batches"`
-	// MemTableSize is Badger's memtable size in bytes. Default 16 MiB,
-	// sized for a 1 GB Raspberry Pi.
+	// GroupMaxWait is the longest the committer waits for more commits
+	// before writing a group, when the observed rate of concurrent commits
+	// (those arriving while another commit waits or is being written) says
+	// more are about to come: the wait follows a sigmoid of that rate, 0
+	// when it is 0 (a lone device never waits for itself), GroupMaxWait/2
+	// at GroupWaitRate (see groupWait). A full group (MaxGroupBatches) is
+	// written at once. 0, the default, does not wait: the committer takes
+	// what is queued, which already groups the commits that arrived while
+	// the previous group was being synced. At most 100ms.
+	GroupMaxWait time.Duration `yaml:"group_max_wait"`
+	// GroupWaitRate is the rate of concurrent commits, per second, at
+	// which the committer waits half of GroupMaxWait. Default 2000.
+	GroupWaitRate float64 `yaml:"group_wait_rate"`
+	// MemTableSize is Badger's memtable size in bytes. Default 8 MiB,
+	// sized for a 1 GB Raspberry Pi: each memtable holds about 1.3 times
+	// this on the heap, and flushing one about twice this more (doc.go,
+	// Memory). A smaller value applies only after the write-ahead logs of
+	// the larger one are flushed (the next clean stop).
 	MemTableSize int64 `yaml:"memtable_size"`
 	// BlockCacheSize is Badger's block cache in bytes. Default 8 MiB.
 	BlockCacheSize int64 `yaml:"block_cache_size"`
@@ -149,6 +167,9 @@ type Options struct {
 	beforeCommit func() error
 	// freeBytes, when set, replaces the data directory's statfs (tests).
 	freeBytes func() (uint64, bool)
+	// tuneBadger, when set, changes the Badger options after
+	// badgerOptions (benchmarks compare settings with it).
+	tuneBadger func(*badger.Options)
 }
 
 // DefaultOptions returns the defaults documented on Options.
@@ -161,7 +182,8 @@ func DefaultOptions() Options {
 		HistoryRetention: 24 * time.Hour,
 		CollectInterval:  time.Minute,
 		MaxGroupBatches:  1024,
-		MemTableSize:     16 << 20,
+		GroupWaitRate:    2000,
+		MemTableSize:     8 << 20,
 		BlockCacheSize:   8 << 20,
 	}
 }
@@ -177,7 +199,7 @@ func DefaultOptions() Options {
 // of delivery and state. That is 9 memtables and 22 tables; the formula
 // adds two memtables and two tables of margin: 11*memtable + 24*table,
 // where a table is memtable/8 between 256 KiB and 2 MiB. With the default
-// 16 MiB memtable: 224 MiB.
+// 8 MiB memtable: 112 MiB.
 func RequiredFreeBytes(memTableSize int64) int64 {
 	if memTableSize == 0 {
 		memTableSize = DefaultOptions().MemTableSize
@@ -215,6 +237,10 @@ func (o Options) Validate() error {
 		return errors.New("buffer.collect_interval: must not be negative")
 	case o.MaxGroupBatches < 0:
 		return errors.New("buffer.max_group_batches: must not be negative")
+	case o.GroupMaxWait < 0 || o.GroupMaxWait > 100*time.Millisecond:
+		return fmt.Errorf("buffer.group_max_wait: %s is not between 0 and 100ms", o.GroupMaxWait)
+	case o.GroupWaitRate < 0 || math.IsNaN(o.GroupWaitRate) || math.IsInf(o.GroupWaitRate, 0):
+		return fmt.Errorf("buffer.group_wait_rate: %v is not a non-negative number of commits per second", o.GroupWaitRate)
 	case o.BlockCacheSize < 0:
 		return errors.New("buffer.block_cache_size: must not be negative")
 	}
@@ -247,6 +273,12 @@ func (o Options) withDefaults() Options {
 	if o.MaxGroupBatches == 0 {
 		o.MaxGroupBatches = d.MaxGroupBatches
 	}
+	if o.GroupMaxWait == 0 {
+		o.GroupMaxWait = d.GroupMaxWait
+	}
+	if o.GroupWaitRate == 0 {
+		o.GroupWaitRate = d.GroupWaitRate
+	}
 	if o.BlockCacheSize == 0 {
 		o.BlockCacheSize = d.BlockCacheSize
 	}
@@ -258,7 +290,30 @@ func (o Options) withDefaults() Options {
 
 // badgerOptions are the Badger settings of a buffer; doc.go explains them.
 func badgerOptions(dir string, o Options, logger badger.Logger) badger.Options {
+	bo := badgerOptionsFor(dir, o, logger, strconv.IntSize)
+	if o.tuneBadger != nil {
+		o.tuneBadger(&bo)
+	}
+	return bo
+}
+
+// valueLogFileSize is Badger's value log file size on a 64-bit machine;
+// Badger maps each file at twice this size.
+const valueLogFileSize = 64 << 20
+
+// valueLogFileSize32 is the value log file size on a 32-bit machine, where
+// every mapping (value log, memtable logs, tables) shares a 3 GiB address
+// space (2 GiB on some kernels).
+const valueLogFileSize32 = 16 << 20
+
+// badgerOptionsFor are the Badger settings on a machine whose int has
+// intSize bits.
+func badgerOptionsFor(dir string, o Options, logger badger.Logger, intSize int) badger.Options {
 	ts := tableSize(o.MemTableSize)
+	vlog := int64(valueLogFileSize)
+	if intSize == 32 {
+		vlog = valueLogFileSize32
+	}
 	bo := badger.DefaultOptions(dir).
 		WithSyncWrites(true).
 		WithDetectConflicts(false).
@@ -266,9 +321,12 @@ func badgerOptions(dir string, o Options, logger badger.Logger) badger.Options {
 		// Values must fit one transaction (15% of a memtable); larger
 		// ones go to the value log, which is synced the same way.
 		WithValueThreshold(min(1<<20, o.MemTableSize/8)).
-		WithNumMemtables(3).
+		// The memtable being written and one being flushed: each holds
+		// an arena of about 1.3 memtables on the heap, and a flush's
+		// table builder about twice the memtable.
+		WithNumMemtables(2).
 		WithBlockCacheSize(o.BlockCacheSize).
-		WithValueLogFileSize(64 << 20).
+		WithValueLogFileSize(vlog).
 		WithNumCompactors(2).
 		// Bounded L0 and equal-sized tables keep the space a compaction
 		// needs bounded (RequiredFreeBytes).
@@ -317,6 +375,8 @@ type Buffer struct {
 	// nextSeq is the next queue sequence number; guarded by wmu (the
 	// committer's groups and Reforward take numbers from it).
 	nextSeq uint64
+	// arrivals is owned by the committer goroutine.
+	arrivals arrivalRate
 
 	free    freeSpace
 	dirSync dirSyncer
@@ -370,7 +430,16 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 		logger.Warn("ignoring the clean-shutdown record", "err", err)
 	}
 	vlogSyncFailed := new(atomic.Bool)
-	db, err := badger.Open(badgerOptions(dir, opts, badgerLogger{l: logger, vlogSyncFailed: vlogSyncFailed}))
+	bopts := opts
+	if bopts.MemTableSize, err = memTableSizeFor(dir, opts.MemTableSize); err != nil {
+		return nil, fmt.Errorf("opening buffer %s: %w", dir, err)
+	}
+	if bopts.MemTableSize != opts.MemTableSize {
+		logger.Info("write-ahead logs of a larger memtable are replayed with their size; "+
+			"buffer.memtable_size applies after the next clean stop",
+			"memtable_size", bopts.MemTableSize, "configured", opts.MemTableSize)
+	}
+	db, err := badger.Open(badgerOptions(dir, bopts, badgerLogger{l: logger, vlogSyncFailed: vlogSyncFailed}))
 	if err != nil {
 		return nil, openError(dir, err)
 	}

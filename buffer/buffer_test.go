@@ -338,7 +338,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"negative budget", Options{MaxPendingBytes: -1}, "buffer.max_pending_bytes"},
 		{"tiny memtable", Options{MemTableSize: 1000}, "buffer.memtable_size"},
 		{"unknown policy", Options{FullPolicy: "drop_newest"}, `buffer.full_policy: "drop_newest" is not one of reject_new, drop_oldest`},
-		{"watermark below what badger may write", Options{MinFreeBytes: 64 << 20}, "buffer.min_free_bytes: 67108864 is less than 234881024"},
+		{"watermark below what badger may write", Options{MinFreeBytes: 64 << 20}, "buffer.min_free_bytes: 67108864 is less than 117440512"},
 		{"watermark too low for a larger memtable", Options{MinFreeBytes: 256 << 20, MemTableSize: 64 << 20}, "buffer.min_free_bytes"},
 	}
 	for _, tt := range tests {

@@ -35,20 +35,57 @@ func (b *Buffer) committer() {
 }
 
 // gather returns first plus every request already waiting, up to the group
-// caps.
+// caps. When the observed rate of concurrent requests (those that arrive
+// while another one waits or is being written) says more are about to
+// come (groupWait, buffer.group_max_wait), it then waits that long for
+// them, or until the group is full, before the group is written.
 func (b *Buffer) gather(first *commitReq) []*commitReq {
 	group := []*commitReq{first}
 	n := len(first.entries)
+	n, group = b.drain(group, n)
+	// The first request found the committer idle; those behind it arrived
+	// while another commit was waiting or being written. Only they count:
+	// a lone device committing as fast as it can never waits for itself.
+	rate := b.arrivals.observe(time.Now(), len(group)-1)
+	wait := groupWait(rate, b.opts.GroupMaxWait, b.opts.GroupWaitRate)
+	if wait <= 0 || n >= b.opts.MaxGroupBatches {
+		b.metrics.commitWait.Observe(0)
+		return group
+	}
+	start := time.Now()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	taken := len(group)
+collect:
+	for n < b.opts.MaxGroupBatches {
+		select {
+		case req := <-b.reqs:
+			group = append(group, req)
+			n += len(req.entries)
+		case <-timer.C:
+			break collect
+		case <-b.closing:
+			break collect
+		}
+	}
+	b.arrivals.observe(time.Now(), len(group)-taken)
+	b.metrics.commitWait.Observe(time.Since(start).Seconds())
+	return group
+}
+
+// drain appends the requests already queued to group, up to the group cap,
+// and returns the batches in it.
+func (b *Buffer) drain(group []*commitReq, n int) (int, []*commitReq) {
 	for n < b.opts.MaxGroupBatches {
 		select {
 		case req := <-b.reqs:
 			group = append(group, req)
 			n += len(req.entries)
 		default:
-			return group
+			return n, group
 		}
 	}
-	return group
+	return n, group
 }
 
 func (b *Buffer) commitGroup(group []*commitReq) {

@@ -114,8 +114,8 @@
 // small writes of delivery and state. Open bounds that with Badger options
 // (at most 8 L0 tables, the stall limit; tables of memtable/8 between
 // 256 KiB and 2 MiB at every level; a base level of 5 tables), and
-// RequiredFreeBytes adds it up: 11 memtables and 24 tables, 224 MiB with
-// the default 16 MiB memtable, 17 MiB with a 1 MiB one. Validate refuses a
+// RequiredFreeBytes adds it up: 11 memtables and 24 tables, 112 MiB with
+// the default 8 MiB memtable, 17 MiB with a 1 MiB one. Validate refuses a
 // smaller buffer.min_free_bytes; the default is 256 MiB. Other programs
 // filling the disk are outside that bound.
 //
@@ -168,6 +168,16 @@
 // answered. BenchmarkCommitConcurrency measures it against one synced
 // transaction per commit.
 //
+// With buffer.group_max_wait set, the committer may also wait a little for
+// more requests before writing a group: the wait is a sigmoid of the
+// smoothed rate of concurrent requests (those that arrived while another
+// was waiting or being written), 0 at rate 0, half the maximum at
+// buffer.group_wait_rate, and ends early when the group is full. A lone
+// device never waits for itself. It is off by default:
+// BenchmarkCommitGroupWait found no gain at 1 or 16 committers (16 lost
+// half their throughput to the wait) and a gain within the noise at 256,
+// because commits arriving during a sync already queue for the next group.
+//
 // Every write (group commits, delivery, dead-lettering, collection, state)
 // holds one mutex, so that the committer's duplicate decisions, the budget
 // and the eviction scans see a state no other writer changes underneath;
@@ -189,6 +199,37 @@
 // a missing table), and a damaged last transaction of a write-ahead log:
 // Badger drops it, and damage to its final entry cannot be told from a
 // torn write.
+//
+// # Memory
+//
+// Badger keeps most of its memory on the Go heap (ristretto's z.Calloc is
+// a plain Go allocation without the jemalloc build tag): every memtable's
+// skiplist arena, about 1.3 times buffer.memtable_size, allocated whole
+// when the memtable opens; the table builder of a memtable flush, about
+// twice the memtable; the builders of the two compactors, a few MiB each;
+// the block cache (buffer.block_cache_size); and the index and bloom
+// filter of every table (a few KiB per 2 MiB table, no index cache). The
+// buffer keeps two memtables (NumMemtables 2: the one being written and
+// one being flushed; Badger's default is five, and three gave no more
+// throughput here). Batches stay in the LSM tree (ValueThreshold above any
+// batch): BenchmarkIngestFootprint measured values in the value log at a
+// fifth of the heap for the same throughput, but that would move the
+// buffer's data into files whose space only value log GC returns, outside
+// what the budget, the free-space watermark and the damage checks
+// described here account for. Mapped files (memtable logs, tables, the
+// value log) count in the resident set as the kernel pages them in, and
+// are given back under memory pressure.
+//
+// # 32-bit machines
+//
+// On a 32-bit machine (armhf) every mapping shares one address space of
+// 3 GiB or less: the memtable logs (twice the memtable each), the tables
+// (about the data held) and the value log files. The buffer then uses
+// 16 MiB value log files (mapped at 32 MiB) instead of 64 MiB. Badger
+// itself works on 32-bit ARM; TestOn32BitARM cross-compiles this package's
+// tests with GOARCH=arm GOARM=7 and runs the core ones under qemu-arm.
+// The default budget (1 GiB) fits there; a much larger
+// buffer.max_pending_bytes would not.
 //
 // # Damage
 //

@@ -461,3 +461,30 @@ func TestOpenRefusesADirectoryInUse(t *testing.T) {
 	_, err = b.Commit(context.Background(), []Entry{entry("a", "1")})
 	require.NoError(t, err, "the first buffer is undisturbed")
 }
+
+// TestSmallerMemtableReplaysALargerLog lowers buffer.memtable_size after a
+// crash that left a write-ahead log written with a larger memtable: Badger
+// would replay it into an arena of the new size and panic; the buffer
+// opens with the log's size and keeps every batch.
+func TestSmallerMemtableReplaysALargerLog(t *testing.T) {
+	b := open(t, t.TempDir(), Options{MemTableSize: 8 << 20})
+	fill(t, b, 0, 3000, 1000) // about 3.5 MiB: more than a 1 MiB memtable's arena
+	dir := copyDir(t, b.dir)
+	size, err := memTableSizeFor(dir, 1<<20)
+	require.NoError(t, err)
+	require.Equal(t, int64(8<<20), size)
+	requireOpensWith(t, dir, smallOptions, 3000)
+	// Closed cleanly, no log holds data: the configured size applies.
+	size, err = memTableSizeFor(dir, 1<<20)
+	require.NoError(t, err)
+	require.Equal(t, int64(1<<20), size)
+	requireOpensWith(t, dir, smallOptions, 3000)
+}
+
+func requireOpensWith(tb testing.TB, dir string, opts Options, n int) {
+	tb.Helper()
+	b, err := Open(dir, opts, nil, nil)
+	require.NoError(tb, err)
+	defer func() { require.NoError(tb, b.Close()) }()
+	require.Len(tb, pendingIDs(tb, b), n)
+}

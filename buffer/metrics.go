@@ -12,6 +12,7 @@ type metrics struct {
 	commitFailures prometheus.Counter
 	groupBatches   prometheus.Histogram
 	commitSeconds  prometheus.Histogram
+	commitWait     prometheus.Histogram
 	delivered      prometheus.Counter
 	deadLettered   prometheus.Counter
 	reforwarded    prometheus.Counter
@@ -46,6 +47,12 @@ func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
 			Namespace: "gateway", Subsystem: "buffer", Name: "commit_duration_seconds",
 			Help:    "Time to decide and durably write one commit group.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		commitWait: f.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gateway", Subsystem: "buffer", Name: "commit_wait_seconds",
+			Help: "Time the committer waited for more commits before writing a group " +
+				"(buffer.group_max_wait; 0 when the arrival rate did not call for a wait).",
+			Buckets: prometheus.ExponentialBuckets(0.00001, 2, 14),
 		}),
 		delivered: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "buffer", Name: "delivered_batches_total",

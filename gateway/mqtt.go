@@ -115,9 +115,13 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 	caps.SharedSubAvailable = 0
 	caps.MaximumSessionExpiryInterval = 24 * 60 * 60
 	// mochi allocates each connection's write queue up front (8192 slots,
-	// 64 KiB, by default), before CONNECT; a device's queue holds its acks,
-	// at most one per message in flight (ReceiveMaximum, 1024).
-	caps.MaximumClientWritesPending = int32(caps.ReceiveMaximum)
+	// 64 KiB, by default), before CONNECT. A device's queue holds the
+	// messages of its ack topic not yet written to its socket, one per
+	// batch, drained as fast as the socket takes them: 256 slots (2 KiB a
+	// connection; 8 KiB with ReceiveMaximum's 1024) leave room for a burst.
+	// A message beyond them is dropped and logged; the device, missing its
+	// ack, resends the batch and is answered duplicate.
+	caps.MaximumClientWritesPending = 256
 	server := mqtt.New(&mqtt.Options{
 		Capabilities: caps,
 		InlineClient: true,

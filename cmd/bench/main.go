@@ -58,7 +58,7 @@ func run(args []string) int {
 	fs.BoolVar(&cfg.Profile, "profile", false, "record gatewayd with perf during the largest MQTT run")
 	fs.StringVar(&cfg.ProfileOut, "profile-out", "bench/gatewayd-mqtt-perf.txt", "report of --profile")
 	fs.BoolVar(&cfg.KeepWork, "keep-work", false, "keep the work directory (logs, data directories)")
-	fs.Func("gateway-env", "extra `GATEWAY_NAME=VALUE` setting for every gatewayd, for experiments (repeatable)", func(v string) error {
+	fs.Func("gateway-env", "extra `GATEWAY_NAME=VALUE` setting (or GODEBUG, GOGC, GOMEMLIMIT) for every gatewayd, for experiments (repeatable)", func(v string) error {
 		cfg.GatewayEnv = append(cfg.GatewayEnv, v)
 		return nil
 	})

@@ -50,6 +50,12 @@ type Config struct {
 	// AdminTokenFile holds the operator API's token; otherwise
 	// GATEWAY_ADMIN_TOKEN is used. Without one the operator API is off.
 	AdminTokenFile string `yaml:"admin_token_file"`
+	// MemoryLimit is the Go runtime's soft memory limit in bytes, applied
+	// when the environment sets no GOMEMLIMIT; 0 turns it off. Default
+	// 201326592 (192 MiB).
+	MemoryLimit int64 `yaml:"memory_limit"`
+	// Debug configures the diagnostics endpoints.
+	Debug DebugConfig `yaml:"debug"`
 
 	MQTT    gateway.MQTTConfig    `yaml:"mqtt"`
 	HTTP    gateway.HTTPConfig    `yaml:"http"`
@@ -68,6 +74,7 @@ func defaultConfig() Config {
 		LogLevel:        "info",
 		LogFormat:       "text",
 		ShutdownTimeout: 20 * time.Second,
+		MemoryLimit:     defaultMemoryLimit,
 		MQTT: gateway.MQTTConfig{Mode: "embedded", External: gateway.DefaultExternalConfig(), Addr: ":1883",
 			MaxPacketSize: 256 << 10, MaxClients: 10000},
 		HTTP:   gateway.HTTPConfig{Addr: ":8080", MaxBodyBytes: 1 << 20, RetryAfter: 30 * time.Second},
@@ -103,6 +110,9 @@ func (c Config) Validate() error {
 	if c.ShutdownTimeout <= 0 {
 		return errors.New("shutdown_timeout: must be positive")
 	}
+	if err := validateMemoryLimit(c.MemoryLimit); err != nil {
+		return err
+	}
 	var fe *cloud.FieldError
 	if err := c.cloud().Validate(); errors.As(err, &fe) {
 		// cloud.Config names its fields as gatewayctl's do; here they are
@@ -112,7 +122,7 @@ func (c Config) Validate() error {
 		}
 		return err
 	}
-	for _, v := range []interface{ Validate() error }{c.cloud(), c.MQTT, c.HTTP, c.Auth, c.Ingest, c.Devices, c.Buffer, c.Uplink, c.Push} {
+	for _, v := range []interface{ Validate() error }{c.Debug, c.cloud(), c.MQTT, c.HTTP, c.Auth, c.Ingest, c.Devices, c.Buffer, c.Uplink, c.Push} {
 		if err := v.Validate(); err != nil {
 			return err
 		}
@@ -143,6 +153,7 @@ var flagSettings = []struct {
 	{"aws-region", "AWS region (aws_region); default from the SDK chain", func(c *Config) *string { return &c.AWSRegion }},
 	{"table-prefix", "prefix of the four table names (table_prefix)", func(c *Config) *string { return &c.TablePrefix }},
 	{"log-level", "debug, info, warn or error (log_level)", func(c *Config) *string { return &c.LogLevel }},
+	{"pprof-addr", "serve Go profiles on this address, e.g. 127.0.0.1:6060 (debug.pprof_addr; default off)", func(c *Config) *string { return &c.Debug.PprofAddr }},
 }
 
 func newFlagSet(f *flags) *flag.FlagSet {

@@ -104,7 +104,9 @@ func lookupEnv(environ []string, name string) string {
 //     answered, then Badger is closed.
 func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logger) error {
 	startedAt := time.Now()
-	logger.Info("gatewayd starting", "version", version, "data_dir", cfg.DataDir)
+	limit, limitFrom := applyMemoryLimit(cfg.MemoryLimit, environ)
+	logger.Info("gatewayd starting", "version", version, "data_dir", cfg.DataDir,
+		"memory_limit_bytes", limit, "memory_limit_from", limitFrom)
 	pepper, err := cloud.LoadPepper(lookupEnv(environ, envPepper), cfg.APIKeyPepperFile)
 	if err != nil {
 		return err
@@ -220,6 +222,10 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	if err := api.Listen(); err != nil {
 		return err
 	}
+	pprofSrv, err := listenPprof(cfg.Debug.PprofAddr, logger)
+	if err != nil {
+		return err
+	}
 	logger.Info("gatewayd ready", "mqtt", mqttWhere, "http", api.Addr(),
 		"dynamodb", endpointName(cfg.DynamoDBEndpoint), "tables_prefix", cfg.TablePrefix)
 
@@ -255,6 +261,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	g.Go(func() error { return pusher.Run(gctx) })  // 3. with push.url set, pushes once more (at most 5 s)
 	// WatchdogSec=: WATCHDOG=1 every half interval while healthy() is nil.
 	g.Go(func() error { return sdnotify.RunWatchdog(gctx, healthy) })
+	g.Go(func() error { return pprofSrv.Run(gctx) }) // with debug.pprof_addr set
 
 	done := make(chan error, 1)
 	go func() { done <- g.Wait() }()

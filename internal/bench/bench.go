@@ -140,8 +140,11 @@ func (c Config) Validate() error {
 		return errors.New("ready runs: must be between 1 and 20")
 	}
 	for _, kv := range c.GatewayEnv {
-		if k, _, ok := strings.Cut(kv, "="); !ok || !strings.HasPrefix(k, "GATEWAY_") {
-			return fmt.Errorf("gateway env %q: want GATEWAY_NAME=VALUE", kv)
+		// The Go runtime's own variables are allowed too, for memory
+		// experiments.
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || !strings.HasPrefix(k, "GATEWAY_") && k != "GODEBUG" && k != "GOGC" && k != "GOMEMLIMIT" {
+			return fmt.Errorf("gateway env %q: want GATEWAY_NAME=VALUE (or GODEBUG, GOGC, GOMEMLIMIT)", kv)
 		}
 	}
 	for _, n := range c.Devices {

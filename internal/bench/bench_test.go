@@ -108,3 +108,30 @@ func TestCount(t *testing.T) {
 	require.Equal(t, "1,000,000", count(1_000_000))
 	require.Equal(t, "999", count(999))
 }
+
+func TestGatewayEnvNames(t *testing.T) {
+	tests := []struct {
+		name string
+		kv   string
+		ok   bool
+	}{
+		{"setting", "GATEWAY_BUFFER_MEMTABLE_SIZE=16777216", true},
+		{"runtime debug", "GODEBUG=adaptivestackstart=0", true},
+		{"memory limit", "GOMEMLIMIT=100MiB", true},
+		{"gc", "GOGC=50", true},
+		{"other", "HOME=/tmp", false},
+		{"no value", "GATEWAY_LOG_LEVEL", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.GatewayEnv = []string{tt.kv}
+			err := cfg.Validate()
+			if tt.ok {
+				require.NoError(t, err)
+			} else {
+				require.ErrorContains(t, err, "want GATEWAY_NAME=VALUE")
+			}
+		})
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -56,8 +57,10 @@ type gatewayd struct {
 	spec     gatewaydSpec
 	mqttAddr string
 	httpAddr string
-	proc     *process
-	started  time.Time
+	// pprofAddr serves gatewayd's profiles (debug.pprof_addr).
+	pprofAddr string
+	proc      *process
+	started   time.Time
 	// ready is the time from the process start to the first /readyz 200.
 	ready time.Duration
 	http  *http.Client
@@ -76,7 +79,14 @@ func startGatewayd(ctx context.Context, spec gatewaydSpec) (*gatewayd, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &gatewayd{spec: spec, mqttAddr: mqttAddr, httpAddr: httpAddr,
+	pprofAddr, err := freeAddr()
+	for err == nil && (pprofAddr == mqttAddr || pprofAddr == httpAddr) {
+		pprofAddr, err = freeAddr()
+	}
+	if err != nil {
+		return nil, err
+	}
+	g := &gatewayd{spec: spec, mqttAddr: mqttAddr, httpAddr: httpAddr, pprofAddr: pprofAddr,
 		http: &http.Client{Timeout: 5 * time.Second}}
 	logFile, err := os.OpenFile(spec.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
 	if err != nil {
@@ -84,7 +94,7 @@ func startGatewayd(ctx context.Context, spec gatewaydSpec) (*gatewayd, error) {
 	}
 	defer logFile.Close()
 	cmd := exec.Command(spec.bin, "--data-dir", spec.dataDir, "--dynamodb-endpoint", spec.endpoint,
-		"--table-prefix", spec.prefix, "--mqtt-addr", mqttAddr, "--http-addr", httpAddr, "--log-level", "warn")
+		"--table-prefix", spec.prefix, "--mqtt-addr", mqttAddr, "--http-addr", httpAddr, "--log-level", "warn", "--pprof-addr", pprofAddr)
 	cmd.Env = gatewaydEnv(spec.env)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	g.started = time.Now()
@@ -223,4 +233,30 @@ func (g *gatewayd) goMemory(ctx context.Context) (goMemory, error) {
 		StackInuse: m.sum("go_memstats_stack_inuse_bytes"), NextGC: m.sum("go_memstats_next_gc_bytes"),
 		Sys: m.sum("go_memstats_sys_bytes"), Goroutines: m.sum("go_goroutines"),
 	}, nil
+}
+
+// saveHeapProfile writes gatewayd's heap profile (in-use and allocated
+// space, after a GC) to path: go tool pprof -sample_index=inuse_space.
+func (g *gatewayd) saveHeapProfile(ctx context.Context, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+g.pprofAddr+"/debug/pprof/heap?gc=1", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := g.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("reading the heap profile: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("reading the heap profile: %s", resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return f.Close()
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -41,7 +42,12 @@ func (r *runner) mqtt(ctx context.Context, n int) error {
 	goMem := func(g *gatewayd, at string) error {
 		m, err := g.goMemory(ctx)
 		run.GoMemory[at] = m
-		return err
+		if err != nil {
+			return err
+		}
+		// Kept with --keep-work, for go tool pprof.
+		return g.saveHeapProfile(ctx, filepath.Join(r.work,
+			fmt.Sprintf("heap-mqtt-%d-%s.pb.gz", n, strings.ReplaceAll(at, " ", "-"))))
 	}
 
 	r.log.Info("mqtt: gatewayd", "devices", n, "inflight", r.cfg.Inflight, "duration", r.cfg.Duration)

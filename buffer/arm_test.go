@@ -1,0 +1,130 @@
+package buffer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// armTests are the tests run on 32-bit ARM: open, commit, restart, pending,
+// delivery, concurrent and split groups, usage, and the integrity check of
+// healthy directories.
+const armTests = "^(TestCommitOutcomes|TestPendingSurvivesRestartInOrder|TestDeliveredMarkersAnswerDuplicateUntilCollected|" +
+	"TestConcurrentCommitsStoreEachBatchOnce|TestSplitGroupBeyondOneTransaction|TestUsageIsKeptAcrossEveryWriteAndRestart|" +
+	"TestHealthyBuffersOpen|TestGroupWaitCommits|TestBadgerOptionsFitTheAddressSpace)$"
+
+// TestOn32BitARM cross-compiles this package's tests for 32-bit ARM
+// (GOARCH=arm GOARM=7, the armhf release) and runs armTests under qemu-arm
+// (user-mode emulation, no binfmt needed). qemu-arm comes from Debian's
+// qemu-user package, installed with apt-get when missing and running as
+// root; without it the test is skipped, unless CI is set.
+func TestOn32BitARM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cross-compiles and emulates: not with -short")
+	}
+	if runtime.GOARCH == "arm" {
+		t.Skip("already running on 32-bit ARM")
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("qemu-arm user-mode emulation runs on Linux")
+	}
+	qemu, err := ensureQemuARM()
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("qemu-arm is needed: %v", err)
+		}
+		t.Skipf("qemu-arm unavailable: %v", err)
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+
+	testBin := filepath.Join(t.TempDir(), "buffer-arm.test")
+	build := exec.CommandContext(ctx, goBin, "test", "-c", "-o", testBin, ".")
+	build.Env = append(os.Environ(), "GOOS=linux", "GOARCH=arm", "GOARM=7", "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "cross-compiling the tests for GOARCH=arm GOARM=7:\n%s", out)
+
+	tmp := t.TempDir()
+	run := exec.CommandContext(ctx, qemu, testBin, "-test.run", armTests, "-test.v", "-test.count=1")
+	run.Env = append(os.Environ(), "TMPDIR="+tmp)
+	run.WaitDelay = 5 * time.Second
+	out, err = run.CombinedOutput()
+	require.NoError(t, err, "the tests under qemu-arm:\n%s", tail(out, 16<<10))
+	require.Contains(t, string(out), "\nPASS\n")
+	for _, name := range strings.Split(strings.Trim(armTests, "^()$"), "|") {
+		require.Contains(t, string(out), "--- PASS: "+name+" ", "%s ran and passed on ARM", name)
+	}
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// aptLockPath serializes apt-get runs of concurrent test binaries (the
+// same file internal/mosquittotest uses).
+const aptLockPath = "/tmp/greenhouse-gateway-apt.lock"
+
+// ensureQemuARM returns the path of qemu-arm, installing Debian's qemu-user
+// when it is missing.
+func ensureQemuARM() (string, error) {
+	if p, err := exec.LookPath("qemu-arm"); err == nil {
+		return p, nil
+	}
+	if os.Geteuid() != 0 {
+		return "", errors.New("qemu-arm is not installed and this is not root: run apt-get install -y qemu-user")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	f, err := os.OpenFile(aptLockPath, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return "", fmt.Errorf("opening the install lock: %w", err)
+	}
+	defer f.Close()
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			return "", fmt.Errorf("taking the install lock: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("waiting for the install lock: %w", ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	defer func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }()
+	if p, err := exec.LookPath("qemu-arm"); err == nil {
+		return p, nil // installed while we waited
+	}
+	for _, args := range [][]string{
+		{"-o", "DPkg::Lock::Timeout=120", "update"},
+		{"-o", "DPkg::Lock::Timeout=120", "install", "-y", "--no-install-recommends", "qemu-user"},
+	} {
+		cmd := exec.CommandContext(ctx, "apt-get", args...)
+		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("apt-get %s: %w\n%s", strings.Join(args, " "), err, tail(bytes.TrimSpace(out), 4<<10))
+		}
+	}
+	return exec.LookPath("qemu-arm")
+}
