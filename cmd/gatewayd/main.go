@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -23,6 +24,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/pushmetrics"
@@ -171,6 +173,12 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	if err != nil {
 		return err
 	}
+	auditLog, err := audit.Open(filepath.Join(cfg.DataDir, "audit"), cfg.Audit, clk.Now, logger, reg)
+	if err != nil {
+		return err
+	}
+	defer auditLog.Close() // idempotent: its Run closes it on the way out
+	ingest.SetAudit(auditLog)
 	// The MQTT side: the embedded broker, or a consumer of an external one.
 	var mqttRun func(context.Context) error
 	mqttWhere := ""
@@ -205,7 +213,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	}
 	api, err := gateway.NewHTTPServer(cfg.HTTP, gateway.HTTPDeps{
 		Ingest: ingest, Auth: auth, Devices: devices, AdminToken: adminToken,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready,
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready, Audit: auditLog,
 	}, logger)
 	if err != nil {
 		return err
@@ -248,6 +256,8 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	g.Go(func() error { return pusher.Run(gctx) })  // 3. with push.url set, pushes once more (at most 5 s)
 	// WatchdogSec=: WATCHDOG=1 every half interval while healthy() is nil.
 	g.Go(func() error { return sdnotify.RunWatchdog(gctx, healthy) })
+	// The audit trail writes what is still queued, then closes its segment.
+	g.Go(func() error { return auditLog.Run(gctx) })
 
 	done := make(chan error, 1)
 	go func() { done <- g.Wait() }()
