@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -13,8 +14,10 @@ import (
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"greenhouse-gateway/gateway"
 	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/contract"
 )
@@ -200,9 +203,16 @@ func TestAuditRecordsHTTPRefusals(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	require.Len(t, auditOf(t, h, "", audit.ReasonBadRequest), 1)
 
+	resp, _ = postJSON(t, h.httpURL+"/v1/register", goodKey, []byte(`{"hardware_id":"`+hw+`","boot_id":"nope"}`))
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	recs = auditOf(t, h, hw, audit.ReasonValidation)
+	require.Len(t, recs, 2)
+	require.Equal(t, "register", recs[0].Kind)
+	require.NotEmpty(t, recs[0].Field)
+
 	code, out := getAudit(t, h, adminToken, "transport=http")
 	require.Equal(t, http.StatusOK, code)
-	require.Equal(t, 5, out.Count, "one record per refusal, nothing for the stored batch")
+	require.Equal(t, 6, out.Count, "one record per refusal, nothing for the stored batch")
 	requireNoKeysOnDisk(t, h)
 }
 
@@ -281,4 +291,44 @@ func TestAuditQueryParameters(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, code)
 	code, _ = getAudit(t, h, goodKey, "")
 	require.Equal(t, http.StatusUnauthorized, code, "a device key is not the admin token")
+}
+
+// TestAuditFloodNeverBlocksIngest fills the audit queue while its writer
+// is not running: ingest goes on answering, the overflow is counted.
+func TestAuditFloodNeverBlocksIngest(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	log, err := audit.Open(t.TempDir(), audit.Config{QueueRecords: 8}, nil, nil, reg)
+	require.NoError(t, err)
+	in, err := gateway.NewIngest(gateway.IngestConfig{}, failingStore{}, nil, nil, nil, prometheus.NewRegistry())
+	require.NoError(t, err)
+	in.SetAudit(log)
+	payloads := make([][]byte, 200)
+	for i := range payloads {
+		payloads[i] = []byte(fmt.Sprintf(`{"batch_id":"AA:BB:CC:DD:EE:50_%d","hardware_id":"AA:BB:CC:DD:EE:50"}`, i))
+	}
+	results, err := in.Readings(context.Background(), gateway.TransportHTTP, "", payloads)
+	require.NoError(t, err)
+	require.Len(t, results, 200)
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	dropped := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == "gateway_audit_dropped_records_total" {
+			for _, m := range mf.GetMetric() {
+				dropped += m.GetCounter().GetValue()
+			}
+		}
+	}
+	require.Equal(t, 192.0, dropped)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- log.Run(ctx) }()
+	res, err := log.Query(context.Background(), audit.Filter{Limit: 1000})
+	require.NoError(t, err)
+	require.Len(t, res.Records, 8)
+	require.Equal(t, "AA:BB:CC:DD:EE:50_7", res.Records[0].BatchID)
+	require.Equal(t, "AA:BB:CC:DD:EE:50", res.Records[0].HardwareID, "claimed in the payload")
+	cancel()
+	require.NoError(t, <-done)
 }
