@@ -37,6 +37,7 @@ package audit
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -568,6 +569,20 @@ func (f Filter) match(r *Record) bool {
 		(f.Until.IsZero() || r.Time.Before(f.Until))
 }
 
+// needles are byte strings every matching line contains: the filter's
+// fields as the writer encodes them.
+func (f Filter) needles() [][]byte {
+	var out [][]byte
+	for _, kv := range [][2]string{{"hardware_id", f.HardwareID}, {"reason", f.Reason}, {"transport", f.Transport}} {
+		if kv[1] == "" {
+			continue
+		}
+		v, _ := json.Marshal(kv[1])
+		out = append(out, append([]byte(`"`+kv[0]+`":`), v...))
+	}
+	return out
+}
+
 // Result is the answer to a query.
 type Result struct {
 	// Records are the matching records, newest first.
@@ -651,12 +666,19 @@ func (l *Log) readSegment(s segment, f Filter, keep int) ([]Record, int, error) 
 	defer file.Close()
 	sc := bufio.NewScanner(io.LimitReader(file, s.size))
 	sc.Buffer(make([]byte, 0, 4096), maxLineBytes)
+	needles := f.needles()
 	var out []Record
 	skipped := 0
+scan:
 	for sc.Scan() {
 		line := sc.Bytes()
 		if len(line) == 0 {
 			continue
+		}
+		for _, n := range needles {
+			if !bytes.Contains(line, n) {
+				continue scan // cannot match: spare the decoding
+			}
 		}
 		var r Record
 		if err := json.Unmarshal(line, &r); err != nil || r.Time.IsZero() || r.Reason == "" {
