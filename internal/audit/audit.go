@@ -51,6 +51,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -144,6 +145,8 @@ type Log struct {
 	logger *slog.Logger
 	queue  chan item
 	done   chan struct{} // closed when Run returns
+	// pending counts records queued and not yet written.
+	pending atomic.Int64
 
 	mu       sync.Mutex
 	segments []segment // in seq order; the last one is open when w != nil
@@ -174,7 +177,8 @@ type item struct {
 	sync chan struct{}
 }
 
-// Open opens the audit trail in dir, creating the directory if needed.
+// Open opens the audit trail in dir, creating the directory if needed, and
+// deletes the segments past retention or over the size cap.
 // now tells the time for retention and for records without one (nil: the
 // system clock); logger and reg may be nil.
 func Open(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg prometheus.Registerer) (*Log, error) {
@@ -238,7 +242,7 @@ func Open(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg
 		l.nextSeq = max(l.nextSeq, s.seq+1)
 	}
 	slices.SortFunc(l.segments, func(a, b segment) int { return cmpUint(a.seq, b.seq) })
-	l.updateGauges()
+	l.maintainLocked() // no lock needed yet: l is not shared
 	return l, nil
 }
 
@@ -279,9 +283,11 @@ func (l *Log) Record(rec Record) {
 		return
 	}
 	rec = bounded(rec)
+	l.pending.Add(1)
 	select {
 	case l.queue <- item{rec: rec}:
 	default:
+		l.pending.Add(-1)
 		l.dropped.WithLabelValues("queue_full").Inc()
 	}
 }
@@ -325,9 +331,6 @@ func (l *Log) Run(ctx context.Context) error {
 	defer close(l.done)
 	ticker := time.NewTicker(flushInterval)
 	defer ticker.Stop()
-	l.mu.Lock()
-	l.maintainLocked()
-	l.mu.Unlock()
 	for {
 		select {
 		case it := <-l.queue:
@@ -359,6 +362,7 @@ func (l *Log) handle(it item) {
 		return
 	}
 	l.writeLocked(it.rec)
+	l.pending.Add(-1)
 }
 
 // Close flushes, syncs and closes the open segment. It is idempotent;
@@ -633,6 +637,9 @@ func (l *Log) Query(ctx context.Context, f Filter) (Result, error) {
 // sync waits until the records queued so far are written, at most
 // syncTimeout (Run may not have started, or be behind).
 func (l *Log) sync(ctx context.Context) {
+	if l.pending.Load() <= 0 {
+		return // nothing queued; what the writer took is written under mu
+	}
 	t := time.NewTimer(syncTimeout)
 	defer t.Stop()
 	ch := make(chan struct{})
