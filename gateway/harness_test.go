@@ -20,6 +20,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/contract"
 )
@@ -99,6 +100,7 @@ type harness struct {
 	keys     *fakeKeys
 	mqttAddr string
 	httpURL  string
+	auditDir string
 }
 
 // gatewayOptions change startGateway's configuration.
@@ -133,19 +135,23 @@ func startGateway(t *testing.T, store gateway.Committer, options ...func(*gatewa
 	require.NoError(t, err)
 	ingest, err := gateway.NewIngest(opts.ingest, store, devices, opts.clock, nil, reg)
 	require.NoError(t, err)
+	auditDir := t.TempDir()
+	auditLog, err := audit.Open(auditDir, audit.Config{}, nil, nil, reg)
+	require.NoError(t, err)
+	ingest.SetAudit(auditLog)
 	broker, err := gateway.NewBroker(gateway.MQTTConfig{Addr: "127.0.0.1:0"}, ingest, auth, nil, reg)
 	require.NoError(t, err)
 	require.NoError(t, broker.Listen())
 	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0", MaxBodyBytes: 64 << 10}, gateway.HTTPDeps{
 		Ingest: ingest, Auth: auth, Devices: devices, History: buf, AdminToken: adminToken, DeadLetters: buf,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return nil },
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return nil }, Audit: auditLog,
 	}, nil)
 	require.NoError(t, err)
 	require.NoError(t, api.Listen())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, run := range []func(context.Context) error{broker.Run, api.Run} {
+	for _, run := range []func(context.Context) error{broker.Run, api.Run, auditLog.Run} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -159,7 +165,8 @@ func startGateway(t *testing.T, store gateway.Committer, options ...func(*gatewa
 		cancel()
 		wg.Wait()
 	})
-	return &harness{buf: buf, devices: devices, reg: reg, keys: keys, mqttAddr: "tcp://" + broker.Addr(), httpURL: "http://" + api.Addr()}
+	return &harness{buf: buf, devices: devices, reg: reg, keys: keys, mqttAddr: "tcp://" + broker.Addr(), httpURL: "http://" + api.Addr(),
+		auditDir: auditDir}
 }
 
 // device is a real MQTT client (paho) that collects its acks.

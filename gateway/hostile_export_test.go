@@ -50,5 +50,5 @@ func HTTPHandler(h *HTTPServer) http.Handler { return h.server.Handler }
 func MQTTACLCheck(username, topic string, write bool) bool {
 	cl := &mqtt.Client{}
 	cl.Properties.Username = []byte(username)
-	return (&hook{}).OnACLCheck(cl, topic, write)
+	return (&hook{b: &Broker{ingest: &Ingest{}}}).OnACLCheck(cl, topic, write)
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/contract"
 	"greenhouse-gateway/uplink"
 )
@@ -84,6 +85,8 @@ type HTTPDeps struct {
 	Metrics http.Handler
 	// Ready reports whether the gateway can take batches (for /readyz).
 	Ready func() error
+	// Audit backs GET /v1/audit; nil answers 404.
+	Audit *audit.Log
 }
 
 // HTTPServer serves the device API, the operator API, metrics and health
@@ -120,6 +123,7 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 	mux.HandleFunc("GET /v1/dead-letters", h.admin(h.listDeadLetters))
 	mux.HandleFunc("POST /v1/dead-letters/{batch_id}/reforward", h.admin(h.reforwardDeadLetter))
 	mux.HandleFunc("GET /v1/uplink", h.admin(h.uplinkReport))
+	mux.HandleFunc("GET /v1/audit", h.admin(h.queryAudit))
 	mux.Handle("GET /metrics", deps.Metrics)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -208,9 +212,11 @@ func (h *HTTPServer) deviceRequest(w http.ResponseWriter, r *http.Request) (body
 	}
 	switch err := h.auth.Verify(r.Context(), apiKey(r)); {
 	case errors.Is(err, ErrAuthUnavailable):
+		h.ingest.auditRequest(r, audit.ReasonAuthUnavailable, "the API key cannot be verified now")
 		h.unavailable(w, "the API key cannot be verified now; retry later")
 		return nil, false
 	case err != nil:
+		h.ingest.auditRequest(r, audit.ReasonUnauthorized, "missing, unknown or revoked API key")
 		writeJSON(w, http.StatusUnauthorized, errorBody("missing, unknown or revoked API key (Authorization: Bearer KEY)"))
 		return nil, false
 	}
@@ -218,6 +224,7 @@ func (h *HTTPServer) deviceRequest(w http.ResponseWriter, r *http.Request) (body
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooBig):
+		h.ingest.auditRequest(r, audit.ReasonOversize, fmt.Sprintf("body over %d bytes", h.cfg.MaxBodyBytes))
 		writeJSON(w, http.StatusRequestEntityTooLarge,
 			errorBody(fmt.Sprintf("request body is larger than %d bytes", h.cfg.MaxBodyBytes)))
 		return nil, false
@@ -235,7 +242,7 @@ func (h *HTTPServer) register(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ack, first, err := h.ingest.Register(r.Context(), "", body)
+	ack, first, err := h.ingest.Register(h.ingest.withRemoteAddr(r.Context(), r.RemoteAddr), "", body)
 	switch {
 	case errors.Is(err, ErrShuttingDown):
 		h.unavailable(w, "the gateway is shutting down; retry later")
@@ -312,6 +319,7 @@ func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
 	}
 	batches, err := contract.SplitBatches(body)
 	if err != nil {
+		h.ingest.auditRequest(r, audit.ReasonBadRequest, err.Error())
 		writeJSON(w, http.StatusBadRequest, contract.RequestErrorResponse(err.Error()))
 		return
 	}
@@ -320,6 +328,7 @@ func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
 	// far more than its bytes (a 1 MiB body of "{}" batches made a 32 MB
 	// answer and ~200 MiB of heap).
 	if limit := max(1, h.cfg.MaxBodyBytes/minBatchBytes); int64(len(batches)) > limit {
+		h.ingest.auditRequest(r, audit.ReasonBadRequest, fmt.Sprintf("%d batches in one request, over %d", len(batches), limit))
 		writeJSON(w, http.StatusBadRequest, contract.RequestErrorResponse(fmt.Sprintf(
 			"%d batches in one request; a %d-byte body holds at most %d valid ones", len(batches), h.cfg.MaxBodyBytes, limit)))
 		return
@@ -328,7 +337,7 @@ func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
 	for i, b := range batches {
 		payloads[i] = b
 	}
-	results, err := h.ingest.Readings(r.Context(), TransportHTTP, "", payloads)
+	results, err := h.ingest.Readings(h.ingest.withRemoteAddr(r.Context(), r.RemoteAddr), TransportHTTP, "", payloads)
 	if errors.Is(err, ErrShuttingDown) {
 		h.unavailable(w, "the gateway is shutting down; retry later")
 		return

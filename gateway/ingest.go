@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/contract"
 )
 
@@ -131,6 +132,7 @@ type Ingest struct {
 	logger  *slog.Logger
 	results *prometheus.CounterVec
 	stop    chan struct{}
+	audit   *audit.Log // nil: nothing recorded (SetAudit)
 }
 
 // NewIngest returns the ingest path. devices may be nil (no registry:
@@ -235,12 +237,14 @@ func (in *Ingest) Register(ctx context.Context, sender string, payload []byte) (
 		err = contract.NewError(contract.ReasonUnknownDevice, "", "this gateway keeps no device registry")
 	}
 	if err != nil {
+		in.auditRegister(ctx, sender, payload, err)
 		return contract.RegisterAck("", err), false, err
 	}
 	id, first, err := in.devices.Register(reg)
 	if err != nil {
 		in.logger.Error("registration not saved", "hardware_id", reg.HardwareID, "err", err)
 		cerr := contract.NewError(contract.ReasonBufferFull, "", "the gateway could not save the registration; retry later")
+		in.auditRegister(ctx, reg.HardwareID, payload, cerr)
 		return contract.RegisterAck("", cerr), false, cerr
 	}
 	if first {
@@ -272,6 +276,7 @@ func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloa
 		b, fixed, err := in.prepare(p, sender, now)
 		if err != nil {
 			results[i] = rejected(batchIDOf(b, p, err), err)
+			in.auditBatch(ctx, transport, hardwareIDOf(sender, b), p, results[i], err)
 			continue
 		}
 		entries = append(entries, buffer.Entry{
@@ -298,6 +303,11 @@ func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloa
 					in.devices.Observe(batches[k], repaired[k], outcomes[k] == buffer.Stored)
 				}
 			}
+		}
+	}
+	if in.audit != nil {
+		for k, i := range idx {
+			in.auditBatch(ctx, transport, batches[k].HardwareID, nil, results[i], nil)
 		}
 	}
 	for _, r := range results {
@@ -412,6 +422,15 @@ func rejected(batchID string, err error) contract.Result {
 	}
 	msg := err.Error()
 	return contract.Result{BatchID: batchID, Status: contract.StatusRejected, Reason: &reason, Message: &msg}
+}
+
+// hardwareIDOf returns the sender, else the decoded batch's hardware_id,
+// else "".
+func hardwareIDOf(sender string, b prepared) string {
+	if sender == "" && b.Batch != nil {
+		return b.HardwareID
+	}
+	return sender
 }
 
 // batchIDOf names a rejected batch as well as it can: the decoded batch_id,

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
+	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/contract"
 )
 
@@ -227,7 +228,8 @@ type hook struct {
 func (h *hook) ID() string { return "gateway" }
 
 func (h *hook) Provides(b byte) bool {
-	return bytes.Contains([]byte{mqtt.OnConnect, mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPublish}, []byte{b})
+	return bytes.Contains([]byte{mqtt.OnConnect, mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPublish,
+		mqtt.OnDisconnect}, []byte{b})
 }
 
 // OnConnect authenticates: username = hardware_id, password = API key, and
@@ -238,6 +240,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	hw := string(pk.Connect.Username)
 	refuse := func(reason string, code packets.Code) error {
 		h.b.refused.WithLabelValues(reason).Inc()
+		h.b.ingest.auditConnectRefusal(cl, hw, reason, pk.Connect.WillTopic)
 		if code == packets.ErrNotAuthorized && cl.Properties.ProtocolVersion < 5 {
 			// mochi maps this one to MQTT 3's return code 5, "not authorized".
 			code = packets.ErrBadUsernameOrPassword
@@ -252,7 +255,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	}
 	// mochi publishes a will to subscribers without an ACL check: a will
 	// on another device's ack topic would forge its acks.
-	if pk.Connect.WillFlag && !h.OnACLCheck(cl, pk.Connect.WillTopic, true) {
+	if pk.Connect.WillFlag && !aclAllows(hw, pk.Connect.WillTopic, true) {
 		return refuse("bad_will", packets.ErrNotAuthorized)
 	}
 	switch err := h.b.auth.Verify(context.Background(), string(pk.Connect.Password)); {
@@ -271,6 +274,14 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool { 
 // topics and subscribe only to its own ack topic.
 func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 	hw := string(cl.Properties.Username)
+	if aclAllows(hw, topic, write) {
+		return true
+	}
+	h.b.ingest.auditACLDenial(cl, hw, topic, write)
+	return false
+}
+
+func aclAllows(hw, topic string, write bool) bool {
 	if write {
 		return topic == contract.ReadingsTopic(hw) || topic == contract.RegisterTopic(hw)
 	}
@@ -289,7 +300,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if !ok {
 		return pk, packets.CodeSuccessIgnore // unreachable: the ACL admits only device topics
 	}
-	ack, ackMQTT := h.b.ingest.MQTTMessage(context.Background(), hw, kind, pk.Payload)
+	ack, ackMQTT := h.b.ingest.MQTTMessage(h.b.ingest.withRemoteAddr(context.Background(), cl.Net.Remote), hw, kind, pk.Payload)
 	if ack != nil {
 		h.b.publishAck(hw, *ack)
 	}
@@ -297,6 +308,15 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		return pk, packets.ErrRejectPacket
 	}
 	return pk, packets.CodeSuccessIgnore
+}
+
+// OnDisconnect records a client the broker disconnected for a packet over
+// mqtt.max_packet_size.
+func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
+	if errors.Is(err, packets.ErrPacketTooLarge) {
+		h.b.ingest.auditMQTT(cl, "publish", string(cl.Properties.Username), audit.ReasonOversize, "",
+			fmt.Sprintf("packet over mqtt.max_packet_size (%d bytes); disconnected", h.b.cfg.MaxPacketSize))
+	}
 }
 
 // minLevel drops records below a level.

@@ -8,6 +8,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/config"
 	"greenhouse-gateway/internal/pushmetrics"
@@ -65,6 +66,7 @@ type Config struct {
 	Buffer  buffer.Options        `yaml:"buffer"`
 	Uplink  uplink.Config         `yaml:"uplink"`
 	Push    pushmetrics.Config    `yaml:"push"`
+	Audit   audit.Config          `yaml:"audit"`
 }
 
 // defaultConfig returns every default, so a printed config documents them.
@@ -85,6 +87,7 @@ func defaultConfig() Config {
 		Buffer: buffer.DefaultOptions(),
 		Uplink: uplink.DefaultConfig(),
 		Push:   pushmetrics.DefaultConfig(),
+		Audit:  audit.DefaultConfig(),
 	}
 }
 
@@ -126,6 +129,9 @@ func (c Config) Validate() error {
 		if err := v.Validate(); err != nil {
 			return err
 		}
+	}
+	if err := c.Audit.Validate(); err != nil {
+		return err
 	}
 	return nil
 }

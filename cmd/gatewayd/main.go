@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -23,6 +24,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/pushmetrics"
@@ -174,6 +176,12 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	if err != nil {
 		return err
 	}
+	auditLog, err := audit.Open(filepath.Join(cfg.DataDir, "audit"), cfg.Audit, clk.Now, logger, reg)
+	if err != nil {
+		return err
+	}
+	defer auditLog.Close() // idempotent: its Run closes it on the way out
+	ingest.SetAudit(auditLog)
 	// The MQTT side: the embedded broker, or a consumer of an external one.
 	var mqttRun func(context.Context) error
 	mqttWhere := ""
@@ -209,7 +217,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	api, err := gateway.NewHTTPServer(cfg.HTTP, gateway.HTTPDeps{
 		Ingest: ingest, Auth: auth, Devices: devices, History: buf, AdminToken: adminToken, DeadLetters: buf,
 		Uplink:  up.Report,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready,
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready, Audit: auditLog,
 		Status: gateway.StatusSources{Version: version, Now: clk.Now, Uplink: up.Report,
 			Uptime: func() time.Duration { return time.Since(startedAt) },
 			Buffer: buf.Space, Clock: func() gateway.ClockStatus {
@@ -262,6 +270,8 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	// WatchdogSec=: WATCHDOG=1 every half interval while healthy() is nil.
 	g.Go(func() error { return sdnotify.RunWatchdog(gctx, healthy) })
 	g.Go(func() error { return pprofSrv.Run(gctx) }) // with debug.pprof_addr set
+	// The audit trail writes what is still queued, then closes its segment.
+	g.Go(func() error { return auditLog.Run(gctx) })
 
 	done := make(chan error, 1)
 	go func() { done <- g.Wait() }()

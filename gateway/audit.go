@@ -1,0 +1,257 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+
+	"greenhouse-gateway/internal/audit"
+	"greenhouse-gateway/internal/contract"
+)
+
+// SetAudit makes the ingest path, and the MQTT broker and HTTP API built
+// on it, record every attempt they refuse or do not store in log. Call it
+// before serving; without it (or with nil) nothing is recorded.
+func (in *Ingest) SetAudit(log *audit.Log) { in.audit = log }
+
+type remoteAddrKey struct{}
+
+// withRemoteAddr tells the ingest path the sender's address, for the audit
+// trail; it does nothing while no audit trail is set.
+func (in *Ingest) withRemoteAddr(ctx context.Context, addr string) context.Context {
+	if in.audit == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, remoteAddrKey{}, addr)
+}
+
+func remoteAddr(ctx context.Context) string {
+	s, _ := ctx.Value(remoteAddrKey{}).(string)
+	return s
+}
+
+// auditBatch records a batch that was not stored: rejected, or a
+// duplicate. hw is the hardware_id known so far ("" when the batch could
+// not be decoded: the claim is then looked for in the payload).
+func (in *Ingest) auditBatch(ctx context.Context, transport, hw string, payload []byte, r contract.Result, err error) {
+	if in.audit == nil || r.Status == contract.StatusAccepted {
+		return
+	}
+	rec := audit.Record{Time: in.clock.Now(), Transport: transport, Kind: contract.KindReadings, HardwareID: hw,
+		BatchID: r.BatchID, RemoteAddr: remoteAddr(ctx)}
+	if rec.HardwareID == "" {
+		rec.HardwareID = claimedHardwareID(payload)
+	}
+	if r.Status == contract.StatusDuplicate {
+		rec.Reason, rec.Message = audit.ReasonDuplicate, "batch already stored; not stored again"
+	} else {
+		rec.Reason = string(*r.Reason)
+		rec.Message = *r.Message
+	}
+	if ce := contract.AsError(err); ce != nil {
+		rec.Field, rec.Message = ce.Field, ce.Rule
+	}
+	in.audit.Record(rec)
+}
+
+// auditRegister records a refused registration.
+func (in *Ingest) auditRegister(ctx context.Context, sender string, payload []byte, err error) {
+	if in.audit == nil {
+		return
+	}
+	ce := contract.AsError(err)
+	rec := audit.Record{Time: in.clock.Now(), Transport: TransportMQTT, Kind: contract.KindRegister, HardwareID: sender,
+		Reason: string(ce.Reason), Field: ce.Field, Message: ce.Rule, RemoteAddr: remoteAddr(ctx)}
+	if sender == "" {
+		rec.Transport, rec.HardwareID = TransportHTTP, claimedHardwareID(payload)
+	}
+	in.audit.Record(rec)
+}
+
+// auditRequest records an HTTP request refused as a whole. It never
+// records the API key.
+func (in *Ingest) auditRequest(r *http.Request, reason, msg string) {
+	if in.audit == nil {
+		return
+	}
+	in.audit.Record(audit.Record{Time: in.clock.Now(), Transport: TransportHTTP, Kind: "request", Reason: reason,
+		Message: r.Method + " " + r.URL.Path + ": " + msg, RemoteAddr: r.RemoteAddr})
+}
+
+// auditMQTT records a refused MQTT connection, publish or subscription. It
+// never records the password.
+func (in *Ingest) auditMQTT(cl *mqtt.Client, kind, hw, reason, topic, msg string) {
+	if in.audit == nil {
+		return
+	}
+	in.audit.Record(audit.Record{Time: in.clock.Now(), Transport: TransportMQTT, Kind: kind, HardwareID: hw,
+		Reason: reason, Topic: topic, Message: msg, RemoteAddr: cl.Net.Remote})
+}
+
+// auditConnectRefusal records a CONNECT the broker refused, for the
+// reason it counts in gateway_mqtt_connections_refused_total.
+func (in *Ingest) auditConnectRefusal(cl *mqtt.Client, hw, refused, willTopic string) {
+	if in.audit == nil {
+		return
+	}
+	reason, topic, msg := audit.ReasonUnauthorized, "", "unknown or revoked API key"
+	switch refused {
+	case "bad_identity":
+		if contract.ValidHardwareID(hw) != nil {
+			reason, msg = audit.ReasonBadIdentity, "user name is not a hardware_id"
+		} else {
+			reason, msg = audit.ReasonClientIDRefused, fmt.Sprintf("client ID %q is not the device's hardware_id "+
+				"(or hardware_id-suffix)", truncateString(cl.ID, 128))
+		}
+	case "bad_will":
+		reason, topic, msg = audit.ReasonACLDenied, willTopic, "will on a topic the device may not publish to"
+	case "unavailable":
+		reason, msg = audit.ReasonAuthUnavailable, "the API key cannot be verified now"
+	}
+	in.auditMQTT(cl, "connect", hw, reason, topic, msg)
+}
+
+func truncateString(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// claimedHardwareID returns the hardware_id member of a payload that
+// failed to decode, or "".
+func claimedHardwareID(payload []byte) string {
+	var claim struct {
+		HardwareID any `json:"hardware_id"`
+	}
+	_ = json.Unmarshal(payload, &claim) // best effort: a type error elsewhere still fills it
+	s, _ := claim.HardwareID.(string)
+	return s
+}
+
+// Bounds of GET /v1/audit.
+const (
+	auditDefaultLimit = 100
+	auditMaxLimit     = 1000
+)
+
+// auditQuery parses GET /v1/audit's parameters.
+func auditQuery(q map[string][]string) (audit.Filter, error) {
+	f := audit.Filter{Limit: auditDefaultLimit}
+	for name, vs := range q {
+		if len(vs) != 1 {
+			return f, fmt.Errorf("%s: give it once", name)
+		}
+		v := vs[0]
+		var err error
+		switch name {
+		case "hardware_id":
+			if v == "" || len(v) > 128 {
+				err = fmt.Errorf("hardware_id: must be 1 to 128 characters")
+			}
+			f.HardwareID = v
+		case "reason":
+			if !slices.Contains(audit.Reasons, v) {
+				err = fmt.Errorf("reason: %q is not one of %s", v, strings.Join(audit.Reasons, ", "))
+			}
+			f.Reason = v
+		case "transport":
+			if v != TransportMQTT && v != TransportHTTP {
+				err = fmt.Errorf("transport: %q is not one of mqtt, http", v)
+			}
+			f.Transport = v
+		case "since":
+			f.Since, err = parseAuditTime(name, v)
+		case "until":
+			f.Until, err = parseAuditTime(name, v)
+		case "limit":
+			n, perr := strconv.Atoi(v)
+			if perr != nil || n < 1 || n > auditMaxLimit {
+				err = fmt.Errorf("limit: %q is not an integer between 1 and %d", v, auditMaxLimit)
+			}
+			f.Limit = n
+		default:
+			err = fmt.Errorf("%s: unknown parameter; use hardware_id, reason, transport, since, until, limit", name)
+		}
+		if err != nil {
+			return f, err
+		}
+	}
+	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
+		return f, fmt.Errorf("since: must be before until")
+	}
+	return f, nil
+}
+
+// parseAuditTime reads RFC 3339 or milliseconds since the epoch.
+func parseAuditTime(name, v string) (time.Time, error) {
+	if v != "" && strings.Trim(v, "0123456789") == "" && len(v) <= 15 {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err == nil {
+			return time.UnixMilli(ms).UTC(), nil
+		}
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%s: %q is neither RFC 3339 (2026-01-02T15:04:05Z) nor milliseconds since the epoch", name, v)
+	}
+	return t, nil
+}
+
+// auditResponse is GET /v1/audit's answer.
+type auditResponse struct {
+	Count   int            `json:"count"`
+	Records []audit.Record `json:"records"`
+	// More is true when older records match too; NextUntil is then the
+	// until of the next page.
+	More      bool   `json:"more"`
+	NextUntil string `json:"next_until,omitempty"`
+	// SkippedLines counts lines of the segments read that were not whole
+	// records (torn by a crash).
+	SkippedLines int `json:"skipped_lines"`
+}
+
+// queryAudit answers GET /v1/audit: the audit records that match, newest
+// first.
+func (h *HTTPServer) queryAudit(w http.ResponseWriter, r *http.Request) {
+	if h.deps.Audit == nil {
+		writeJSON(w, http.StatusNotFound, map[string]string{"status": "error", "message": "this gateway keeps no audit trail"})
+		return
+	}
+	f, err := auditQuery(r.URL.Query())
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"status": "error", "message": err.Error()})
+		return
+	}
+	res, err := h.deps.Audit.Query(r.Context(), f)
+	if err != nil {
+		h.logger.Error("reading the audit trail", "err", err)
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"status": "error", "message": err.Error()})
+		return
+	}
+	out := auditResponse{Count: len(res.Records), Records: res.Records, More: res.More, SkippedLines: res.Skipped}
+	if out.Records == nil {
+		out.Records = []audit.Record{}
+	}
+	if res.More {
+		out.NextUntil = res.Records[len(res.Records)-1].Time.Format(time.RFC3339Nano)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// auditACLDenial records a publish or subscription on a topic the device
+// may not use.
+func (in *Ingest) auditACLDenial(cl *mqtt.Client, hw, topic string, write bool) {
+	kind, msg := "subscribe", "subscription to a topic other than the device's own ack topic"
+	if write {
+		kind, msg = "publish", "publish to a topic other than the device's own readings and register topics; disconnected"
+	}
+	in.auditMQTT(cl, kind, hw, audit.ReasonACLDenied, topic, msg)
+}

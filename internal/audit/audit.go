@@ -1,0 +1,709 @@
+// Package audit keeps the gateway's audit trail: one record for every
+// attempt it refused or did not store (validation errors, duplicates,
+// conflicts, bad keys, topic denials, oversize messages), so an operator can
+// see what a device tried and why it was turned away. Stored batches are
+// not recorded: they are the data itself.
+//
+// # On-disk layout
+//
+// Records are lines of JSON (NDJSON) in segment files in one directory
+// (<data_dir>/audit):
+//
+//	<YYYYMMDD>-<seq, 10 digits>.ndjson
+//
+// The date is the UTC day of every record in the segment; seq grows by one
+// with each new segment and orders them. A segment is closed when the day
+// of the next record differs or it would grow past Config.SegmentBytes, and
+// at every start: a segment is only ever appended to by the process that
+// created it. Other files in the directory are ignored.
+//
+// # Durability
+//
+// Records are not on the acknowledgement path. Record hands a record to a
+// bounded queue and never blocks: when the queue is full the record is
+// dropped and counted (gateway_audit_dropped_records_total). Run writes
+// the queue through a buffer that is flushed to the file about once a
+// second and synced only when the log closes, so a power cut may lose the
+// last second or so of records, and may leave a segment ending in a torn
+// line. Readers skip lines that are not a whole record and go on.
+//
+// # Bounds
+//
+// Segments are deleted whole: when the UTC day they cover ended more than
+// Config.Retention ago, and oldest first whenever the next line would take
+// the total over Config.MaxBytes. Memory is bounded by Config.QueueRecords
+// records of bounded size (each field is truncated).
+package audit
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// Record is one refused attempt.
+type Record struct {
+	// Time is when the gateway refused the attempt (UTC). Zero means now.
+	Time time.Time `json:"time"`
+	// Transport is "mqtt" or "http".
+	Transport string `json:"transport"`
+	// Kind is what was attempted: readings, register, connect, publish,
+	// subscribe or request (an HTTP request refused as a whole).
+	Kind string `json:"kind,omitempty"`
+	// HardwareID is the hardware_id the sender claimed, when known.
+	HardwareID string `json:"hardware_id,omitempty"`
+	// BatchID is the batch's batch_id, when known.
+	BatchID string `json:"batch_id,omitempty"`
+	// Reason is one of the Reason constants.
+	Reason string `json:"reason"`
+	// Field is the JSON path of the offending value of a validation error.
+	Field string `json:"field,omitempty"`
+	// Topic is the MQTT topic of an ACL denial.
+	Topic string `json:"topic,omitempty"`
+	// Message says what was wrong, briefly.
+	Message string `json:"message,omitempty"`
+	// RemoteAddr is the sender's address (host:port).
+	RemoteAddr string `json:"remote_addr,omitempty"`
+}
+
+// Reasons. The first six are the contract's rejection reasons.
+const (
+	ReasonValidation        = "validation_error"
+	ReasonClockNotSynced    = "clock_not_synced"
+	ReasonConflict          = "conflict"
+	ReasonTimestampConflict = "timestamp_conflict"
+	ReasonUnknownDevice     = "unknown_device"
+	ReasonBufferFull        = "buffer_full"
+	// ReasonDuplicate: a batch already stored was sent again.
+	ReasonDuplicate = "duplicate"
+	// ReasonUnauthorized: a missing, unknown or revoked API key.
+	ReasonUnauthorized = "unauthorized"
+	// ReasonAuthUnavailable: the key could not be verified now.
+	ReasonAuthUnavailable = "auth_unavailable"
+	// ReasonBadIdentity: an MQTT user name that is not a hardware_id.
+	ReasonBadIdentity = "bad_identity"
+	// ReasonClientIDRefused: an MQTT client ID that is not the user's own
+	// hardware_id (taking over another device's session).
+	ReasonClientIDRefused = "client_id_refused"
+	// ReasonACLDenied: a publish, subscription or will on a topic the
+	// device may not use.
+	ReasonACLDenied = "acl_denied"
+	// ReasonOversize: an HTTP body or MQTT packet over its limit.
+	ReasonOversize = "oversize"
+	// ReasonBadRequest: an HTTP request body that holds no batches.
+	ReasonBadRequest = "bad_request"
+)
+
+// Reasons lists every reason, the label values of
+// gateway_audit_records_total (records with another reason count as
+// "other").
+var Reasons = []string{ReasonValidation, ReasonClockNotSynced, ReasonConflict, ReasonTimestampConflict,
+	ReasonUnknownDevice, ReasonBufferFull, ReasonDuplicate, ReasonUnauthorized, ReasonAuthUnavailable,
+	ReasonBadIdentity, ReasonClientIDRefused, ReasonACLDenied, ReasonOversize, ReasonBadRequest}
+
+// Transports.
+const (
+	TransportMQTT = "mqtt"
+	TransportHTTP = "http"
+)
+
+// flushInterval is how often buffered records reach the file.
+const flushInterval = time.Second
+
+// syncTimeout bounds how long a query waits for the records queued before
+// it to be written.
+const syncTimeout = 2 * time.Second
+
+// maxLineBytes is the longest line a reader accepts; records are far
+// shorter (fields are truncated).
+const maxLineBytes = 64 << 10
+
+// Log is the audit trail. Record may be called from any goroutine, and on
+// a nil *Log (it does nothing).
+type Log struct {
+	cfg    Config
+	dir    string
+	now    func() time.Time
+	logger *slog.Logger
+	queue  chan item
+	done   chan struct{} // closed when Run returns
+	// pending counts records queued and not yet written.
+	pending atomic.Int64
+
+	mu       sync.Mutex
+	segments []segment // in seq order; the last one is open when w != nil
+	file     *os.File
+	w        *bufio.Writer
+	total    int64
+	nextSeq  uint64
+	closed   bool
+	failing  bool // a write failed; logged once until one succeeds
+
+	written  *prometheus.CounterVec
+	dropped  *prometheus.CounterVec
+	bytes    prometheus.Gauge
+	segGauge prometheus.Gauge
+}
+
+type segment struct {
+	name string
+	seq  uint64
+	day  time.Time // UTC midnight
+	size int64
+}
+
+// item is a record, or a request to report once everything queued before
+// it is written.
+type item struct {
+	rec  Record
+	sync chan struct{}
+}
+
+// Open opens the audit trail in dir, creating the directory if needed, and
+// deletes the segments past retention or over the size cap.
+// now tells the time for retention and for records without one (nil: the
+// system clock); logger and reg may be nil.
+func Open(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg prometheus.Registerer) (*Log, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if now == nil {
+		now = time.Now
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("opening audit trail %s: %w", dir, err)
+	}
+	l := &Log{
+		cfg: cfg, dir: dir, now: now, logger: logger.With("component", "audit"),
+		queue: make(chan item, cfg.QueueRecords), done: make(chan struct{}),
+		written: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "audit", Name: "records_total",
+			Help: "Audit records written, by reason.",
+		}, []string{"reason"}),
+		dropped: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "audit", Name: "dropped_records_total",
+			Help: "Audit records lost, by cause (queue_full: the writer fell behind; write_error: the disk refused them).",
+		}, []string{"cause"}),
+		bytes: promauto.With(reg).NewGauge(prometheus.GaugeOpts{
+			Namespace: "gateway", Subsystem: "audit", Name: "disk_bytes",
+			Help: "Size of the audit trail's segments on disk.",
+		}),
+		segGauge: promauto.With(reg).NewGauge(prometheus.GaugeOpts{
+			Namespace: "gateway", Subsystem: "audit", Name: "segments",
+			Help: "Audit trail segment files on disk.",
+		}),
+	}
+	for _, r := range append(slices.Clone(Reasons), "other") {
+		l.written.WithLabelValues(r)
+	}
+	l.dropped.WithLabelValues("queue_full")
+	l.dropped.WithLabelValues("write_error")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("opening audit trail %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		s, ok := parseSegmentName(e.Name())
+		if !ok || !e.Type().IsRegular() {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		s.size = info.Size()
+		l.segments = append(l.segments, s)
+		l.total += s.size
+		l.nextSeq = max(l.nextSeq, s.seq+1)
+	}
+	slices.SortFunc(l.segments, func(a, b segment) int { return cmpUint(a.seq, b.seq) })
+	l.maintainLocked() // no lock needed yet: l is not shared
+	return l, nil
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func segmentName(day time.Time, seq uint64) string {
+	return fmt.Sprintf("%s-%010d.ndjson", day.Format("20060102"), seq)
+}
+
+func parseSegmentName(name string) (segment, bool) {
+	base, ok := strings.CutSuffix(name, ".ndjson")
+	if !ok || len(base) != 19 || base[8] != '-' {
+		return segment{}, false
+	}
+	day, err := time.Parse("20060102", base[:8])
+	if err != nil {
+		return segment{}, false
+	}
+	seq, err := strconv.ParseUint(base[9:], 10, 64)
+	if err != nil {
+		return segment{}, false
+	}
+	return segment{name: name, seq: seq, day: day}, true
+}
+
+// Record queues a record for writing. It never blocks: when the queue is
+// full the record is dropped and counted.
+func (l *Log) Record(rec Record) {
+	if l == nil {
+		return
+	}
+	rec = bounded(rec)
+	l.pending.Add(1)
+	select {
+	case l.queue <- item{rec: rec}:
+	default:
+		l.pending.Add(-1)
+		l.dropped.WithLabelValues("queue_full").Inc()
+	}
+}
+
+// Field size bounds, in bytes.
+const (
+	maxIDBytes      = 128
+	maxMessageBytes = 512
+)
+
+// bounded copies rec's strings, truncated, so that a queued record holds
+// no reference into a large payload and its size is bounded.
+func bounded(rec Record) Record {
+	rec.Transport = truncate(rec.Transport, 16)
+	rec.Kind = truncate(rec.Kind, 16)
+	rec.Reason = truncate(rec.Reason, 32)
+	rec.HardwareID = truncate(rec.HardwareID, maxIDBytes)
+	rec.BatchID = truncate(rec.BatchID, maxIDBytes)
+	rec.Field = truncate(rec.Field, maxIDBytes)
+	rec.Topic = truncate(rec.Topic, maxIDBytes)
+	rec.Message = truncate(rec.Message, maxMessageBytes)
+	rec.RemoteAddr = truncate(rec.RemoteAddr, 64)
+	return rec
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return strings.Clone(s)
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return strings.Clone(s[:cut]) + "..."
+}
+
+// Run writes queued records until ctx is done, flushing them to the file
+// about once a second and applying retention; then it writes what is
+// still queued and closes the log.
+func (l *Log) Run(ctx context.Context) error {
+	defer close(l.done)
+	ticker := time.NewTicker(flushInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case it := <-l.queue:
+			l.handle(it)
+		case <-ticker.C:
+			l.mu.Lock()
+			l.flushLocked()
+			l.maintainLocked()
+			l.mu.Unlock()
+		case <-ctx.Done():
+			for {
+				select {
+				case it := <-l.queue:
+					l.handle(it)
+				default:
+					return l.Close()
+				}
+			}
+		}
+	}
+}
+
+func (l *Log) handle(it item) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if it.sync != nil {
+		l.flushLocked()
+		close(it.sync)
+		return
+	}
+	l.writeLocked(it.rec)
+	l.pending.Add(-1)
+}
+
+// Close flushes, syncs and closes the open segment. It is idempotent;
+// records queued after it are dropped.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	if l.w == nil {
+		return nil
+	}
+	err := l.w.Flush()
+	if serr := l.file.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := l.file.Close(); err == nil {
+		err = cerr
+	}
+	l.file, l.w = nil, nil
+	if err != nil {
+		return fmt.Errorf("closing audit trail %s: %w", l.dir, err)
+	}
+	return nil
+}
+
+func (l *Log) writeLocked(rec Record) {
+	if l.closed {
+		l.dropped.WithLabelValues("write_error").Inc()
+		return
+	}
+	if rec.Time.IsZero() {
+		rec.Time = l.now()
+	}
+	rec.Time = rec.Time.UTC()
+	line, err := json.Marshal(rec)
+	if err != nil { // unreachable: a Record always encodes
+		l.dropped.WithLabelValues("write_error").Inc()
+		return
+	}
+	line = append(line, '\n')
+	day := midnight(rec.Time)
+	if l.w != nil {
+		cur := l.segments[len(l.segments)-1]
+		if !cur.day.Equal(day) || cur.size+int64(len(line)) > l.cfg.SegmentBytes {
+			l.closeSegmentLocked()
+		}
+	}
+	if l.w == nil {
+		if err := l.openSegmentLocked(day); err != nil {
+			l.failed(err)
+			l.dropped.WithLabelValues("write_error").Inc()
+			return
+		}
+	}
+	l.makeRoomLocked(int64(len(line)))
+	n, err := l.w.Write(line)
+	l.segments[len(l.segments)-1].size += int64(n)
+	l.total += int64(n)
+	if err != nil {
+		l.failed(err)
+		l.dropped.WithLabelValues("write_error").Inc()
+		l.closeSegmentLocked()
+		l.updateGauges()
+		return
+	}
+	l.written.WithLabelValues(reasonLabel(rec.Reason)).Inc()
+	l.updateGauges()
+}
+
+func reasonLabel(r string) string {
+	if slices.Contains(Reasons, r) {
+		return r
+	}
+	return "other"
+}
+
+func midnight(t time.Time) time.Time {
+	y, m, d := t.UTC().Date()
+	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+}
+
+func (l *Log) openSegmentLocked(day time.Time) error {
+	s := segment{name: segmentName(day, l.nextSeq), seq: l.nextSeq, day: day}
+	f, err := os.OpenFile(filepath.Join(l.dir, s.name), os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o640)
+	if err != nil {
+		return fmt.Errorf("creating audit segment: %w", err)
+	}
+	l.nextSeq++
+	l.segments = append(l.segments, s)
+	l.file = f
+	if l.w == nil {
+		l.w = bufio.NewWriterSize(f, 64<<10)
+	}
+	l.w.Reset(f)
+	return nil
+}
+
+// closeSegmentLocked flushes and closes the open segment and takes its
+// size from the file (a failed write may have left less).
+func (l *Log) closeSegmentLocked() {
+	if l.w == nil {
+		return
+	}
+	if err := l.w.Flush(); err != nil {
+		l.failed(err)
+	}
+	if err := l.file.Close(); err != nil {
+		l.failed(err)
+	}
+	cur := &l.segments[len(l.segments)-1]
+	if info, err := os.Stat(filepath.Join(l.dir, cur.name)); err == nil {
+		l.total += info.Size() - cur.size
+		cur.size = info.Size()
+	}
+	l.file, l.w = nil, nil
+}
+
+func (l *Log) flushLocked() {
+	if l.w == nil {
+		return
+	}
+	if err := l.w.Flush(); err != nil {
+		l.failed(err)
+		l.closeSegmentLocked()
+		l.updateGauges()
+		return
+	}
+	l.recovered()
+}
+
+// makeRoomLocked deletes the oldest closed segments until n more bytes fit
+// under MaxBytes.
+func (l *Log) makeRoomLocked(n int64) {
+	for l.total+n > l.cfg.MaxBytes && len(l.segments) > 0 {
+		if l.w != nil && len(l.segments) == 1 {
+			return // only the open segment is left; it is under SegmentBytes
+		}
+		l.removeLocked(0)
+	}
+}
+
+// maintainLocked deletes the segments past retention, and the oldest ones
+// while the total is over MaxBytes (after a lower setting).
+func (l *Log) maintainLocked() {
+	cutoff := l.now().Add(-l.cfg.Retention)
+	for i := 0; i < len(l.segments); {
+		if l.segments[i].day.Add(24 * time.Hour).After(cutoff) {
+			i++
+			continue
+		}
+		if l.w != nil && i == len(l.segments)-1 {
+			l.closeSegmentLocked()
+		}
+		l.removeLocked(i)
+	}
+	l.makeRoomLocked(0)
+	l.updateGauges()
+}
+
+func (l *Log) removeLocked(i int) {
+	s := l.segments[i]
+	if err := os.Remove(filepath.Join(l.dir, s.name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		l.logger.Warn("deleting an audit segment", "file", s.name, "err", err)
+	}
+	l.total -= s.size
+	l.segments = slices.Delete(l.segments, i, i+1)
+}
+
+func (l *Log) updateGauges() {
+	l.bytes.Set(float64(l.total))
+	l.segGauge.Set(float64(len(l.segments)))
+}
+
+// failed logs the first of a run of write failures.
+func (l *Log) failed(err error) {
+	if !l.failing {
+		l.logger.Error("writing the audit trail; records are lost until it works again", "dir", l.dir, "err", err)
+		l.failing = true
+	}
+}
+
+func (l *Log) recovered() {
+	if l.failing {
+		l.logger.Info("writing the audit trail again", "dir", l.dir)
+		l.failing = false
+	}
+}
+
+// Filter selects records. Zero fields select everything.
+type Filter struct {
+	HardwareID string
+	Reason     string
+	Transport  string
+	// Since is inclusive, Until exclusive.
+	Since, Until time.Time
+	// Limit caps the records returned; it must be positive.
+	Limit int
+}
+
+func (f Filter) match(r *Record) bool {
+	return (f.HardwareID == "" || r.HardwareID == f.HardwareID) &&
+		(f.Reason == "" || r.Reason == f.Reason) &&
+		(f.Transport == "" || r.Transport == f.Transport) &&
+		(f.Since.IsZero() || !r.Time.Before(f.Since)) &&
+		(f.Until.IsZero() || r.Time.Before(f.Until))
+}
+
+// needles are byte strings every matching line contains: the filter's
+// fields as the writer encodes them.
+func (f Filter) needles() [][]byte {
+	var out [][]byte
+	for _, kv := range [][2]string{{"hardware_id", f.HardwareID}, {"reason", f.Reason}, {"transport", f.Transport}} {
+		if kv[1] == "" {
+			continue
+		}
+		v, _ := json.Marshal(kv[1])
+		out = append(out, append([]byte(`"`+kv[0]+`":`), v...))
+	}
+	return out
+}
+
+// Result is the answer to a query.
+type Result struct {
+	// Records are the matching records, newest first.
+	Records []Record
+	// More is true when more records match than Limit.
+	More bool
+	// Skipped counts lines that are not a whole record (torn by a crash).
+	Skipped int
+}
+
+// Query returns the records that match f, newest first. Records queued
+// before the call are written first (waiting at most 2 seconds).
+func (l *Log) Query(ctx context.Context, f Filter) (Result, error) {
+	if f.Limit <= 0 {
+		return Result{}, errors.New("audit: query limit must be positive")
+	}
+	l.sync(ctx)
+	l.mu.Lock()
+	if !l.closed {
+		l.flushLocked()
+	}
+	snap := slices.Clone(l.segments)
+	l.mu.Unlock()
+
+	var res Result
+	need := f.Limit + 1
+	for i := len(snap) - 1; i >= 0 && len(res.Records) < need; i-- {
+		if err := ctx.Err(); err != nil {
+			return Result{}, err
+		}
+		s := snap[i]
+		if (!f.Since.IsZero() && !s.day.Add(24*time.Hour).After(f.Since)) || (!f.Until.IsZero() && !s.day.Before(f.Until)) {
+			continue
+		}
+		recs, skipped, err := l.readSegment(s, f, need-len(res.Records))
+		if err != nil {
+			return Result{}, err
+		}
+		res.Skipped += skipped
+		res.Records = append(res.Records, recs...)
+	}
+	if len(res.Records) > f.Limit {
+		res.Records, res.More = res.Records[:f.Limit], true
+	}
+	return res, nil
+}
+
+// sync waits until the records queued so far are written, at most
+// syncTimeout (Run may not have started, or be behind).
+func (l *Log) sync(ctx context.Context) {
+	if l.pending.Load() <= 0 {
+		return // nothing queued; what the writer took is written under mu
+	}
+	t := time.NewTimer(syncTimeout)
+	defer t.Stop()
+	ch := make(chan struct{})
+	select {
+	case l.queue <- item{sync: ch}:
+	case <-l.done:
+		return
+	case <-ctx.Done():
+		return
+	case <-t.C:
+		return
+	}
+	select {
+	case <-ch:
+	case <-l.done:
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// readSegment returns the last keep records of s that match f, newest
+// first, and the number of lines that could not be read.
+func (l *Log) readSegment(s segment, f Filter, keep int) ([]Record, int, error) {
+	file, err := os.Open(filepath.Join(l.dir, s.name))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, 0, nil // deleted since the snapshot
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("reading audit segment %s: %w", s.name, err)
+	}
+	defer file.Close()
+	sc := bufio.NewScanner(io.LimitReader(file, s.size))
+	sc.Buffer(make([]byte, 0, 4096), maxLineBytes)
+	needles := f.needles()
+	var out []Record
+	skipped := 0
+scan:
+	for sc.Scan() {
+		line := sc.Bytes()
+		if len(line) == 0 {
+			continue
+		}
+		for _, n := range needles {
+			if !bytes.Contains(line, n) {
+				continue scan // cannot match: spare the decoding
+			}
+		}
+		var r Record
+		if err := json.Unmarshal(line, &r); err != nil || r.Time.IsZero() || r.Reason == "" {
+			skipped++
+			continue
+		}
+		if !f.match(&r) {
+			continue
+		}
+		out = append(out, r)
+		if len(out) > keep {
+			out = out[1:]
+		}
+	}
+	if err := sc.Err(); err != nil {
+		skipped++ // a line over maxLineBytes: the rest of the segment is unreadable
+		l.logger.Warn("audit segment has an unreadable line; its rest is skipped", "file", s.name, "err", err)
+	}
+	slices.Reverse(out)
+	return out, skipped, nil
+}
