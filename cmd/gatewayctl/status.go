@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/uplink"
 )
 
 // Environment variables of the operator API commands.
@@ -165,12 +164,33 @@ func (c *apiClient) metrics(ctx context.Context, names ...string) (map[string]fl
 	return out, sc.Err()
 }
 
+// uplinkReport is GET /v1/uplink's answer (uplink.Report). gatewayctl keeps
+// its own copy instead of importing the uplink package: a client needs the
+// wire format, not the forwarder (whose DynamoDB calls would otherwise count
+// as gatewayctl's in deploy/iam's policy check). TestUplinkReportMirror keeps
+// the two in step.
+type uplinkReport struct {
+	State              string     `json:"state"`
+	Since              time.Time  `json:"since"`
+	BacklogBatches     int64      `json:"backlog_batches"`
+	BacklogBytes       int64      `json:"backlog_bytes"`
+	OldestAgeSeconds   float64    `json:"oldest_age_seconds"`
+	DrainRateBatches   float64    `json:"drain_rate_batches_per_second"`
+	ETASeconds         *float64   `json:"eta_seconds"`
+	LastError          string     `json:"last_error,omitempty"`
+	LastErrorAt        *time.Time `json:"last_error_at,omitempty"`
+	FailedRounds       int        `json:"failed_rounds"`
+	LastDeliveryAt     *time.Time `json:"last_delivery_at,omitempty"`
+	ArrivalRateBatches float64    `json:"arrival_rate_batches_per_second"`
+	Concurrency        int        `json:"concurrency"`
+}
+
 // statusReport is what gatewayctl status prints (--json: as is).
 type statusReport struct {
-	URL          string         `json:"url"`
-	Ready        bool           `json:"ready"`
-	ReadyMessage string         `json:"ready_message,omitempty"`
-	Uplink       *uplink.Report `json:"uplink"`
+	URL          string        `json:"url"`
+	Ready        bool          `json:"ready"`
+	ReadyMessage string        `json:"ready_message,omitempty"`
+	Uplink       *uplinkReport `json:"uplink"`
 	// Backlog is read from /metrics when the gateway has no /v1/uplink.
 	Backlog     *metricsBacklog `json:"backlog_from_metrics,omitempty"`
 	Devices     *deviceSummary  `json:"devices,omitempty"`
@@ -250,12 +270,19 @@ func gatherStatus(ctx context.Context, c *apiClient) (*statusReport, error) {
 			"): uplink, devices and dead letters are not shown")
 		return r, nil
 	}
-	var rep uplink.Report
+	var rep uplinkReport
+	var noUplink *apiError
 	switch err := c.do(ctx, http.MethodGet, "/v1/uplink", true, &rep); {
 	case err == nil:
 		r.Uplink = &rep
-	case errors.Is(err, errNotAvailable):
-		r.Missing = append(r.Missing, "/v1/uplink")
+	case errors.Is(err, errNotAvailable), errors.As(err, &noUplink) && noUplink.code == http.StatusNotFound:
+		// An older gatewayd has no such route; one without an uplink
+		// says so. Either way the backlog is in /metrics.
+		if noUplink != nil {
+			r.Problems = append(r.Problems, "/v1/uplink: "+noUplink.Error())
+		} else {
+			r.Missing = append(r.Missing, "/v1/uplink")
+		}
 		m, merr := c.metrics(ctx, "gateway_uplink_up", "gateway_buffer_pending_batches",
 			"gateway_buffer_pending_bytes", "gateway_buffer_oldest_pending_age_seconds")
 		if merr != nil {
@@ -354,7 +381,7 @@ func printStatus(w io.Writer, r *statusReport) {
 		if b.UplinkUp != nil {
 			state = map[bool]string{true: "up", false: "down"}[*b.UplinkUp]
 		}
-		fmt.Fprintf(w, "uplink: %s (from /metrics; this gateway has no /v1/uplink)\n", state)
+		fmt.Fprintf(w, "uplink: %s (from /metrics)\n", state)
 		fmt.Fprintf(w, "backlog: %d batches, %s", b.PendingBatches, fmtBytes(b.PendingBytes))
 		if b.PendingBatches > 0 {
 			fmt.Fprintf(w, ", oldest %s old", fmtSeconds(b.OldestAgeSeconds))
