@@ -65,6 +65,8 @@ func (c HTTPConfig) Validate() error {
 
 // HTTPDeps are what the HTTP API serves.
 type HTTPDeps struct {
+	// Ingest and Auth serve the device API (POST /v1/readings and
+	// /v1/register); without both it is not served.
 	Ingest *Ingest
 	Auth   *Authenticator
 	// Devices backs the operator endpoints; nil disables them.
@@ -106,14 +108,19 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if deps.Metrics == nil || deps.Ready == nil {
+		return nil, errors.New("gateway: the HTTP API needs Metrics and Ready")
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	h := &HTTPServer{cfg: cfg.withDefaults(), deps: deps, ingest: deps.Ingest, auth: deps.Auth,
 		logger: logger.With("component", "http")}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/readings", h.readings)
-	mux.HandleFunc("POST /v1/register", h.register)
+	if deps.Ingest != nil && deps.Auth != nil { // else an operator-only API
+		mux.HandleFunc("POST /v1/readings", h.readings)
+		mux.HandleFunc("POST /v1/register", h.register)
+	}
 	mux.HandleFunc("GET /v1/devices", h.admin(h.listDevices))
 	mux.HandleFunc("GET /v1/devices/{hardware_id}", h.admin(h.getDevice))
 	mux.HandleFunc("GET /v1/devices/{hardware_id}/readings", h.admin(h.deviceReadings))

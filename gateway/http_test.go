@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"greenhouse-gateway/gateway"
 	"greenhouse-gateway/internal/contract"
 )
 
@@ -97,4 +99,19 @@ func TestHTTPXAPIKeyHeaderAndHealth(t *testing.T) {
 			require.Contains(t, string(body), fmt.Sprintf(`gateway_ingest_batches_total{result="accepted",transport="http"} 1`))
 		}
 	}
+}
+
+func TestHTTPServerNeedsMetricsAndReady(t *testing.T) {
+	_, err := gateway.NewHTTPServer(gateway.HTTPConfig{}, gateway.HTTPDeps{Ready: func() error { return nil }}, nil)
+	require.EqualError(t, err, "gateway: the HTTP API needs Metrics and Ready")
+	_, err = gateway.NewHTTPServer(gateway.HTTPConfig{}, gateway.HTTPDeps{Metrics: http.NotFoundHandler()}, nil)
+	require.EqualError(t, err, "gateway: the HTTP API needs Metrics and Ready")
+
+	// Without Ingest and Auth only the operator side is served.
+	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{}, gateway.HTTPDeps{
+		Metrics: http.NotFoundHandler(), Ready: func() error { return nil }}, nil)
+	require.NoError(t, err)
+	rec := httptest.NewRecorder()
+	gateway.HTTPHandler(api).ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/readings", strings.NewReader("{}")))
+	require.Equal(t, http.StatusNotFound, rec.Code)
 }

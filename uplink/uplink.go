@@ -143,8 +143,14 @@ func (c Config) Validate() error {
 		return errors.New("uplink.wait_target_rate: must be a finite number of batches per second, not negative")
 	case c.WaitSteepness < 0 || math.IsNaN(c.WaitSteepness) || math.IsInf(c.WaitSteepness, 0):
 		return errors.New("uplink.wait_steepness: must be a finite number, not negative")
-	case c.RequestTimeout < 0, c.MinBackoff < 0, c.MaxBackoff < 0, c.PollInterval < 0:
-		return errors.New("uplink: durations must not be negative")
+	case c.RequestTimeout < 0:
+		return errors.New("uplink.request_timeout: must not be negative")
+	case c.MinBackoff < 0:
+		return errors.New("uplink.min_backoff: must not be negative")
+	case c.MaxBackoff < 0:
+		return errors.New("uplink.max_backoff: must not be negative")
+	case c.PollInterval < 0:
+		return errors.New("uplink.poll_interval: must not be negative")
 	case c.MaxBackoff != 0 && c.MinBackoff > c.MaxBackoff:
 		return errors.New("uplink.min_backoff: must not exceed uplink.max_backoff")
 	case c.ReadingsRetention < 0:
