@@ -102,7 +102,10 @@ func lookupEnv(environ []string, name string) string {
 //  3. the uplink stops; a request it had in flight is forgotten, and the
 //     batch is sent again after a restart (the cloud marker makes that
 //     harmless);
-//  4. the buffer closes last: commits already queued are written and
+//  4. the audit trail writes the records still queued and closes its
+//     segment (records of refusals made after that are not kept), and the
+//     pprof listener, when debug.pprof_addr set one, closes;
+//  5. the buffer closes last: commits already queued are written and
 //     answered, then Badger is closed.
 func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logger) error {
 	startedAt := time.Now()
@@ -269,9 +272,8 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	g.Go(func() error { return pusher.Run(gctx) })  // 3. with push.url set, pushes once more (at most 5 s)
 	// WatchdogSec=: WATCHDOG=1 every half interval while healthy() is nil.
 	g.Go(func() error { return sdnotify.RunWatchdog(gctx, healthy) })
-	g.Go(func() error { return pprofSrv.Run(gctx) }) // with debug.pprof_addr set
-	// The audit trail writes what is still queued, then closes its segment.
-	g.Go(func() error { return auditLog.Run(gctx) })
+	g.Go(func() error { return pprofSrv.Run(gctx) }) // 4. with debug.pprof_addr set
+	g.Go(func() error { return auditLog.Run(gctx) }) // 4. writes what is still queued, then closes its segment
 
 	done := make(chan error, 1)
 	go func() { done <- g.Wait() }()
