@@ -7,7 +7,7 @@ BINARIES := gatewayd gatewayctl devicesim
 TEST_TIMEOUT ?= 14m
 CI_FUZZTIME ?= 3s
 
-.PHONY: help build run test test-short lint fmt vet fuzz dynamodb-local clean
+.PHONY: help build run test test-deps test-short lint fmt vet fuzz dynamodb-local clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -22,9 +22,12 @@ dynamodb-local: ## install AWS DynamoDB Local into .cache/ (needs Java 17; insta
 run: build dynamodb-local ## run the gateway, DynamoDB Local, its tables and a few simulated devices; Ctrl-C stops all
 	@deploy/local/run.sh
 
-test: dynamodb-local lint ## every test, integration and 3-minute soak included, with the race detector; then each fuzz target briefly
+test: dynamodb-local test-deps lint ## every test, integration and 3-minute soak included, with the race detector; then each fuzz target briefly
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME)
+
+test-deps: ## install (as root, in one apt run) the Debian packages the integration tests use
+	@deploy/local/test-deps.sh
 
 test-short: ## unit tests only (no DynamoDB Local, no subprocesses)
 	$(GO) test -short -count=1 ./...

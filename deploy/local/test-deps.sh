@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs, in one apt run, the Debian packages the integration tests use:
+# mosquitto and its clients (external-broker mode, independent MQTT clients),
+# promtool and the Pushgateway (metrics and alert rules), chromium (the status
+# page in a real browser), qemu-user (the 32-bit ARM store test) and
+# systemd-analyze (the unit's checks). Each test can install what it misses by
+# itself, but test packages run in parallel and apt allows one run at a time:
+# installing everything first keeps them from queueing on apt's lock.
+# Needs root; otherwise it says what is missing and leaves it to the tests.
+set -euo pipefail
+
+declare -A need=(
+	[mosquitto]=/usr/sbin/mosquitto
+	[mosquitto-clients]=mosquitto_pub
+	[prometheus]=promtool
+	[prometheus-pushgateway]=prometheus-pushgateway
+	[chromium]=chromium
+	[qemu-user]=qemu-arm
+	[systemd]=systemd-analyze
+)
+missing=()
+for pkg in "${!need[@]}"; do
+	command -v "${need[$pkg]}" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+	exit 0
+fi
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+	echo "test-deps: missing Debian packages: ${missing[*]} (the tests that need them install them as root, or skip)" >&2
+	exit 0
+fi
+echo "test-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get -o DPkg::Lock::Timeout=300 update -qq
+apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
