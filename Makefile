@@ -46,9 +46,7 @@ FUZZ_SHORT_TIME ?= 5s
 # Every package with a fuzz target (func FuzzXxx in a _test.go file).
 FUZZ_PKGS ?= $(sort $(dir $(shell grep -rlE --include='*_test.go' --exclude-dir=.cache --exclude-dir=.git '^func Fuzz[A-Z]' .)))
 fuzz: ## run every fuzz target of every package for FUZZTIME each (default 20s)
-	@for p in $(FUZZ_PKGS); do for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$p*_test.go); do \
-		echo "== $$p $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$p || exit 1; \
-	done; done
+	@GO=$(GO) FUZZTIME=$(FUZZTIME) deploy/local/fuzz.sh $(FUZZ_PKGS)
 
 .PHONY: fuzz-short
 fuzz-short: ## every fuzz target for FUZZ_SHORT_TIME each (default 5s), a quick check for CI
