@@ -1,20 +1,18 @@
 package buffer
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/internal/debpkg"
 )
 
 // armTests are the tests run on 32-bit ARM: open, commit, restart, pending,
@@ -78,53 +76,14 @@ func tail(b []byte, n int) []byte {
 	return b
 }
 
-// aptLockPath serializes apt-get runs of concurrent test binaries (the
-// same file internal/mosquittotest uses).
-const aptLockPath = "/tmp/greenhouse-gateway-apt.lock"
-
 // ensureQemuARM returns the path of qemu-arm, installing Debian's qemu-user
 // when it is missing.
 func ensureQemuARM() (string, error) {
-	if p, err := exec.LookPath("qemu-arm"); err == nil {
-		return p, nil
-	}
-	if os.Geteuid() != 0 {
-		return "", errors.New("qemu-arm is not installed and this is not root: run apt-get install -y qemu-user")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), debpkg.Timeout)
 	defer cancel()
-	f, err := os.OpenFile(aptLockPath, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return "", fmt.Errorf("opening the install lock: %w", err)
-	}
-	defer f.Close()
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			return "", fmt.Errorf("taking the install lock: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			return "", fmt.Errorf("waiting for the install lock: %w", ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	defer func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }()
-	if p, err := exec.LookPath("qemu-arm"); err == nil {
-		return p, nil // installed while we waited
-	}
-	for _, args := range [][]string{
-		{"-o", "DPkg::Lock::Timeout=120", "update"},
-		{"-o", "DPkg::Lock::Timeout=120", "install", "-y", "--no-install-recommends", "qemu-user"},
-	} {
-		cmd := exec.CommandContext(ctx, "apt-get", args...)
-		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("apt-get %s: %w\n%s", strings.Join(args, " "), err, tail(bytes.TrimSpace(out), 4<<10))
-		}
+	present := func() bool { _, err := exec.LookPath("qemu-arm"); return err == nil }
+	if err := debpkg.Install(ctx, present, "qemu-user"); err != nil {
+		return "", err
 	}
 	return exec.LookPath("qemu-arm")
 }

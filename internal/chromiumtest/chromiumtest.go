@@ -24,7 +24,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,15 +33,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"greenhouse-gateway/internal/debpkg"
 )
 
 const (
-	// aptLockPath serializes installs by concurrent test binaries (shared
-	// with internal/mosquittotest).
-	aptLockPath = "/tmp/greenhouse-gateway-apt.lock"
-	// installTimeout bounds apt-get update and install together, lock wait
-	// included.
-	installTimeout = 10 * time.Minute
 	// runTimeout bounds one chromium run.
 	runTimeout = 90 * time.Second
 	// tailBytes is how much chromium output is kept for error messages.
@@ -143,87 +138,9 @@ func installed() (string, bool) {
 }
 
 func runInstall() error {
-	if os.Geteuid() != 0 {
-		return errors.New("chromium is not installed and this is not root: run apt-get install -y chromium")
-	}
-	if _, err := exec.LookPath("apt-get"); err != nil {
-		return errors.New("chromium is not installed and there is no apt-get to install it")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), debpkg.Timeout)
 	defer cancel()
-	unlock, err := lockFile(ctx, aptLockPath)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	if _, ok := installed(); ok { // another test binary installed it while we waited
-		return nil
-	}
-	for _, args := range [][]string{
-		{"-o", "DPkg::Lock::Timeout=120", "update"},
-		{"-o", "DPkg::Lock::Timeout=120", "install", "-y", "--no-install-recommends", "chromium"},
-	} {
-		if err := aptGet(ctx, args); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// aptGet runs apt-get with args, again (up to 5 times in all) while another
-// apt or dpkg run, which our lock file does not cover, holds apt's locks.
-func aptGet(ctx context.Context, args []string) error {
-	for attempt := 1; ; attempt++ {
-		cmd := exec.CommandContext(ctx, "apt-get", args...)
-		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		cmd.WaitDelay = 5 * time.Second
-		out, err := cmd.CombinedOutput()
-		if err == nil {
-			return nil
-		}
-		locked := bytes.Contains(out, []byte("Could not get lock")) || bytes.Contains(out, []byte("Unable to acquire"))
-		if !locked || attempt == 5 || ctx.Err() != nil {
-			return fmt.Errorf("apt-get %s: %w\n%s", strings.Join(args, " "), err, tail(out, tailBytes))
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Second):
-		}
-	}
-}
-
-// lockFile takes an exclusive flock on path, polling until ctx is done.
-func lockFile(ctx context.Context, path string) (unlock func(), err error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("opening the install lock: %w", err)
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() {
-				_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-				_ = f.Close()
-			}, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			_ = f.Close()
-			return nil, fmt.Errorf("locking %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			_ = f.Close()
-			return nil, fmt.Errorf("waiting for %s (another install running): %w", path, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
-func tail(b []byte, max int) []byte {
-	if len(b) > max {
-		return b[len(b)-max:]
-	}
-	return b
+	return debpkg.Install(ctx, func() bool { _, ok := installed(); return ok }, "chromium")
 }
 
 // tailBuffer is an io.Writer that keeps the last max bytes written. It is

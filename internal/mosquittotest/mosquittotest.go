@@ -45,15 +45,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"greenhouse-gateway/internal/debpkg"
 )
 
 const (
 	// brokerPath is where Debian's mosquitto package installs the broker.
 	brokerPath = "/usr/sbin/mosquitto"
-	// aptLockPath serializes installs by concurrent test binaries.
-	aptLockPath = "/tmp/greenhouse-gateway-apt.lock"
-	// installTimeout bounds apt-get update and install together, lock wait included.
-	installTimeout = 10 * time.Minute
 	// startTimeout bounds the wait for a started broker to accept connections.
 	startTimeout = 10 * time.Second
 	// stopTimeout bounds each of the waits after SIGTERM and after SIGKILL.
@@ -493,81 +491,9 @@ func installed() bool {
 }
 
 func runInstall() error {
-	if os.Geteuid() != 0 {
-		return errors.New("mosquitto is not installed and this is not root: " +
-			"run apt-get install -y mosquitto mosquitto-clients")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), debpkg.Timeout)
 	defer cancel()
-	unlock, err := lockFile(ctx, aptLockPath)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	if installed() { // another test binary installed it while we waited
-		return nil
-	}
-	for _, args := range [][]string{
-		{"-o", "DPkg::Lock::Timeout=120", "update"},
-		{"-o", "DPkg::Lock::Timeout=120", "install", "-y", "--no-install-recommends", "mosquitto", "mosquitto-clients"},
-	} {
-		if err := aptGet(ctx, args); err != nil {
-			return err
-		}
-	}
-	if !installed() {
-		return fmt.Errorf("after apt-get install, %s, mosquitto_pub or mosquitto_sub is still missing", brokerPath)
-	}
-	return nil
-}
-
-// aptGet runs apt-get with args, again (up to 5 times in all) while another apt or dpkg
-// run, which our lock file does not cover, holds apt's own locks.
-func aptGet(ctx context.Context, args []string) error {
-	for attempt := 1; ; attempt++ {
-		cmd := exec.CommandContext(ctx, "apt-get", args...)
-		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		cmd.WaitDelay = 5 * time.Second
-		out, err := cmd.CombinedOutput()
-		if err == nil {
-			return nil
-		}
-		locked := bytes.Contains(out, []byte("Could not get lock")) || bytes.Contains(out, []byte("Unable to acquire"))
-		if !locked || attempt == 5 || ctx.Err() != nil {
-			return fmt.Errorf("apt-get %s: %w\n%s", strings.Join(args, " "), err, tail(out, tailBytes))
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Second):
-		}
-	}
-}
-
-// lockFile takes an exclusive flock on path, polling until ctx is done.
-func lockFile(ctx context.Context, path string) (unlock func(), err error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("opening the install lock: %w", err)
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() {
-				_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-				_ = f.Close()
-			}, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			_ = f.Close()
-			return nil, fmt.Errorf("locking %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			_ = f.Close()
-			return nil, fmt.Errorf("waiting for %s (another install running): %w", path, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	return debpkg.Install(ctx, installed, "mosquitto", "mosquitto-clients")
 }
 
 // freePort returns a TCP port that was free on 127.0.0.1 a moment ago.
@@ -581,13 +507,6 @@ func freePort() (int, error) {
 		return 0, fmt.Errorf("finding a free port: %w", err)
 	}
 	return port, nil
-}
-
-func tail(b []byte, max int) []byte {
-	if len(b) > max {
-		return b[len(b)-max:]
-	}
-	return b
 }
 
 // tailBuffer is an io.Writer that keeps the last max bytes written. It is safe for

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -18,6 +17,8 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"greenhouse-gateway/internal/debpkg"
 )
 
 // pushgatewayBinary is the Debian package prometheus-pushgateway's program.
@@ -34,27 +35,11 @@ func ensurePushgateway(t *testing.T) string {
 	if path, err := exec.LookPath(pushgatewayBinary); err == nil {
 		return path
 	}
-	if os.Geteuid() != 0 {
-		t.Fatal("prometheus-pushgateway is missing: apt-get install prometheus-pushgateway (the test installs it only as root)")
-	}
 	begin := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), debpkg.Timeout)
 	defer cancel()
-	apt := func(args ...string) ([]byte, error) {
-		cmd := exec.CommandContext(ctx, "apt-get", args...)
-		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		return cmd.CombinedOutput()
-	}
-	// The lock timeout waits for another apt run (a test package running in parallel).
-	install := []string{"install", "-y", "--no-install-recommends", "-o", "DPkg::Lock::Timeout=300", "prometheus-pushgateway"}
-	out, err := apt(install...)
-	if err != nil {
-		if upd, uerr := apt("update"); uerr != nil { // a fresh machine may have no package lists
-			t.Fatalf("apt-get update: %v\n%s", uerr, upd)
-		}
-		out, err = apt(install...)
-	}
-	require.NoError(t, err, "apt-get install prometheus-pushgateway:\n%s", out)
+	present := func() bool { _, err := exec.LookPath(pushgatewayBinary); return err == nil }
+	require.NoError(t, debpkg.Install(ctx, present, "prometheus-pushgateway"))
 	path, err := exec.LookPath(pushgatewayBinary)
 	require.NoError(t, err)
 	t.Logf("installed prometheus-pushgateway in %s", time.Since(begin).Round(time.Second))
