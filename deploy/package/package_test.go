@@ -4,10 +4,13 @@
 // gatewayd prints the version it was built with and accepts the packaged
 // configuration, and a whole install, reinstall, remove and purge cycle
 // into a scratch root with dpkg --root (the maintainer scripts honour
-// DPKG_ROOT and run chrootless).
+// DPKG_ROOT and run chrootless). Then, as root, it runs the installed
+// gatewayd the way the packaged unit would, against DynamoDB Local, and goes
+// through what a new user does: the status page, a device key made with the
+// packaged gatewayctl, a batch delivered, a stop (service_test.go).
 //
 // Skipped with -short. The first run compiles nfpm (about a minute); later
-// runs take seconds.
+// runs take seconds, plus a few for DynamoDB Local.
 package deploypackage_test
 
 import (
@@ -213,6 +216,17 @@ func TestPackage(t *testing.T) {
 		need(t, "systemd-sysusers")
 		testLifecycle(t, deb)
 	})
+
+	t.Run("run as the unit", func(t *testing.T) {
+		need(t, "systemd-sysusers")
+		if runtime.GOOS != "linux" || runtime.GOARCH != "amd64" {
+			t.Skipf("skipping the run of the amd64 binaries on %s/%s", runtime.GOOS, runtime.GOARCH)
+		}
+		if os.Geteuid() != 0 {
+			t.Skip("skipping: starting gatewayd in the scratch root as its system user (chroot, setuid) needs root")
+		}
+		testService(t, deb)
+	})
 }
 
 func same(t testing.TB, got, want string) {
@@ -232,10 +246,12 @@ func same(t testing.TB, got, want string) {
 	}
 }
 
-// testLifecycle installs the package into a scratch root with dpkg --root
-// (maintainer scripts run chrootless with DPKG_ROOT set), then reinstalls,
-// removes and purges it, checking what each step leaves.
-func testLifecycle(t *testing.T, deb string) {
+// scratchRoot makes an empty root with a dpkg database and returns it with
+// a function that runs dpkg on it: dpkg --root, maintainer scripts run
+// chrootless with DPKG_ROOT set, conffiles kept. systemd itself is not in
+// the scratch root: --force-depends.
+func scratchRoot(t testing.TB) (string, func(args ...string) string) {
+	t.Helper()
 	root := t.TempDir()
 	for _, d := range []string{"var/lib/dpkg/info", "var/lib/dpkg/updates", "etc"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
@@ -245,12 +261,19 @@ func testLifecycle(t *testing.T, deb string) {
 	if err := os.WriteFile(filepath.Join(root, "var/lib/dpkg/status"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// systemd itself is not in the scratch root: --force-depends.
 	dpkg := func(args ...string) string {
 		t.Helper()
 		return cmd(t, nil, "dpkg", append([]string{"--root=" + root, "--force-not-root", "--force-script-chrootless",
 			"--force-depends", "--force-confold"}, args...)...)
 	}
+	return root, dpkg
+}
+
+// testLifecycle installs the package into a scratch root with dpkg --root
+// (maintainer scripts run chrootless with DPKG_ROOT set), then reinstalls,
+// removes and purges it, checking what each step leaves.
+func testLifecycle(t *testing.T, deb string) {
+	root, dpkg := scratchRoot(t)
 	p := func(rel string) string { return filepath.Join(root, rel) }
 	etc := "etc/greenhouse-gateway"
 
