@@ -4,15 +4,19 @@
 // gatewayd prints the version it was built with and accepts the packaged
 // configuration, and a whole install, reinstall, remove and purge cycle
 // into a scratch root with dpkg --root (the maintainer scripts honour
-// DPKG_ROOT and run chrootless).
+// DPKG_ROOT and run chrootless). Then, as root, it runs the installed
+// gatewayd the way the packaged unit would, against DynamoDB Local, and goes
+// through what a new user does: the status page, a device key made with the
+// packaged gatewayctl, a batch delivered, a stop (service_test.go).
 //
 // Skipped with -short. The first run compiles nfpm (about a minute); later
-// runs take seconds.
+// runs take seconds, plus a few for DynamoDB Local.
 package deploypackage_test
 
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -121,12 +125,15 @@ func TestPackage(t *testing.T) {
 		want := map[string]entry{
 			"/usr/bin/gatewayd":   {"-rwxr-xr-x", "root/root"},
 			"/usr/bin/gatewayctl": {"-rwxr-xr-x", "root/root"},
-			"/usr/lib/systemd/system/greenhouse-gateway.service": {"-rw-r--r--", "root/root"},
-			"/usr/lib/sysusers.d/greenhouse-gateway.conf":        {"-rw-r--r--", "root/root"},
-			"/etc/greenhouse-gateway":                            {"drwxr-xr-x", "root/root"},
-			"/etc/greenhouse-gateway/gateway.yaml":               {"-rw-r--r--", "root/root"},
-			"/etc/greenhouse-gateway/gateway.env":                {"-rw-------", "root/root"},
-			"/usr/share/doc/greenhouse-gateway/README.md":        {"-rw-r--r--", "root/root"},
+			"/usr/lib/systemd/system/greenhouse-gateway.service":                  {"-rw-r--r--", "root/root"},
+			"/usr/lib/sysusers.d/greenhouse-gateway.conf":                         {"-rw-r--r--", "root/root"},
+			"/etc/greenhouse-gateway":                                             {"drwxr-xr-x", "root/root"},
+			"/etc/greenhouse-gateway/gateway.yaml":                                {"-rw-r--r--", "root/root"},
+			"/etc/greenhouse-gateway/gateway.env":                                 {"-rw-------", "root/root"},
+			"/usr/share/doc/greenhouse-gateway/README.md":                         {"-rw-r--r--", "root/root"},
+			"/usr/share/doc/greenhouse-gateway/monitoring/grafana-dashboard.json": {"-rw-r--r--", "root/root"},
+			"/usr/share/doc/greenhouse-gateway/monitoring/alerts.yaml":            {"-rw-r--r--", "root/root"},
+			"/usr/share/doc/greenhouse-gateway/monitoring/alerts_test.yaml":       {"-rw-r--r--", "root/root"},
 		}
 		for path, w := range want {
 			if g, ok := got[path]; !ok {
@@ -184,6 +191,9 @@ func TestPackage(t *testing.T) {
 		same(t, filepath.Join(dir, "usr/lib/sysusers.d/greenhouse-gateway.conf"), filepath.Join(root, "systemd/greenhouse-gateway.sysusers"))
 		same(t, filepath.Join(dir, "etc/greenhouse-gateway/gateway.yaml"), filepath.Join(root, "systemd/gateway.yaml"))
 		same(t, filepath.Join(dir, "etc/greenhouse-gateway/gateway.env"), filepath.Join(root, "systemd/gateway.env"))
+		for _, f := range []string{"grafana-dashboard.json", "alerts.yaml", "alerts_test.yaml"} {
+			same(t, filepath.Join(dir, "usr/share/doc/greenhouse-gateway/monitoring", f), filepath.Join(root, "deploy/monitoring", f))
+		}
 		if runtime.GOOS != "linux" || runtime.GOARCH != "amd64" {
 			t.Skipf("skipping the run of the amd64 binaries on %s/%s", runtime.GOOS, runtime.GOARCH)
 		}
@@ -209,9 +219,26 @@ func TestPackage(t *testing.T) {
 		}
 	})
 
+	t.Run("monitoring", func(t *testing.T) {
+		dir := t.TempDir()
+		cmd(t, nil, "dpkg-deb", "--extract", deb, dir)
+		testMonitoring(t, dir)
+	})
+
 	t.Run("install remove purge", func(t *testing.T) {
 		need(t, "systemd-sysusers")
 		testLifecycle(t, deb)
+	})
+
+	t.Run("run as the unit", func(t *testing.T) {
+		need(t, "systemd-sysusers")
+		if runtime.GOOS != "linux" || runtime.GOARCH != "amd64" {
+			t.Skipf("skipping the run of the amd64 binaries on %s/%s", runtime.GOOS, runtime.GOARCH)
+		}
+		if os.Geteuid() != 0 {
+			t.Skip("skipping: starting gatewayd in the scratch root as its system user (chroot, setuid) needs root")
+		}
+		testService(t, deb)
 	})
 }
 
@@ -232,10 +259,12 @@ func same(t testing.TB, got, want string) {
 	}
 }
 
-// testLifecycle installs the package into a scratch root with dpkg --root
-// (maintainer scripts run chrootless with DPKG_ROOT set), then reinstalls,
-// removes and purges it, checking what each step leaves.
-func testLifecycle(t *testing.T, deb string) {
+// scratchRoot makes an empty root with a dpkg database and returns it with
+// a function that runs dpkg on it: dpkg --root, maintainer scripts run
+// chrootless with DPKG_ROOT set, conffiles kept. systemd itself is not in
+// the scratch root: --force-depends.
+func scratchRoot(t testing.TB) (string, func(args ...string) string) {
+	t.Helper()
 	root := t.TempDir()
 	for _, d := range []string{"var/lib/dpkg/info", "var/lib/dpkg/updates", "etc"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
@@ -245,12 +274,19 @@ func testLifecycle(t *testing.T, deb string) {
 	if err := os.WriteFile(filepath.Join(root, "var/lib/dpkg/status"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// systemd itself is not in the scratch root: --force-depends.
 	dpkg := func(args ...string) string {
 		t.Helper()
 		return cmd(t, nil, "dpkg", append([]string{"--root=" + root, "--force-not-root", "--force-script-chrootless",
 			"--force-depends", "--force-confold"}, args...)...)
 	}
+	return root, dpkg
+}
+
+// testLifecycle installs the package into a scratch root with dpkg --root
+// (maintainer scripts run chrootless with DPKG_ROOT set), then reinstalls,
+// removes and purges it, checking what each step leaves.
+func testLifecycle(t *testing.T, deb string) {
+	root, dpkg := scratchRoot(t)
 	p := func(rel string) string { return filepath.Join(root, rel) }
 	etc := "etc/greenhouse-gateway"
 
@@ -358,4 +394,59 @@ func readFile(t testing.TB, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// testMonitoring checks that a cloud operator with only the installed
+// package finds the dashboard and the alerts, and how to import them: the
+// packaged README names their packaged place, the dashboard's data source
+// variable and the job the alerts expect; with promtool installed, the
+// alerts' tests pass from the packaged directory.
+func testMonitoring(t *testing.T, dir string) {
+	doc := filepath.Join(dir, "usr/share/doc/greenhouse-gateway")
+	readme := readFile(t, filepath.Join(doc, "README.md"))
+	mon := filepath.Join(doc, "monitoring")
+	if !strings.Contains(readme, "`/usr/share/doc/greenhouse-gateway/monitoring/`") {
+		t.Error("the packaged README does not say where the package puts the dashboard and the alerts")
+	}
+
+	var dashboard struct {
+		Templating struct {
+			List []struct{ Name, Type string } `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal([]byte(readFile(t, filepath.Join(mon, "grafana-dashboard.json"))), &dashboard); err != nil {
+		t.Fatalf("packaged dashboard: %v", err)
+	}
+	datasources := 0
+	for _, v := range dashboard.Templating.List {
+		if v.Type == "datasource" {
+			datasources++
+			if !strings.Contains(readme, "`"+v.Name+"`") {
+				t.Errorf("the README's import steps do not name the dashboard's data source variable %s", v.Name)
+			}
+		}
+	}
+	if datasources == 0 {
+		t.Error("the packaged dashboard has no data source variable to pick Prometheus with")
+	}
+
+	jobs := regexp.MustCompile(`job="([^"]+)"`).FindAllStringSubmatch(readFile(t, filepath.Join(mon, "alerts.yaml")), -1)
+	if len(jobs) == 0 {
+		t.Fatal("the packaged alerts name no job")
+	}
+	for _, m := range jobs {
+		if !strings.Contains(readme, "as job `"+m[1]+"`") {
+			t.Errorf("the packaged alerts select job %q; the README does not tell operators to scrape as that job", m[1])
+		}
+	}
+
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("skipping promtool on the packaged alerts: promtool is not installed (Debian package prometheus)")
+	}
+	c := exec.Command(promtool, "test", "rules", "alerts_test.yaml")
+	c.Dir = mon
+	if out, err := c.CombinedOutput(); err != nil {
+		t.Errorf("promtool test rules in %s: %v\n%s", mon, err, out)
+	}
 }
