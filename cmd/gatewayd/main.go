@@ -262,6 +262,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	// WatchdogSec=: WATCHDOG=1 every half interval while healthy() is nil.
 	g.Go(func() error { return sdnotify.RunWatchdog(gctx, healthy) })
 	g.Go(func() error { return pprofSrv.Run(gctx) }) // with debug.pprof_addr set
+	g.Go(func() error { return newMemoryReleaser(cfg.MemoryReleaseInterval, logger, reg).Run(gctx) })
 
 	done := make(chan error, 1)
 	go func() { done <- g.Wait() }()
