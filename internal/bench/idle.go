@@ -298,9 +298,16 @@ func heapOwners(ctx context.Context, prof string) (map[string]int64, []string, e
 	if err != nil {
 		return nil, nil, fmt.Errorf("go tool pprof %s: %w", prof, err)
 	}
+	owners, top := parsePprofTop(string(out))
+	return owners, top, nil
+}
+
+// parsePprofTop sums the flat column of go tool pprof -top by owner and
+// returns the first lines too.
+func parsePprofTop(out string) (map[string]int64, []string) {
 	owners := map[string]int64{}
 	var top []string
-	for _, line := range strings.Split(string(out), "\n") {
+	for _, line := range strings.Split(out, "\n") {
 		m := pprofLine.FindStringSubmatch(line)
 		if m == nil {
 			continue
@@ -323,5 +330,5 @@ func heapOwners(ctx context.Context, prof string) (map[string]int64, []string, e
 			top = append(top, fmt.Sprintf("%s %.1f MB", fn, mb(bytes)))
 		}
 	}
-	return owners, top, nil
+	return owners, top
 }
