@@ -125,7 +125,12 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 	caps.MaximumClientWritesPending = 256
 	server := mqtt.New(&mqtt.Options{
 		Capabilities: caps,
-		InlineClient: true,
+		// The guard (mqttguard.go) reads each connection through its own
+		// buffer and hands mochi whole packets: mochi's per-connection
+		// read buffer (2 KiB by default, held by every idle device) only
+		// needs to hold a fixed header; larger reads bypass it.
+		ClientNetReadBufferSize: clientReadBufferSize,
+		InlineClient:            true,
 		// mochi logs every refused connection as a warning; ours are
 		// counted in metrics instead.
 		Logger: slog.New(minLevel{logger.Handler(), slog.LevelError}),
@@ -203,6 +208,9 @@ func (b *Broker) Run(ctx context.Context) error {
 		return nil
 	}
 }
+
+// clientReadBufferSize is mochi's read buffer per connection, in bytes.
+const clientReadBufferSize = 64
 
 // closeTimeout bounds the embedded broker's Close.
 const closeTimeout = 5 * time.Second

@@ -104,6 +104,9 @@ func (c *guardConn) Read(p []byte) (int, error) {
 	}
 	n := copy(p, c.pending)
 	c.pending = c.pending[n:]
+	if len(c.pending) == 0 {
+		c.pending = nil // an idle connection keeps no packet alive
+	}
 	return n, nil
 }
 
@@ -120,11 +123,22 @@ func (c *guardConn) connectDone() {
 
 // next reads one packet and returns its bytes for mochi, or what to hand
 // mochi before failing with the error.
+//
+// An idle connection's goroutine waits here, below mochi's frames, for the
+// next packet: the stack it holds while waiting decides how far the garbage
+// collector can shrink it (only below a quarter in use), so next keeps its
+// frame small and leaves decoding, with its packets.Packet, to frames that
+// exist only while a packet is checked.
 func (c *guardConn) next() ([]byte, error) {
 	first, err := c.r.ReadByte()
 	if err != nil {
 		return nil, c.readErr(err)
 	}
+	return c.rest(first)
+}
+
+// rest reads the packet whose first byte is first.
+func (c *guardConn) rest(first byte) ([]byte, error) {
 	header := []byte{first}
 	remaining := 0
 	for i := 0; ; i++ {
@@ -162,15 +176,15 @@ func (c *guardConn) next() ([]byte, error) {
 	}
 	if fhErr == nil {
 		fh.Remaining = remaining
-		pk, panicked := tryDecode(fh, c.version, buf.Bytes()[len(header):])
+		version, panicked := tryDecode(fh, c.version, buf.Bytes()[len(header):])
 		if panicked != nil {
 			c.l.refused("malformed")
 			c.l.logger.Warn("MQTT packet that mochi cannot decode; connection closed",
 				"remote", c.RemoteAddr().String(), "err", panicked)
 			return nil, panicked
 		}
-		if !c.connected && pk.ProtocolVersion != 0 {
-			c.version = pk.ProtocolVersion
+		if !c.connected && version != 0 {
+			c.version = version
 		}
 	}
 	if !c.connected {
@@ -196,14 +210,15 @@ func (c *guardConn) refuse(err error) error {
 
 // tryDecode runs mochi's decoder of the packet's type, as mochi's
 // Client.ReadPacket will, and reports a panic as an error. Decoding errors
-// are left to mochi, which answers them as MQTT says.
-func tryDecode(fh packets.FixedHeader, version byte, body []byte) (pk packets.Packet, panicked error) {
+// are left to mochi, which answers them as MQTT says. It returns the
+// packet's protocol version (a CONNECT's own).
+func tryDecode(fh packets.FixedHeader, version byte, body []byte) (decoded byte, panicked error) {
 	defer func() {
 		if r := recover(); r != nil {
 			panicked = fmt.Errorf("%w: packet type %d does not decode (%v)", errMalformedStream, fh.Type, r)
 		}
 	}()
-	pk = packets.Packet{FixedHeader: fh, ProtocolVersion: version}
+	pk := packets.Packet{FixedHeader: fh, ProtocolVersion: version}
 	px := body // the decoders only read it
 	switch fh.Type {
 	case packets.Connect:
@@ -233,5 +248,5 @@ func tryDecode(fh packets.FixedHeader, version byte, body []byte) (pk packets.Pa
 	case packets.Auth:
 		_ = pk.AuthDecode(px)
 	}
-	return pk, nil
+	return pk.ProtocolVersion, nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -235,6 +236,9 @@ func NewRegistry(cfg DevicesConfig, state deviceStore, clock Clock, logger *slog
 func (r *Registry) device(hw string, now time.Time) *Device {
 	d, ok := r.devices[hw]
 	if !ok {
+		// Strings of a decoded batch are substrings of its whole payload:
+		// the registry keeps copies, so that it does not keep payloads.
+		hw = strings.Clone(hw)
 		d = &Device{HardwareID: hw, FirstSeenAt: now, LastSeenAt: now}
 		r.devices[hw] = d
 		r.dirty[hw] = true
@@ -277,9 +281,16 @@ func (r *Registry) Register(reg *contract.Registration) (confirmationID string, 
 		d.FirstRegisteredAt = now
 	}
 	d.Registered = true
-	d.FriendlyName = reg.FriendlyName
-	d.FirmwareVersion = reg.FirmwareVersion
-	caps := reg.Capabilities
+	d.FriendlyName = strings.Clone(reg.FriendlyName)
+	d.FirmwareVersion = strings.Clone(reg.FirmwareVersion)
+	caps := contract.Capabilities{Sensors: make([]string, 0, len(reg.Capabilities.Sensors)),
+		Features: make(map[string]bool, len(reg.Capabilities.Features))}
+	for _, name := range reg.Capabilities.Sensors {
+		caps.Sensors = append(caps.Sensors, strings.Clone(name))
+	}
+	for name, has := range reg.Capabilities.Features {
+		caps.Features[strings.Clone(name)] = has
+	}
 	d.Capabilities = &caps
 	d.LastSeenAt = now
 	r.boot(d, reg.BootID, now)
@@ -301,6 +312,7 @@ func (r *Registry) boot(d *Device, bootID string, bootAt time.Time) bool {
 			return false // a late batch of an earlier boot
 		}
 	}
+	bootID = strings.Clone(bootID)
 	ids := append(r.recentBootIDs[d.HardwareID], bootID)
 	if len(ids) > maxRecentBootIDs {
 		ids = ids[len(ids)-maxRecentBootIDs:]
@@ -344,7 +356,7 @@ func (r *Registry) Anchor(hw, bootID string, receivedMS, sentUptimeMS int64) (in
 			return a.AnchorMS, nil
 		}
 	}
-	a := Anchor{BootID: bootID, AnchorMS: contract.ClockAnchor(receivedMS, sentUptimeMS)}
+	a := Anchor{BootID: strings.Clone(bootID), AnchorMS: contract.ClockAnchor(receivedMS, sentUptimeMS)}
 	d.Anchors = append(d.Anchors, a)
 	if len(d.Anchors) > maxAnchors {
 		d.Anchors = d.Anchors[len(d.Anchors)-maxAnchors:]
@@ -395,7 +407,7 @@ func (r *Registry) Observe(b *contract.Batch, repaired, stored bool) {
 		bootAt = time.UnixMilli(now.UnixMilli() - *b.SentUptimeMS)
 	}
 	if d.FirmwareVersion != b.FirmwareVersion {
-		d.FirmwareVersion = b.FirmwareVersion
+		d.FirmwareVersion = strings.Clone(b.FirmwareVersion)
 		d.Version++
 	}
 	// A boot seen in a batch is saved with the next flush: only

@@ -38,7 +38,8 @@ func run(args []string) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	scenarios := fs.String("scenarios", strings.Join(cfg.Scenarios, ","),
 		"comma-separated scenarios to run: mqtt (closed-loop MQTT ingest; idle RSS and CPU per reading), "+
-			"fixed (fixed offered load), http, drain (forwarding; RSS while draining), footprint (time to ready, disk per reading)")
+			"fixed (fixed offered load), http, drain (forwarding; RSS while draining), footprint (time to ready, disk per reading), "+
+			"idle (memory breakdown of the largest fleet connected and idle)")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "measured window of each load, after the warm-up")
 	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "warm-up before each measured window")
 	devices := fs.String("devices", joinInts(cfg.Devices), "comma-separated MQTT fleet sizes, one run each; "+
@@ -57,6 +58,8 @@ func run(args []string) int {
 	fs.StringVar(&cfg.CacheDir, "cache-dir", cfg.CacheDir, "where the time-to-ready data directory is cached (relative to the module root)")
 	fs.BoolVar(&cfg.Profile, "profile", false, "record gatewayd with perf during the largest MQTT run")
 	fs.StringVar(&cfg.ProfileOut, "profile-out", "bench/gatewayd-mqtt-perf.txt", "report of --profile")
+	fs.DurationVar(&cfg.IdleSettle, "idle-settle", cfg.IdleSettle, "idle scenario: when, after the fleet's first batches, the settled sample is taken")
+	fs.StringVar(&cfg.IdleBaselineBin, "idle-baseline-bin", "", "idle scenario: a gatewayd `binary` (e.g. built from an earlier revision) measured the same way first")
 	fs.BoolVar(&cfg.KeepWork, "keep-work", false, "keep the work directory (logs, data directories)")
 	fs.Func("gateway-env", "extra `GATEWAY_NAME=VALUE` setting (or GODEBUG, GOGC, GOMEMLIMIT) for every gatewayd, for experiments (repeatable)", func(v string) error {
 		cfg.GatewayEnv = append(cfg.GatewayEnv, v)

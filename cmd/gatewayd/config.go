@@ -55,6 +55,10 @@ type Config struct {
 	// when the environment sets no GOMEMLIMIT; 0 turns it off. Default
 	// 201326592 (192 MiB).
 	MemoryLimit int64 `yaml:"memory_limit"`
+	// MemoryReleaseInterval is how often an idle gateway returns free
+	// memory to the system (see memoryReleaser); 0 turns it off. Default
+	// 30s.
+	MemoryReleaseInterval time.Duration `yaml:"memory_release_interval"`
 	// Debug configures the diagnostics endpoints.
 	Debug DebugConfig `yaml:"debug"`
 
@@ -77,6 +81,8 @@ func defaultConfig() Config {
 		LogFormat:       "text",
 		ShutdownTimeout: 20 * time.Second,
 		MemoryLimit:     defaultMemoryLimit,
+
+		MemoryReleaseInterval: defaultMemoryReleaseInterval,
 		MQTT: gateway.MQTTConfig{Mode: "embedded", External: gateway.DefaultExternalConfig(), Addr: ":1883",
 			MaxPacketSize: 256 << 10, MaxClients: 10000},
 		HTTP:   gateway.HTTPConfig{Addr: ":8080", MaxBodyBytes: 1 << 20, RetryAfter: 30 * time.Second},
@@ -114,6 +120,9 @@ func (c Config) Validate() error {
 		return errors.New("shutdown_timeout: must be positive")
 	}
 	if err := validateMemoryLimit(c.MemoryLimit); err != nil {
+		return err
+	}
+	if err := validateMemoryReleaseInterval(c.MemoryReleaseInterval); err != nil {
 		return err
 	}
 	var fe *cloud.FieldError

@@ -274,6 +274,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	g.Go(func() error { return sdnotify.RunWatchdog(gctx, healthy) })
 	g.Go(func() error { return pprofSrv.Run(gctx) }) // 4. with debug.pprof_addr set
 	g.Go(func() error { return auditLog.Run(gctx) }) // 4. writes what is still queued, then closes its segment
+	g.Go(func() error { return newMemoryReleaser(cfg.MemoryReleaseInterval, logger, reg).Run(gctx) })
 
 	done := make(chan error, 1)
 	go func() { done <- g.Wait() }()

@@ -30,10 +30,11 @@ const (
 	ScenarioHTTP      = "http"
 	ScenarioDrain     = "drain"
 	ScenarioFootprint = "footprint"
+	ScenarioIdle      = "idle"
 )
 
 // Scenarios lists every scenario in run order.
-var Scenarios = []string{ScenarioMQTT, ScenarioFixed, ScenarioHTTP, ScenarioDrain, ScenarioFootprint}
+var Scenarios = []string{ScenarioMQTT, ScenarioFixed, ScenarioHTTP, ScenarioDrain, ScenarioFootprint, ScenarioIdle}
 
 // Config configures a run. DefaultConfig documents the defaults.
 type Config struct {
@@ -76,6 +77,12 @@ type Config struct {
 	ProfileOut string `json:"profile_out,omitempty"`
 	// KeepWork keeps the work directory (logs, data directories).
 	KeepWork bool `json:"keep_work"`
+	// IdleSettle is how long after its fleet's first batches the idle
+	// scenario takes its "idle settled" sample.
+	IdleSettle time.Duration `json:"idle_settle_ns"`
+	// IdleBaselineBin is a gatewayd binary (say, built from an earlier
+	// revision) the idle scenario measures the same way first.
+	IdleBaselineBin string `json:"idle_baseline_bin,omitempty"`
 	// GatewayEnv are extra KEY=VALUE settings for every gatewayd (for
 	// experiments, e.g. GATEWAY_DEVICES_FLUSH_INTERVAL=1h).
 	GatewayEnv []string `json:"gateway_env,omitempty"`
@@ -99,6 +106,7 @@ func DefaultConfig() Config {
 		ReadyReadings:         1_000_000,
 		ReadyRuns:             3,
 		CacheDir:              "bench/cache",
+		IdleSettle:            75 * time.Second,
 	}
 }
 
@@ -138,6 +146,8 @@ func (c Config) Validate() error {
 		return errors.New("ready readings: must be between one batch and 10,000,000")
 	case c.ReadyRuns < 1 || c.ReadyRuns > 20:
 		return errors.New("ready runs: must be between 1 and 20")
+	case c.IdleSettle < 2*time.Second || c.IdleSettle > 10*time.Minute:
+		return errors.New("idle settle: must be between 2s and 10m")
 	}
 	for _, kv := range c.GatewayEnv {
 		// The Go runtime's own variables are allowed too, for memory
@@ -242,7 +252,7 @@ func (r *runner) run(ctx context.Context) error {
 	if r.canonicalPerReading, err = canonicalPerReading(r.cfg.Readings); err != nil {
 		return err
 	}
-	ingest := r.cfg.has(ScenarioMQTT) || r.cfg.has(ScenarioFixed) || r.cfg.has(ScenarioHTTP)
+	ingest := r.cfg.has(ScenarioMQTT) || r.cfg.has(ScenarioFixed) || r.cfg.has(ScenarioHTTP) || r.cfg.has(ScenarioIdle)
 	if ingest || r.cfg.has(ScenarioDrain) {
 		r.log.Info("starting DynamoDB Local")
 		if r.dynamo, err = startDynamoLocal(ctx, r.root, r.work); err != nil {
@@ -280,6 +290,11 @@ func (r *runner) run(ctx context.Context) error {
 	if r.cfg.has(ScenarioFootprint) {
 		if err := r.footprint(ctx); err != nil {
 			return fmt.Errorf("footprint: %w", err)
+		}
+	}
+	if r.cfg.has(ScenarioIdle) {
+		if err := r.idle(ctx); err != nil {
+			return fmt.Errorf("idle: %w", err)
 		}
 	}
 	return nil

@@ -135,3 +135,38 @@ func TestGatewayEnvNames(t *testing.T) {
 		})
 	}
 }
+
+func TestParsePprofTop(t *testing.T) {
+	out := `File: gatewayd
+Type: inuse_space
+Showing nodes accounting for 21080.26kB, 100% of 21080.26kB total
+      flat  flat%   sum%        cum   cum%
+   10656kB 50.55% 50.55%    10656kB 50.55%  github.com/dgraph-io/badger/v4/skl.newArena (inline)
+ 2567.5kB 12.18% 62.73%  2567.5kB 12.18%  bufio.NewReaderSize (inline)
+    1.50MB  7.12% 69.85%     1.50MB  7.12%  github.com/mochi-mqtt/server/v2.newClient
+  512.25kB  2.43% 72.28%  1024.08kB  4.86%  github.com/mochi-mqtt/server/v2.newParticle (inline)
+       0     0%   72.28%  3588.60kB 17.02%  github.com/mochi-mqtt/server/v2.(*Server).EstablishConnection
+  100B  0.01% 72.29%  100B  0.01%  main.main
+`
+	owners, top := parsePprofTop(out)
+	require.Equal(t, map[string]int64{
+		"badger memtables": 10656 << 10,
+		"bufio":            2567.5 * 1024,
+		"mochi":            1.5*(1<<20) + 512.25*1024,
+		"other":            100,
+	}, owners)
+	require.Len(t, top, 5)
+	require.Equal(t, "github.com/dgraph-io/badger/v4/skl.newArena (inline) 10.4 MB", top[0])
+}
+
+func TestMappingsRSS(t *testing.T) {
+	m, err := mappingsRSS(os.Getpid())
+	require.NoError(t, err)
+	require.Positive(t, m["anonymous"], "the Go heap")
+	for path, kind := range map[string]string{
+		"": "anonymous", "[stack]": "anonymous", "/data/000001.sst": "badger .sst", "/data/000001.vlog": "badger .vlog",
+		"/data/00001.mem": "badger .mem", "/tmp/w/gatewayd": "gatewayd binary", "/usr/lib/libc.so.6": "other files",
+	} {
+		require.Equal(t, kind, mappingKind(path), path)
+	}
+}

@@ -25,6 +25,10 @@
 //   - footprint: the time to /readyz with 1,000,000 readings pending (the
 //     data directory is built once and cached under bench/cache), and the
 //     bytes on disk per buffered reading.
+//   - idle: the largest fleet connected, each device having sent one batch,
+//     and gatewayd's memory broken down while it idles (RSS by mapping,
+//     the Go runtime's memory classes, the heap by owner), optionally
+//     against another gatewayd binary measured the same way.
 //
 // During ingest scenarios gatewayd's DynamoDB endpoint is a closed port, so
 // that the figures are those of ingest alone (the uplink only backs off);
