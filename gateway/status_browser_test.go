@@ -25,7 +25,7 @@ func browserURL(t *testing.T) string {
 	t.Helper()
 	devices, clk, _ := statusFleet(t)
 	eta := 274.0
-	base := startStatusServer(t, adminToken, devices, statusSources(clk, &eta))
+	base := startStatusServer(t, adminToken, devices, statusAudit(t, clk, statusRejects()), statusSources(clk, &eta))
 	target, err := url.Parse(base)
 	require.NoError(t, err)
 	proxy := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
