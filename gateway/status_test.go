@@ -338,13 +338,15 @@ func TestStatusPageContent(t *testing.T) {
 			requireRows(t, list, "AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03", "AA:BB:CC:DD:EE:04", "AA:BB:CC:DD:EE:05",
 				"AA:BB:CC:DD:EE:01", "&lt;img src=x")
 			for _, s := range []string{
-				`<td class="hw">AA:BB:CC:DD:EE:02</td><td>&lt;script&gt;alert(&#39;loop&#39;)&lt;/script&gt;</td>` +
-					`<td class="nowrap">2026-11-20 14:00:00 UTC <span class="muted age">(5m ago)</span></td>` +
-					`<td class="nowrap">3 <span class="muted">(2 reboots, up since 5m ago)</span> <span class="badge bad">reboot loop</span></td>`,
-				`<td class="hw">AA:BB:CC:DD:EE:04</td><td>South bench</td>`,
-				`<td class="num warned">2</td><td class="num warned">1</td><td><span class="badge ok">registered</span></td>`,
-				`<td class="hw">AA:BB:CC:DD:EE:05</td><td></td>`,
-				`<td class="nowrap">0 <span class="muted">(0 reboots)</span></td><td class="num">0</td><td class="num">0</td><td><span class="badge warn">not registered</span></td>`,
+				`<td class="hw">AA:BB:CC:DD:EE:02</td><td class="name">&lt;script&gt;alert(&#39;loop&#39;)&lt;/script&gt;</td>` +
+					`<td class="when">2026-11-20 14:00:00 UTC <span class="muted age">(5m ago)</span></td>` +
+					`<td class="nowrap">3 <span class="muted">(2 reboots)</span></td>` +
+					`<td class="nowrap">started 5m ago<br><span class="badge bad">reboot loop</span></td>`,
+				`<td class="hw">AA:BB:CC:DD:EE:04</td><td class="name">South bench</td>`,
+				`<td class="num warned">2</td><td class="num warned">1</td><td><span class="badge ok">yes</span></td>`,
+				`<td class="hw">AA:BB:CC:DD:EE:05</td><td class="name"></td>`,
+				`<td class="nowrap">0 <span class="muted">(0 reboots)</span></td><td class="nowrap"><span class="muted">none seen</span></td>` +
+					`<td class="num">0</td><td class="num">0</td><td><span class="badge warn">no</span></td>`,
 				"(2h 5m ago)", "(3h 5m ago)",
 			} {
 				require.Contains(t, list, s)
@@ -356,11 +358,11 @@ func TestStatusPageContent(t *testing.T) {
 			requireRows(t, rejects, "&lt;svg onload=alert(2)&gt;", "AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03")
 			for _, s := range []string{
 				`<span class="badge warn">newest 3</span>`,
-				`<td class="nowrap">2026-11-20 14:03:00 UTC <span class="muted age">(2m ago)</span></td><td>http <span class="muted">readings</span></td>`,
-				`<td class="nowrap">validation_error</td><td class="hw">readings[0].values.&lt;b&gt;t&lt;/b&gt;</td>`,
+				`<td class="when">2026-11-20 14:03:00 UTC <span class="muted age">(2m ago)</span></td><td>http <span class="muted">readings</span></td>`,
+				`<td class="nowrap">validation_error</td><td class="path">readings[0].values.&lt;b&gt;t&lt;/b&gt;</td>`,
 				`<td class="msg">&lt;script&gt;alert(&#34;audit&#34;)&lt;/script&gt; is not a number</td>`,
 				`<td>mqtt <span class="muted">publish</span></td><td class="hw">AA:BB:CC:DD:EE:02</td><td class="nowrap">acl_denied</td>` +
-					`<td class="hw">devices/AA:BB:CC:DD:EE:01/readings</td>`,
+					`<td class="path">devices/AA:BB:CC:DD:EE:01/readings</td>`,
 				`(4m ago)</span></td><td>http <span class="muted">readings</span></td><td class="hw">AA:BB:CC:DD:EE:03</td><td class="nowrap">clock_not_synced</td>`,
 			} {
 				require.Contains(t, rejects, s)
@@ -527,7 +529,7 @@ func TestStatusCaps(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	list := between(t, page, `<section id="device-list"`, "</section>")
 	require.Equal(t, gateway.MaxListedDevices, strings.Count(list, "<tr><td"))
-	require.Contains(t, list, `<td class="hw">02:00:00:00:00:00</td><td>bench 0</td>`)
+	require.Contains(t, list, `<td class="hw">02:00:00:00:00:00</td><td class="name">bench 0</td>`)
 	require.Contains(t, list, fmt.Sprintf(`<td class="hw">02:00:00:00:00:%02X</td>`, gateway.MaxListedDevices-1))
 	require.NotContains(t, list, fmt.Sprintf(`<td class="hw">02:00:00:00:00:%02X</td>`, gateway.MaxListedDevices))
 	require.Contains(t, list, fmt.Sprintf("%d more: see /v1/devices.", extra))
