@@ -593,7 +593,10 @@ type Result struct {
 	Records []Record
 	// More is true when more records match than Limit.
 	More bool
-	// Skipped counts lines that are not a whole record (torn by a crash).
+	// Skipped counts lines that are not a whole record (torn by a crash)
+	// among those read: lines that cannot match the filter's device,
+	// reason or transport, and lines older than the records returned, are
+	// not looked at.
 	Skipped int
 }
 
@@ -662,13 +665,95 @@ func (l *Log) sync(ctx context.Context) {
 
 // readSegment returns the last keep records of s that match f, newest
 // first, and the number of lines that could not be read.
+//
+// It first scans the segment without decoding, keeping the raw bytes of the
+// last keep lines that may match, and decodes only those: a query for the
+// newest records of a full segment decodes a few lines, not thousands.
+// When some of them turn out not to match (or not to be whole records)
+// while earlier candidates were passed over, it reads the segment again,
+// decoding every candidate.
 func (l *Log) readSegment(s segment, f Filter, keep int) ([]Record, int, error) {
+	out, skipped, complete, err := l.readSegmentLazily(s, f, keep)
+	if err != nil || complete {
+		return out, skipped, err
+	}
+	return l.readSegmentDecoding(s, f, keep)
+}
+
+// openSegment opens s for reading; nil without an error when it was
+// deleted since the snapshot.
+func (l *Log) openSegment(s segment) (*os.File, error) {
 	file, err := os.Open(filepath.Join(l.dir, s.name))
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, 0, nil // deleted since the snapshot
+		return nil, nil
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("reading audit segment %s: %w", s.name, err)
+		return nil, fmt.Errorf("reading audit segment %s: %w", s.name, err)
+	}
+	return file, nil
+}
+
+// readSegmentLazily is readSegment's first pass. complete is false when
+// the decoded lines yielded fewer than keep records while candidates
+// before them were passed over: the answer may then miss records.
+func (l *Log) readSegmentLazily(s segment, f Filter, keep int) (out []Record, skipped int, complete bool, err error) {
+	file, err := l.openSegment(s)
+	if file == nil || err != nil {
+		return nil, 0, true, err
+	}
+	defer file.Close()
+	sc := bufio.NewScanner(io.LimitReader(file, s.size))
+	sc.Buffer(make([]byte, 0, 4096), maxLineBytes)
+	needles := f.needles()
+	// ring holds the last keep candidate lines; next is where the next one
+	// goes, n how many it holds, passed how many fell out of it.
+	ring := make([][]byte, min(keep, 1024))
+	next, n, passed := 0, 0, 0
+scan:
+	for sc.Scan() {
+		line := sc.Bytes()
+		if len(line) == 0 {
+			continue
+		}
+		for _, nd := range needles {
+			if !bytes.Contains(line, nd) {
+				continue scan
+			}
+		}
+		if n == keep {
+			passed++
+		} else if n == len(ring) {
+			ring = append(ring, nil) // grows only for keep over 1024
+			n++
+		} else {
+			n++
+		}
+		ring[next] = append(ring[next][:0], line...)
+		next = (next + 1) % keep
+	}
+	if err := sc.Err(); err != nil {
+		skipped++
+		l.logger.Warn("audit segment has an unreadable line; its rest is skipped", "file", s.name, "err", err)
+	}
+	for i := 1; i <= n; i++ { // newest first
+		line := ring[((next-i)%keep+keep)%keep]
+		var r Record
+		if err := json.Unmarshal(line, &r); err != nil || r.Time.IsZero() || r.Reason == "" {
+			skipped++
+			continue
+		}
+		if f.match(&r) {
+			out = append(out, r)
+		}
+	}
+	return out, skipped, len(out) == keep || passed == 0, nil
+}
+
+// readSegmentDecoding is readSegment decoding every line that may match.
+func (l *Log) readSegmentDecoding(s segment, f Filter, keep int) ([]Record, int, error) {
+	file, err := l.openSegment(s)
+	if file == nil || err != nil {
+		return nil, 0, err
 	}
 	defer file.Close()
 	sc := bufio.NewScanner(io.LimitReader(file, s.size))

@@ -372,3 +372,56 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Fatalf("no %s", name)
 	return 0
 }
+
+// TestQueryNewestPastNonMatches checks queries whose newest lines do not
+// match, or are not whole records, while the records asked for are older
+// ones of the same segment: another device whose hardware_id starts with
+// the one asked for, records after Until, a torn line.
+func TestQueryNewestPastNonMatches(t *testing.T) {
+	r, stop := start(t, t.TempDir(), audit.Config{}, newNow(day0).Now)
+	at := func(i int) time.Time { return day0.Add(time.Duration(i) * time.Second) }
+	for i := range 3 {
+		x := rec(i, at(i), audit.ReasonValidation)
+		x.HardwareID = "AA:BB"
+		r.log.Record(x)
+	}
+	for i := 3; i < 10; i++ {
+		x := rec(i, at(i), audit.ReasonValidation)
+		x.HardwareID = "AA:BB:CC"
+		r.log.Record(x)
+	}
+	tests := []struct {
+		name string
+		f    audit.Filter
+		want []string
+		more bool
+	}{
+		{"newest", audit.Filter{Limit: 2}, []string{"b00009", "b00008"}, true},
+		{"hardware_id prefix of newer ones", audit.Filter{HardwareID: "AA:BB", Limit: 2}, []string{"b00002", "b00001"}, true},
+		{"hardware_id, all", audit.Filter{HardwareID: "AA:BB", Limit: 5}, []string{"b00002", "b00001", "b00000"}, false},
+		{"until before the newest", audit.Filter{Until: at(4), Limit: 3}, []string{"b00003", "b00002", "b00001"}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := query(t, r.log, tt.f)
+			require.Equal(t, tt.want, batchIDs(res.Records))
+			require.Equal(t, tt.more, res.More)
+			require.Zero(t, res.Skipped)
+		})
+	}
+
+	// A torn line after the records: skipped, and the newest records found.
+	stop()
+	names, _ := segments(t, r.dir)
+	require.Len(t, names, 1)
+	f, err := os.OpenFile(filepath.Join(r.dir, names[0]), os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString(`{"time":"2026-11-20T10:00:11Z","transport":"mq` + "\n")
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	r, _ = start(t, r.dir, audit.Config{}, newNow(day0).Now)
+	res := query(t, r.log, audit.Filter{Limit: 2})
+	require.Equal(t, []string{"b00009", "b00008"}, batchIDs(res.Records))
+	require.True(t, res.More)
+	require.Equal(t, 1, res.Skipped)
+}
