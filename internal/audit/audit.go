@@ -157,10 +157,22 @@ type Log struct {
 	closed   bool
 	failing  bool // a write failed; logged once until one succeeds
 
+	// minutes counts the records written per minute (of their time) and
+	// reason over the last hour, indexed by minute % 60; opened is when
+	// counting began.
+	minutes [60]minuteCount
+	opened  time.Time
+
 	written  *prometheus.CounterVec
 	dropped  *prometheus.CounterVec
 	bytes    prometheus.Gauge
 	segGauge prometheus.Gauge
+}
+
+// minuteCount is one minute's records by reason.
+type minuteCount struct {
+	minute   int64 // Unix minutes
+	byReason map[string]int
 }
 
 type segment struct {
@@ -199,7 +211,7 @@ func Open(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg
 		return nil, fmt.Errorf("opening audit trail %s: %w", dir, err)
 	}
 	l := &Log{
-		cfg: cfg, dir: dir, now: now, logger: logger.With("component", "audit"),
+		cfg: cfg, dir: dir, now: now, logger: logger.With("component", "audit"), opened: now().UTC(),
 		queue: make(chan item, cfg.QueueRecords), done: make(chan struct{}),
 		written: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "audit", Name: "records_total",
@@ -432,7 +444,53 @@ func (l *Log) writeLocked(rec Record) {
 		return
 	}
 	l.written.WithLabelValues(reasonLabel(rec.Reason)).Inc()
+	l.countLocked(rec.Time, reasonLabel(rec.Reason))
 	l.updateGauges()
+}
+
+func (l *Log) countLocked(t time.Time, reason string) {
+	m := t.Unix() / 60
+	b := &l.minutes[(m%60+60)%60]
+	if b.minute != m || b.byReason == nil {
+		b.minute, b.byReason = m, map[string]int{}
+	}
+	b.byReason[reason]++
+}
+
+// ReasonCounts counts records by reason over a stretch of time.
+type ReasonCounts struct {
+	// Since is where the count starts: an hour ago, or when the log was
+	// opened if that is later (the counts are not kept across restarts).
+	Since time.Time `json:"since"`
+	// ByReason maps a reason (or "other") to its records; reasons without
+	// records are left out.
+	ByReason map[string]int `json:"by_reason"`
+	// Total is the sum of ByReason.
+	Total int `json:"total"`
+}
+
+// LastHour counts the records written since this log was opened whose
+// time falls in the last hour (to the minute), by reason. It costs no
+// disk read.
+func (l *Log) LastHour() ReasonCounts {
+	now := l.now().UTC()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := ReasonCounts{Since: now.Add(-time.Hour), ByReason: map[string]int{}}
+	if l.opened.After(c.Since) {
+		c.Since = l.opened
+	}
+	cur := now.Unix() / 60
+	for _, b := range l.minutes {
+		if b.byReason == nil || b.minute <= cur-60 || b.minute > cur {
+			continue
+		}
+		for r, n := range b.byReason {
+			c.ByReason[r] += n
+			c.Total += n
+		}
+	}
+	return c
 }
 
 func reasonLabel(r string) string {

@@ -425,3 +425,30 @@ func TestQueryNewestPastNonMatches(t *testing.T) {
 	require.True(t, res.More)
 	require.Equal(t, 1, res.Skipped)
 }
+
+func TestLastHour(t *testing.T) {
+	now := newNow(day0)
+	r, _ := start(t, t.TempDir(), audit.Config{}, now.Now)
+	add := func(i int, at time.Duration, reason string) { r.log.Record(rec(i, day0.Add(at), reason)) }
+	add(0, 10*time.Minute, audit.ReasonConflict) // over an hour before the count
+	add(1, 70*time.Minute, audit.ReasonValidation)
+	add(2, 90*time.Minute, audit.ReasonValidation)
+	add(3, 119*time.Minute, audit.ReasonDuplicate)
+	add(4, 119*time.Minute+30*time.Second, "something_new")
+	query(t, r.log, audit.Filter{Limit: 1}) // the records are written
+
+	c := r.log.LastHour()
+	require.True(t, day0.Equal(c.Since), "opened at day0, an hour ago is earlier")
+	require.Equal(t, map[string]int{}, c.ByReason, "at day0 none of them is in the last hour")
+
+	now.ns.Store(day0.Add(2 * time.Hour).UnixNano())
+	c = r.log.LastHour()
+	require.True(t, day0.Add(time.Hour).Equal(c.Since))
+	require.Equal(t, map[string]int{audit.ReasonValidation: 2, audit.ReasonDuplicate: 1, "other": 1}, c.ByReason)
+	require.Equal(t, 4, c.Total)
+
+	now.ns.Store(day0.Add(3 * time.Hour).UnixNano())
+	c = r.log.LastHour()
+	require.Empty(t, c.ByReason, "all of them over an hour old")
+	require.Zero(t, c.Total)
+}
