@@ -77,6 +77,9 @@ type RejectsStatus struct {
 	More bool `json:"more"`
 	// Error says why the trail could not be read; Recent is then empty.
 	Error string `json:"error,omitempty"`
+	// LastHour counts the records of the last hour by reason (kept in
+	// memory: since the start when that is later).
+	LastHour audit.ReasonCounts `json:"last_hour"`
 }
 
 // MaxStatusRejects bounds RejectsStatus.Recent. Reading the trail costs
@@ -325,9 +328,10 @@ func (h *HTTPServer) rejects(ctx context.Context) *RejectsStatus {
 	res, err := h.deps.Audit.Query(ctx, audit.Filter{Limit: MaxStatusRejects})
 	if err != nil {
 		h.logger.Warn("reading the audit trail for the status page", "err", err)
-		return &RejectsStatus{Recent: []audit.Record{}, Error: err.Error()}
+		return &RejectsStatus{Recent: []audit.Record{}, Error: err.Error(), LastHour: h.deps.Audit.LastHour()}
 	}
-	out := &RejectsStatus{Recent: res.Records, More: res.More}
+	// After the query, which waited for the records queued before it.
+	out := &RejectsStatus{Recent: res.Records, More: res.More, LastHour: h.deps.Audit.LastHour()}
 	if out.Recent == nil {
 		out.Recent = []audit.Record{}
 	}

@@ -59,12 +59,13 @@ func TestStatusPageInBrowser(t *testing.T) {
 			"&lt;b&gt;dial tcp 127.0.0.1:8000&lt;/b&gt;",
 			// The device list, newest contact first, with boots and seq health.
 			`<section id="device-list" class="wide">`,
-			`<td class="nowrap">3 <span class="muted">(2 reboots)</span></td><td class="nowrap">started 5m ago<br><span class="badge bad">reboot loop</span></td>`,
+			`<td class="nowrap">3 <span class="muted">(2 reboots)</span></td><td class="nowrap">5m ago<br><span class="badge bad">reboot loop</span></td>`,
 			`<td class="num warned">2</td><td class="num warned">1</td><td><span class="badge ok">yes</span></td>`,
 			`<td class="hw">AA:BB:CC:DD:EE:05</td><td class="name"></td>`,
 			// The recent rejects, newest first.
 			`<section id="rejects" class="wide">`,
 			`<span class="badge warn">newest 3</span>`,
+			`<span class="badge warn">acl_denied 1</span>`,
 			`<td class="hw">&lt;svg onload=alert(2)&gt;</td><td class="nowrap">validation_error</td>`,
 			`<td class="msg">&lt;script&gt;alert("audit")&lt;/script&gt; is not a number</td>`,
 			`<td class="path">devices/AA:BB:CC:DD:EE:01/readings</td>`,

@@ -151,8 +151,17 @@ func statusRejects() []audit.Record {
 // records recs in it.
 func statusAudit(t testing.TB, clk *statusClock, recs []audit.Record) *audit.Log {
 	t.Helper()
-	trail, err := audit.Open(t.TempDir(), audit.Config{}, clk.Now, nil, nil)
+	// Opened at statusT0, as if the gateway had run since: its counts of
+	// the last hour then span the whole hour.
+	opening := true
+	trail, err := audit.Open(t.TempDir(), audit.Config{}, func() time.Time {
+		if opening {
+			return statusT0
+		}
+		return clk.Now()
+	}, nil, nil)
 	require.NoError(t, err)
+	opening = false
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- trail.Run(ctx) }()
@@ -341,11 +350,11 @@ func TestStatusPageContent(t *testing.T) {
 				`<td class="hw">AA:BB:CC:DD:EE:02</td><td class="name">&lt;script&gt;alert(&#39;loop&#39;)&lt;/script&gt;</td>` +
 					`<td class="when">2026-11-20 14:00:00 UTC <span class="muted age">(5m ago)</span></td>` +
 					`<td class="nowrap">3 <span class="muted">(2 reboots)</span></td>` +
-					`<td class="nowrap">started 5m ago<br><span class="badge bad">reboot loop</span></td>`,
+					`<td class="nowrap">5m ago<br><span class="badge bad">reboot loop</span></td>`,
 				`<td class="hw">AA:BB:CC:DD:EE:04</td><td class="name">South bench</td>`,
 				`<td class="num warned">2</td><td class="num warned">1</td><td><span class="badge ok">yes</span></td>`,
 				`<td class="hw">AA:BB:CC:DD:EE:05</td><td class="name"></td>`,
-				`<td class="nowrap">0 <span class="muted">(0 reboots)</span></td><td class="nowrap"><span class="muted">none seen</span></td>` +
+				`<td class="nowrap">0 <span class="muted">(0 reboots)</span></td><td class="nowrap"><span class="muted">unknown</span></td>` +
 					`<td class="num">0</td><td class="num">0</td><td><span class="badge warn">no</span></td>`,
 				"(2h 5m ago)", "(3h 5m ago)",
 			} {
@@ -358,6 +367,9 @@ func TestStatusPageContent(t *testing.T) {
 			requireRows(t, rejects, "&lt;svg onload=alert(2)&gt;", "AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03")
 			for _, s := range []string{
 				`<span class="badge warn">newest 3</span>`,
+				`<p id="reject-counts"><b>3</b> since 2026-11-20 13:05:00 UTC <span class="muted age">(1h ago)</span>: ` +
+					`<span class="badge warn">acl_denied 1</span> <span class="badge warn">clock_not_synced 1</span> ` +
+					`<span class="badge warn">validation_error 1</span></p>`,
 				`<td class="when">2026-11-20 14:03:00 UTC <span class="muted age">(2m ago)</span></td><td>http <span class="muted">readings</span></td>`,
 				`<td class="nowrap">validation_error</td><td class="path">readings[0].values.&lt;b&gt;t&lt;/b&gt;</td>`,
 				`<td class="msg">&lt;script&gt;alert(&#34;audit&#34;)&lt;/script&gt; is not a number</td>`,
@@ -468,6 +480,10 @@ func TestStatusJSON(t *testing.T) {
 		got.Time = want[i].Time
 		require.Equal(t, want[i], got, "record %d, newest first", i)
 	}
+	require.True(t, now.Add(-time.Hour).Equal(s.Rejects.LastHour.Since))
+	require.Equal(t, map[string]int{audit.ReasonACLDenied: 1, audit.ReasonClockNotSynced: 1, audit.ReasonValidation: 1},
+		s.Rejects.LastHour.ByReason)
+	require.Equal(t, 3, s.Rejects.LastHour.Total)
 	// JSON escapes markup its own way; the raw text has no tag in it.
 	require.NotContains(t, body, "<script>")
 	require.NotContains(t, body, "<svg")
@@ -537,6 +553,8 @@ func TestStatusCaps(t *testing.T) {
 	require.Equal(t, gateway.MaxStatusRejects, strings.Count(rejects, "<tr><td"))
 	require.Contains(t, rejects, fmt.Sprintf(`<span class="badge warn">newest %d</span>`, gateway.MaxStatusRejects))
 	require.Contains(t, rejects, "Older records: see /v1/audit.")
+	require.Contains(t, rejects, fmt.Sprintf(`<b>%d</b> since`, len(recs)), "the count is not capped")
+	require.Contains(t, rejects, fmt.Sprintf(`<span class="badge warn">duplicate %d</span>`, len(recs)))
 
 	resp, body := get(t, base+"/v1/status", authBasic, "operator", adminToken)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
@@ -549,6 +567,7 @@ func TestStatusCaps(t *testing.T) {
 	}
 	require.Len(t, s.Rejects.Recent, gateway.MaxStatusRejects)
 	require.True(t, s.Rejects.More)
+	require.Equal(t, map[string]int{audit.ReasonDuplicate: len(recs)}, s.Rejects.LastHour.ByReason)
 	for i, r := range s.Rejects.Recent {
 		require.Equal(t, fmt.Sprintf("b-%02d", len(recs)-1-i), r.BatchID, "newest first")
 	}
@@ -615,7 +634,8 @@ func TestStatusPageStates(t *testing.T) {
 				"<dd>1.0 MiB of 1.0 GiB (0.1%)</dd>", "<dt>Clock offset</dt><dd>0s", "(not learned yet: system clock as is)",
 				`<span class="badge ok">all well</span>`, "No device needs attention.", "<b>0</b>known",
 				"No device has been heard from yet.", `<h2>Recent rejects <span class="badge ok">none</span></h2>`,
-				"No refused attempts recorded."},
+				"No refused attempts recorded.",
+				`<p id="reject-counts">None since 2026-11-20 12:00:00 UTC <span class="muted age">(just now)</span>.</p>`},
 			notWant: []string{"Last error", "Failed rounds", "Last delivery", "<table", "implausible"},
 		},
 		{

@@ -88,6 +88,7 @@ func TestStatusEndToEnd(t *testing.T) {
 	require.Equal(t, "conflict", rej.Reason)
 	require.Equal(t, hw, rej.HardwareID)
 	require.Equal(t, "http", rej.Transport)
+	require.Equal(t, map[string]int{"conflict": 1}, s.Rejects.LastHour.ByReason)
 
 	resp, body := get("/", true)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
@@ -95,7 +96,7 @@ func TestStatusEndToEnd(t *testing.T) {
 	for _, want := range []string{"<title>Greenhouse gateway</title>", `<span class="badge ok">up</span>`,
 		"<dd>0 batches, 0 B</dd>", "<b>1</b>known", "No device needs attention.",
 		`<section id="device-list" class="wide">`, `<td class="hw">` + hw + `</td>`, `<span class="badge warn">no</span>`,
-		`<section id="rejects" class="wide">`, `<span class="badge warn">newest 1</span>`,
+		`<section id="rejects" class="wide">`, `<span class="badge warn">newest 1</span>`, `<span class="badge warn">conflict 1</span>`,
 		`<td>http <span class="muted">readings</span></td><td class="hw">` + hw + `</td><td class="nowrap">conflict</td>`} {
 		require.Contains(t, page, want)
 	}
