@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"bytes"
+	"container/heap"
+	"context"
 	_ "embed"
 	"fmt"
 	"html/template"
@@ -13,11 +15,13 @@ import (
 	"time"
 
 	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/uplink"
 )
 
 // StatusSources feed the status page (GET /) and its JSON twin
-// (GET /v1/status). A nil func leaves its section out.
+// (GET /v1/status). A nil func leaves its section out. The devices come
+// from HTTPDeps.Devices and the recent rejects from HTTPDeps.Audit.
 type StatusSources struct {
 	// Version is the gateway's build version.
 	Version string
@@ -60,7 +64,27 @@ type StatusData struct {
 	Buffer       *BufferStatus  `json:"buffer,omitempty"`
 	Clock        *ClockStatus   `json:"clock,omitempty"`
 	Devices      FleetStatus    `json:"devices"`
+	// Rejects is left out when the gateway keeps no audit trail.
+	Rejects *RejectsStatus `json:"rejects,omitempty"`
 }
+
+// RejectsStatus lists the newest records of the audit trail: attempts the
+// gateway refused or did not store.
+type RejectsStatus struct {
+	// Recent holds up to MaxStatusRejects records, newest first.
+	Recent []audit.Record `json:"recent"`
+	// More is true when older records exist (GET /v1/audit pages them).
+	More bool `json:"more"`
+	// Error says why the trail could not be read; Recent is then empty.
+	Error string `json:"error,omitempty"`
+	// LastHour counts the records of the last hour by reason (kept in
+	// memory: since the start when that is later).
+	LastHour audit.ReasonCounts `json:"last_hour"`
+}
+
+// MaxStatusRejects bounds RejectsStatus.Recent. Reading the trail costs
+// a scan of its newest segment, so the page asks for no more than this.
+const MaxStatusRejects = 20
 
 // BufferStatus is the buffer's disk budget and free space.
 type BufferStatus struct {
@@ -91,6 +115,61 @@ type FleetStatus struct {
 	// MaxAttentionDevices of them, worst first.
 	NeedAttention int               `json:"need_attention"`
 	Attention     []AttentionDevice `json:"attention"`
+	// Recent lists the devices seen most recently, newest first, at most
+	// MaxListedDevices of them; Known - len(Recent) more are left to
+	// GET /v1/devices.
+	Recent []DeviceSummary `json:"recent"`
+}
+
+// DeviceSummary is a device as the status page lists it: identity, last
+// contact, boots and sequence health (the whole record is at
+// GET /v1/devices/{hardware_id}).
+type DeviceSummary struct {
+	HardwareID      string    `json:"hardware_id"`
+	FriendlyName    string    `json:"friendly_name,omitempty"`
+	Registered      bool      `json:"registered"`
+	FirmwareVersion string    `json:"firmware_version,omitempty"`
+	LastSeenAt      time.Time `json:"last_seen_at"`
+	// BootAt is when the current boot started; zero when no boot_id was
+	// seen yet.
+	BootAt     time.Time `json:"boot_at,omitzero"`
+	Boots      uint64    `json:"boots"`
+	Reboots    uint64    `json:"reboots"`
+	RebootLoop bool      `json:"reboot_loop"`
+	Gaps       uint64    `json:"gaps"`
+	Replays    uint64    `json:"replays"`
+}
+
+func summarize(d *Device) DeviceSummary {
+	return DeviceSummary{HardwareID: d.HardwareID, FriendlyName: d.FriendlyName, Registered: d.Registered,
+		FirmwareVersion: d.FirmwareVersion, LastSeenAt: d.LastSeenAt, BootAt: d.BootAt, Boots: d.Boots,
+		Reboots: d.Reboots, RebootLoop: d.RebootLoop, Gaps: d.Gaps, Replays: d.Replays}
+}
+
+// MaxListedDevices bounds FleetStatus.Recent.
+const MaxListedDevices = 100
+
+// seenBefore orders devices newest contact first, then by hardware_id.
+func seenBefore(a, b *Device) bool {
+	if !a.LastSeenAt.Equal(b.LastSeenAt) {
+		return a.LastSeenAt.After(b.LastSeenAt)
+	}
+	return a.HardwareID < b.HardwareID
+}
+
+// oldestFirst is a heap whose root is the device seen least recently: the
+// one to drop when a more recent device comes along.
+type oldestFirst []*Device
+
+func (h oldestFirst) Len() int           { return len(h) }
+func (h oldestFirst) Less(i, j int) bool { return seenBefore(h[j], h[i]) }
+func (h oldestFirst) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *oldestFirst) Push(x any)        { *h = append(*h, x.(*Device)) }
+func (h *oldestFirst) Pop() any {
+	old := *h
+	d := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return d
 }
 
 // AttentionDevice is a device that needs an operator's look.
@@ -117,13 +196,22 @@ const (
 	severityNone
 )
 
-// Fleet counts the devices at now and lists, worst first, up to limit of
-// those that need attention.
-func (r *Registry) Fleet(now time.Time, limit int) FleetStatus {
+// Fleet counts the devices at now, lists, worst first, up to limit of
+// those that need attention, and lists the listed devices seen most
+// recently. It walks the registry once; the listing costs O(n log listed).
+func (r *Registry) Fleet(now time.Time, limit, listed int) FleetStatus {
 	r.mu.Lock()
 	f := FleetStatus{Known: len(r.devices), Attention: []AttentionDevice{}}
 	var all []AttentionDevice
+	recent := make(oldestFirst, 0, min(max(listed, 0), len(r.devices)))
 	for _, d := range r.devices {
+		switch {
+		case len(recent) < listed:
+			heap.Push(&recent, d)
+		case listed > 0 && seenBefore(d, recent[0]):
+			recent[0] = d
+			heap.Fix(&recent, 0)
+		}
 		if d.Registered {
 			f.Registered++
 		}
@@ -156,7 +244,18 @@ func (r *Registry) Fleet(now time.Time, limit int) FleetStatus {
 			all = append(all, a)
 		}
 	}
+	f.Recent = make([]DeviceSummary, len(recent))
+	for i, d := range recent {
+		f.Recent[i] = summarize(d) // a copy, taken under the lock
+	}
 	r.mu.Unlock()
+	sort.Slice(f.Recent, func(i, j int) bool {
+		a, b := &f.Recent[i], &f.Recent[j]
+		if !a.LastSeenAt.Equal(b.LastSeenAt) {
+			return a.LastSeenAt.After(b.LastSeenAt)
+		}
+		return a.HardwareID < b.HardwareID
+	})
 	f.NeedAttention = len(all)
 	sort.Slice(all, func(i, j int) bool {
 		if all[i].severity != all[j].severity {
@@ -174,8 +273,9 @@ func (r *Registry) Fleet(now time.Time, limit int) FleetStatus {
 	return f
 }
 
-// status gathers the status data now.
-func (h *HTTPServer) status() StatusData {
+// status gathers the status data now; ctx bounds the reading of the audit
+// trail.
+func (h *HTTPServer) status(ctx context.Context) StatusData {
 	src := h.deps.Status
 	now := time.Now()
 	if src.Now != nil {
@@ -215,15 +315,33 @@ func (h *HTTPServer) status() StatusData {
 		s.Clock = &c
 	}
 	if h.deps.Devices != nil {
-		s.Devices = h.deps.Devices.Fleet(now, MaxAttentionDevices)
+		s.Devices = h.deps.Devices.Fleet(now, MaxAttentionDevices, MaxListedDevices)
+	}
+	if h.deps.Audit != nil {
+		s.Rejects = h.rejects(ctx)
 	}
 	return s
+}
+
+// rejects reads the newest MaxStatusRejects records of the audit trail.
+func (h *HTTPServer) rejects(ctx context.Context) *RejectsStatus {
+	res, err := h.deps.Audit.Query(ctx, audit.Filter{Limit: MaxStatusRejects})
+	if err != nil {
+		h.logger.Warn("reading the audit trail for the status page", "err", err)
+		return &RejectsStatus{Recent: []audit.Record{}, Error: err.Error(), LastHour: h.deps.Audit.LastHour()}
+	}
+	// After the query, which waited for the records queued before it.
+	out := &RejectsStatus{Recent: res.Records, More: res.More, LastHour: h.deps.Audit.LastHour()}
+	if out.Recent == nil {
+		out.Recent = []audit.Record{}
+	}
+	return out
 }
 
 // statusJSON serves GET /v1/status.
 func (h *HTTPServer) statusJSON(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, http.StatusOK, h.status())
+	writeJSON(w, http.StatusOK, h.status(r.Context()))
 }
 
 // statusPage serves GET /: the status page, or, without an admin token, a
@@ -234,7 +352,7 @@ func (h *HTTPServer) statusPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.admin(func(w http.ResponseWriter, r *http.Request) {
-		writePage(w, http.StatusOK, statusTemplate, h.status())
+		writePage(w, http.StatusOK, statusTemplate, h.status(r.Context()))
 	})(w, r)
 }
 
@@ -272,6 +390,7 @@ var (
 		"offset":   humanOffset,
 		"join":     strings.Join,
 		"deref":    func(f *float64) float64 { return *f },
+		"sub":      func(a, b int) int { return a - b },
 	}).Parse(statusHTML))
 	disabledPage = template.Must(template.New("disabled").Parse(disabledHTML))
 )

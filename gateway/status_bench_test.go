@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,10 +14,12 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/internal/audit"
 )
 
 // BenchmarkStatusPage renders the status page of a fleet of 10,000
-// devices, a tenth of them silent, over HTTP.
+// devices, a tenth of them silent, with a full segment of audit records
+// (4 MiB, its default size), over HTTP.
 func BenchmarkStatusPage(b *testing.B) {
 	buf, err := buffer.Open(b.TempDir(), buffer.Options{}, nil, nil)
 	require.NoError(b, err)
@@ -40,7 +43,19 @@ func BenchmarkStatusPage(b *testing.B) {
 	clk := &statusClock{now: statusT0.Add(2*time.Hour + 5*time.Minute)}
 	devices, err := gateway.NewRegistry(gateway.DevicesConfig{}, buf, clk, nil, prometheus.NewRegistry())
 	require.NoError(b, err)
-	base := startStatusServer(b, adminToken, devices, statusSources(clk, nil))
+	trail := statusAudit(b, clk, nil)
+	for round := range 8 { // the queue holds 2048 records: let the writer catch up
+		for i := range 2000 {
+			hw := fmt.Sprintf("02:00:00:00:%02X:%02X", i/256, i%256)
+			trail.Record(audit.Record{Time: statusT0.Add(time.Duration(round*2000+i) * 100 * time.Millisecond),
+				Transport: audit.TransportHTTP, Kind: "readings", HardwareID: hw, BatchID: hw + "_" + fmt.Sprint(i),
+				Reason: audit.ReasonValidation, Field: "readings[0].values.bme280_temp_c",
+				Message: "must be a finite number between -1e9 and 1e9", RemoteAddr: "192.0.2.10:40000"})
+		}
+		_, err := trail.Query(context.Background(), audit.Filter{Limit: 1})
+		require.NoError(b, err)
+	}
+	base := startStatusServer(b, adminToken, devices, trail, statusSources(clk, nil))
 	for _, path := range []string{"/", "/v1/status"} {
 		b.Run(path, func(b *testing.B) {
 			size := 0

@@ -25,7 +25,7 @@ func browserURL(t *testing.T) string {
 	t.Helper()
 	devices, clk, _ := statusFleet(t)
 	eta := 274.0
-	base := startStatusServer(t, adminToken, devices, statusSources(clk, &eta))
+	base := startStatusServer(t, adminToken, devices, statusAudit(t, clk, statusRejects()), statusSources(clk, &eta))
 	target, err := url.Parse(base)
 	require.NoError(t, err)
 	proxy := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
@@ -55,15 +55,35 @@ func TestStatusPageInBrowser(t *testing.T) {
 			"<b>4</b>registered", "<b>2</b>silent over 1h", "<b>1</b>reboot loops", "<b>2</b>clock problems",
 			`<td class="hw">AA:BB:CC:DD:EE:02</td>`,
 			"&lt;script&gt;alert('loop')&lt;/script&gt;",
-			`<td class="hw">&lt;img src=x onerror=alert(1)&gt;</td>`,
+			`<td class="hw">&lt;img src=x onerror=alert(1)&gt;</td><td class="name">x</td>`,
 			"&lt;b&gt;dial tcp 127.0.0.1:8000&lt;/b&gt;",
+			// The device list, newest contact first, with boots and seq health.
+			`<section id="device-list" class="wide">`,
+			`<td class="nowrap">3 <span class="muted">(2 reboots)</span></td><td class="nowrap">5m ago<br><span class="badge bad">reboot loop</span></td>`,
+			`<td class="num warned">2</td><td class="num warned">1</td><td><span class="badge ok">yes</span></td>`,
+			`<td class="hw">AA:BB:CC:DD:EE:05</td><td class="name"></td>`,
+			// The recent rejects, newest first.
+			`<section id="rejects" class="wide">`,
+			`<span class="badge warn">newest 3</span>`,
+			`<span class="badge warn">acl_denied 1</span>`,
+			`<td class="hw">&lt;svg onload=alert(2)&gt;</td><td class="nowrap">validation_error</td>`,
+			`<td class="msg">&lt;script&gt;alert("audit")&lt;/script&gt; is not a number</td>`,
+			`<td class="path">devices/AA:BB:CC:DD:EE:01/readings</td>`,
+			"clock_not_synced",
 		} {
 			require.Contains(t, dom, s)
 		}
+		list := between(t, dom, `<section id="device-list"`, "</section>")
+		requireRows(t, list, "AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03", "AA:BB:CC:DD:EE:04", "AA:BB:CC:DD:EE:05",
+			"AA:BB:CC:DD:EE:01", "&lt;img src=x")
+		rejects := between(t, dom, `<section id="rejects"`, "</section>")
+		requireRows(t, rejects, "&lt;svg onload=alert(2)&gt;", "AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03")
 		// Markup from devices and errors stayed text: no element made of it.
 		require.NotContains(t, dom, "<script")
 		require.NotContains(t, dom, "<img")
+		require.NotContains(t, dom, "<svg")
 		require.NotContains(t, dom, "<b>dial")
+		require.NotContains(t, dom, "<b>t")
 	})
 
 	for _, tt := range []struct {
@@ -72,6 +92,9 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}{
 		{"desktop", 1280, 900},
 		{"phone", 412, 915},
+		// Tall windows take in the device list and the rejects below.
+		{"desktop-full", 1280, 2000},
+		{"phone-full", 412, 3400},
 	} {
 		t.Run("screenshot "+tt.name, func(t *testing.T) {
 			file := chromiumtest.Screenshot(t, page, tt.width, tt.height)

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +19,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/contract"
 	"greenhouse-gateway/uplink"
 )
@@ -55,7 +58,7 @@ const markupHW = `<img src=x onerror=alert(1)>`
 //	AA:BB:CC:DD:EE:01  registered, silent since statusT0
 //	AA:BB:CC:DD:EE:02  registered, 3 boots in a minute: reboot loop (limit 2)
 //	AA:BB:CC:DD:EE:03  registered, 2 batches rejected as clock_not_synced
-//	AA:BB:CC:DD:EE:04  registered, fine
+//	AA:BB:CC:DD:EE:04  registered, fine but for 2 seq gaps and 1 replay
 //	AA:BB:CC:DD:EE:05  not registered, 1 batch repaired from its uptime
 //	markupHW          loaded from disk, silent since statusT0 - 1h
 func statusFleet(t *testing.T) (*gateway.Registry, *statusClock, time.Time) {
@@ -71,20 +74,26 @@ func statusFleet(t *testing.T) (*gateway.Registry, *statusClock, time.Time) {
 	clk := &statusClock{now: statusT0}
 	devices, err := gateway.NewRegistry(gateway.DevicesConfig{RebootLoopBoots: 2}, buf, clk, nil, prometheus.NewRegistry())
 	require.NoError(t, err)
-	register := func(hw, name string) {
-		_, _, err := devices.Register(&contract.Registration{HardwareID: hw, BootID: newBoot(), FirmwareVersion: "1.0.16",
+	register := func(hw, name, boot string) {
+		_, _, err := devices.Register(&contract.Registration{HardwareID: hw, BootID: boot, FirmwareVersion: "1.0.16",
 			FriendlyName: name, Capabilities: contract.Capabilities{Sensors: []string{"bme280_temp_c"}, Features: map[string]bool{}}})
 		require.NoError(t, err)
 	}
-	register("AA:BB:CC:DD:EE:01", "North bench")
+	register("AA:BB:CC:DD:EE:01", "North bench", newBoot())
 	clk.set(statusT0.Add(2 * time.Hour))
 	for range 3 {
-		register("AA:BB:CC:DD:EE:02", "<script>alert('loop')</script>")
+		register("AA:BB:CC:DD:EE:02", "<script>alert('loop')</script>", newBoot())
 	}
-	register("AA:BB:CC:DD:EE:03", "Seedlings")
+	register("AA:BB:CC:DD:EE:03", "Seedlings", newBoot())
 	devices.NotSynced("AA:BB:CC:DD:EE:03")
 	devices.NotSynced("AA:BB:CC:DD:EE:03")
-	register("AA:BB:CC:DD:EE:04", "South bench")
+	boot04 := newBoot()
+	register("AA:BB:CC:DD:EE:04", "South bench", boot04)
+	for i, seq := range []uint64{0, 3, 1} { // 1 and 2 missing, then 1 again under a new batch_id
+		devices.Observe(&contract.Batch{BatchID: fmt.Sprintf("AA:BB:CC:DD:EE:04_%d", i), HardwareID: "AA:BB:CC:DD:EE:04",
+			BootID: boot04, Seq: &seq, FirmwareVersion: "1.0.16",
+			Readings: []contract.Reading{{TimestampMS: statusT0.Add(2 * time.Hour).UnixMilli()}}}, false, true)
+	}
 	devices.Observe(&contract.Batch{BatchID: "AA:BB:CC:DD:EE:05_x", HardwareID: "AA:BB:CC:DD:EE:05", BootID: newBoot(),
 		FirmwareVersion: "1.0.16", Readings: []contract.Reading{{TimestampMS: statusT0.UnixMilli()}}}, true, true)
 	now := statusT0.Add(2*time.Hour + 5*time.Minute)
@@ -116,13 +125,64 @@ func statusSources(clk *statusClock, eta *float64) gateway.StatusSources {
 	}
 }
 
+// markupAuditHW and markupAuditMessage are what a device sent that the
+// audit trail keeps as is: markup the page must show as text.
+const (
+	markupAuditHW      = `<svg onload=alert(2)>`
+	markupAuditMessage = `<script>alert("audit")</script> is not a number`
+)
+
+// statusRejects are the audit fixture's records, oldest first.
+func statusRejects() []audit.Record {
+	return []audit.Record{
+		{Time: statusT0.Add(2*time.Hour + time.Minute), Transport: audit.TransportHTTP, Kind: "readings",
+			HardwareID: "AA:BB:CC:DD:EE:03", BatchID: "AA:BB:CC:DD:EE:03_1", Reason: audit.ReasonClockNotSynced,
+			Message: "device clock not synced and no uptime to repair it", RemoteAddr: "192.0.2.3:4000"},
+		{Time: statusT0.Add(2*time.Hour + 2*time.Minute), Transport: audit.TransportMQTT, Kind: "publish",
+			HardwareID: "AA:BB:CC:DD:EE:02", Reason: audit.ReasonACLDenied, Topic: "devices/AA:BB:CC:DD:EE:01/readings",
+			Message: "publish to a topic other than the device's own readings and register topics; disconnected"},
+		{Time: statusT0.Add(2*time.Hour + 3*time.Minute), Transport: audit.TransportHTTP, Kind: "readings",
+			HardwareID: markupAuditHW, Reason: audit.ReasonValidation, Field: "readings[0].values.<b>t</b>",
+			Message: markupAuditMessage},
+	}
+}
+
+// statusAudit opens an audit trail, runs it until the test ends and
+// records recs in it.
+func statusAudit(t testing.TB, clk *statusClock, recs []audit.Record) *audit.Log {
+	t.Helper()
+	// Opened at statusT0, as if the gateway had run since: its counts of
+	// the last hour then span the whole hour.
+	opening := true
+	trail, err := audit.Open(t.TempDir(), audit.Config{}, func() time.Time {
+		if opening {
+			return statusT0
+		}
+		return clk.Now()
+	}, nil, nil)
+	require.NoError(t, err)
+	opening = false
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- trail.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	for _, r := range recs {
+		trail.Record(r)
+	}
+	return trail
+}
+
 // startStatusServer serves the HTTP API with the status fixture on a
-// loopback port and returns its base URL.
-func startStatusServer(t testing.TB, token string, devices *gateway.Registry, src gateway.StatusSources) string {
+// loopback port and returns its base URL. trail may be nil: no audit
+// trail.
+func startStatusServer(t testing.TB, token string, devices *gateway.Registry, trail *audit.Log, src gateway.StatusSources) string {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0"}, gateway.HTTPDeps{
-		Devices: devices, AdminToken: token, Status: src,
+		Devices: devices, AdminToken: token, Status: src, Audit: trail,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return nil },
 	}, nil)
 	require.NoError(t, err)
@@ -165,8 +225,8 @@ func get(t *testing.T, url string, mode authMode, user, token string) (*http.Res
 
 func TestStatusAuth(t *testing.T) {
 	devices, clk, _ := statusFleet(t)
-	on := startStatusServer(t, adminToken, devices, statusSources(clk, nil))
-	off := startStatusServer(t, "", devices, statusSources(clk, nil))
+	on := startStatusServer(t, adminToken, devices, statusAudit(t, clk, statusRejects()), statusSources(clk, nil))
+	off := startStatusServer(t, "", devices, nil, statusSources(clk, nil))
 	const challenge = `Basic realm="greenhouse-gateway"`
 
 	tests := []struct {
@@ -216,6 +276,7 @@ func TestStatusAuth(t *testing.T) {
 
 func TestStatusPageContent(t *testing.T) {
 	devices, clk, _ := statusFleet(t)
+	trail := statusAudit(t, clk, statusRejects())
 	eta := 274.0
 	tests := []struct {
 		name    string
@@ -260,7 +321,7 @@ func TestStatusPageContent(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			base := startStatusServer(t, adminToken, devices, statusSources(clk, tt.eta))
+			base := startStatusServer(t, adminToken, devices, trail, statusSources(clk, tt.eta))
 			resp, page := get(t, base+"/", authBasic, "operator", adminToken)
 			require.Equal(t, http.StatusOK, resp.StatusCode)
 			for _, s := range append(common, tt.want...) {
@@ -271,25 +332,84 @@ func TestStatusPageContent(t *testing.T) {
 			}
 			require.NotContains(t, page, "<script>", "markup from devices and errors is escaped")
 			require.NotContains(t, page, "<img")
+			require.NotContains(t, page, "<svg")
 			require.NotContains(t, page, "<b>dial")
+			require.NotContains(t, page, "<b>t")
 
 			// Attention rows, worst first: the loop, the rejects, the
 			// silent ones (longest first), the repaired; EE:04 is fine.
-			rows := []string{"AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03", "&lt;img src=x", "AA:BB:CC:DD:EE:01", "AA:BB:CC:DD:EE:05"}
-			last := -1
-			for _, hw := range rows {
-				i := strings.Index(page, `<td class="hw">`+hw)
-				require.Greater(t, i, last, "row %s in order", hw)
-				last = i
+			attention := between(t, page, `<table id="attention">`, "</table>")
+			requireRows(t, attention, "AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03", "&lt;img src=x", "AA:BB:CC:DD:EE:01", "AA:BB:CC:DD:EE:05")
+			require.NotContains(t, attention, `<td class="hw">AA:BB:CC:DD:EE:04`)
+
+			// Every device, newest contact first.
+			list := between(t, page, `<section id="device-list"`, "</section>")
+			requireRows(t, list, "AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03", "AA:BB:CC:DD:EE:04", "AA:BB:CC:DD:EE:05",
+				"AA:BB:CC:DD:EE:01", "&lt;img src=x")
+			for _, s := range []string{
+				`<td class="hw">AA:BB:CC:DD:EE:02</td><td class="name">&lt;script&gt;alert(&#39;loop&#39;)&lt;/script&gt;</td>` +
+					`<td class="when">2026-11-20 14:00:00 UTC <span class="muted age">(5m ago)</span></td>` +
+					`<td class="nowrap">3 <span class="muted">(2 reboots)</span></td>` +
+					`<td class="nowrap">5m ago<br><span class="badge bad">reboot loop</span></td>`,
+				`<td class="hw">AA:BB:CC:DD:EE:04</td><td class="name">South bench</td>`,
+				`<td class="num warned">2</td><td class="num warned">1</td><td><span class="badge ok">yes</span></td>`,
+				`<td class="hw">AA:BB:CC:DD:EE:05</td><td class="name"></td>`,
+				`<td class="nowrap">0 <span class="muted">(0 reboots)</span></td><td class="nowrap"><span class="muted">unknown</span></td>` +
+					`<td class="num">0</td><td class="num">0</td><td><span class="badge warn">no</span></td>`,
+				"(2h 5m ago)", "(3h 5m ago)",
+			} {
+				require.Contains(t, list, s)
 			}
-			require.NotContains(t, page, `<td class="hw">AA:BB:CC:DD:EE:04`)
+			require.NotContains(t, list, "more: see /v1/devices", "all 6 devices listed")
+
+			// The audit trail's records, newest first.
+			rejects := between(t, page, `<section id="rejects"`, "</section>")
+			requireRows(t, rejects, "&lt;svg onload=alert(2)&gt;", "AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03")
+			for _, s := range []string{
+				`<span class="badge warn">newest 3</span>`,
+				`<p id="reject-counts"><b>3</b> since 2026-11-20 13:05:00 UTC <span class="muted age">(1h ago)</span>: ` +
+					`<span class="badge warn">acl_denied 1</span> <span class="badge warn">clock_not_synced 1</span> ` +
+					`<span class="badge warn">validation_error 1</span></p>`,
+				`<td class="when">2026-11-20 14:03:00 UTC <span class="muted age">(2m ago)</span></td><td>http <span class="muted">readings</span></td>`,
+				`<td class="nowrap">validation_error</td><td class="path">readings[0].values.&lt;b&gt;t&lt;/b&gt;</td>`,
+				`<td class="msg">&lt;script&gt;alert(&#34;audit&#34;)&lt;/script&gt; is not a number</td>`,
+				`<td>mqtt <span class="muted">publish</span></td><td class="hw">AA:BB:CC:DD:EE:02</td><td class="nowrap">acl_denied</td>` +
+					`<td class="path">devices/AA:BB:CC:DD:EE:01/readings</td>`,
+				`(4m ago)</span></td><td>http <span class="muted">readings</span></td><td class="hw">AA:BB:CC:DD:EE:03</td><td class="nowrap">clock_not_synced</td>`,
+			} {
+				require.Contains(t, rejects, s)
+			}
+			require.NotContains(t, rejects, "Older records")
 		})
 	}
 }
 
+// between returns the part of page from the first from to the next to.
+func between(t *testing.T, page, from, to string) string {
+	t.Helper()
+	i := strings.Index(page, from)
+	require.GreaterOrEqual(t, i, 0, "%s in the page", from)
+	j := strings.Index(page[i:], to)
+	require.GreaterOrEqual(t, j, 0, "%s after %s", to, from)
+	return page[i : i+j]
+}
+
+// requireRows asserts that part has a row for each hardware ID, in this
+// order.
+func requireRows(t *testing.T, part string, hws ...string) {
+	t.Helper()
+	last := -1
+	for _, hw := range hws {
+		i := strings.Index(part, `<td class="hw">`+hw)
+		require.Greater(t, i, last, "row %s in order", hw)
+		last = i
+	}
+	require.Equal(t, len(hws), strings.Count(part, "<tr><td"), "rows")
+}
+
 func TestStatusJSON(t *testing.T) {
 	devices, clk, now := statusFleet(t)
-	base := startStatusServer(t, adminToken, devices, statusSources(clk, nil))
+	base := startStatusServer(t, adminToken, devices, statusAudit(t, clk, statusRejects()), statusSources(clk, nil))
 	resp, body := get(t, base+"/v1/status", authBearer, "", adminToken)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, body, `"eta_seconds":null`)
@@ -326,11 +446,52 @@ func TestStatusJSON(t *testing.T) {
 	require.Equal(t, []string{"AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03", markupHW, "AA:BB:CC:DD:EE:01", "AA:BB:CC:DD:EE:05"}, order)
 	require.Equal(t, []string{"silent for 2h 5m"}, f.Attention[3].Reasons)
 	require.True(t, statusT0.Equal(f.Attention[3].LastSeenAt))
+
+	order = nil
+	for _, d := range f.Recent {
+		order = append(order, d.HardwareID)
+	}
+	require.Equal(t, []string{"AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03", "AA:BB:CC:DD:EE:04", "AA:BB:CC:DD:EE:05",
+		"AA:BB:CC:DD:EE:01", markupHW}, order)
+	loop := f.Recent[0]
+	require.Equal(t, "<script>alert('loop')</script>", loop.FriendlyName, "JSON keeps the name as sent")
+	require.True(t, loop.Registered)
+	require.True(t, loop.RebootLoop)
+	require.EqualValues(t, 3, loop.Boots)
+	require.EqualValues(t, 2, loop.Reboots)
+	require.True(t, statusT0.Add(2*time.Hour).Equal(loop.BootAt))
+	require.Equal(t, "1.0.16", loop.FirmwareVersion)
+	seq := f.Recent[2]
+	require.EqualValues(t, 2, seq.Gaps)
+	require.EqualValues(t, 1, seq.Replays)
+	require.False(t, seq.RebootLoop)
+	require.False(t, f.Recent[3].Registered)
+	require.True(t, statusT0.Add(-time.Hour).Equal(f.Recent[5].LastSeenAt))
+
+	require.NotNil(t, s.Rejects)
+	require.Empty(t, s.Rejects.Error)
+	require.False(t, s.Rejects.More)
+	want := statusRejects()
+	slices.Reverse(want)
+	require.Len(t, s.Rejects.Recent, len(want))
+	for i := range want {
+		got := s.Rejects.Recent[i]
+		require.True(t, want[i].Time.Equal(got.Time), "record %d time", i)
+		got.Time = want[i].Time
+		require.Equal(t, want[i], got, "record %d, newest first", i)
+	}
+	require.True(t, now.Add(-time.Hour).Equal(s.Rejects.LastHour.Since))
+	require.Equal(t, map[string]int{audit.ReasonACLDenied: 1, audit.ReasonClockNotSynced: 1, audit.ReasonValidation: 1},
+		s.Rejects.LastHour.ByReason)
+	require.Equal(t, 3, s.Rejects.LastHour.Total)
+	// JSON escapes markup its own way; the raw text has no tag in it.
+	require.NotContains(t, body, "<script>")
+	require.NotContains(t, body, "<svg")
 }
 
 func TestStatusSectionsLeftOut(t *testing.T) {
 	devices, clk, _ := statusFleet(t)
-	base := startStatusServer(t, adminToken, devices, gateway.StatusSources{Version: "dev", Now: clk.Now})
+	base := startStatusServer(t, adminToken, devices, nil, gateway.StatusSources{Version: "dev", Now: clk.Now})
 	resp, page := get(t, base+"/", authBasic, "operator", adminToken)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, page, "version dev · as of 2026-11-20 14:05:00 UTC")
@@ -343,8 +504,72 @@ func TestStatusSectionsLeftOut(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	var raw map[string]json.RawMessage
 	require.NoError(t, json.Unmarshal([]byte(body), &raw))
-	for _, k := range []string{"uplink", "buffer", "clock", "started_at"} {
+	for _, k := range []string{"uplink", "buffer", "clock", "started_at", "rejects"} {
 		require.NotContains(t, raw, k)
+	}
+	require.NotContains(t, page, `id="rejects"`, "no audit trail, no rejects section")
+	require.Contains(t, page, `id="device-list"`)
+}
+
+// TestStatusCaps checks that the page and /v1/status list at most
+// MaxListedDevices devices, the newest, and MaxStatusRejects audit
+// records, the newest, and say where the rest are.
+func TestStatusCaps(t *testing.T) {
+	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, buf.Close()) })
+	extra := 7
+	total := gateway.MaxListedDevices + extra
+	records := map[string][]byte{}
+	for i := range total {
+		// Device i was last seen i minutes before statusT0: 0 is the newest.
+		hw := fmt.Sprintf("02:00:00:00:00:%02X", i)
+		raw, err := json.Marshal(gateway.Device{HardwareID: hw, Registered: true, FriendlyName: fmt.Sprintf("bench %d", i),
+			FirstSeenAt: statusT0.Add(-24 * time.Hour), LastSeenAt: statusT0.Add(-time.Duration(i) * time.Minute)})
+		require.NoError(t, err)
+		records["dev/"+hw] = raw
+	}
+	require.NoError(t, buf.SaveStates(records))
+	clk := &statusClock{now: statusT0}
+	devices, err := gateway.NewRegistry(gateway.DevicesConfig{}, buf, clk, nil, prometheus.NewRegistry())
+	require.NoError(t, err)
+	var recs []audit.Record
+	for i := range gateway.MaxStatusRejects + 5 {
+		recs = append(recs, audit.Record{Time: statusT0.Add(time.Duration(i-60) * time.Second), Transport: audit.TransportHTTP,
+			Kind: "readings", HardwareID: "02:00:00:00:00:01", Reason: audit.ReasonDuplicate, BatchID: fmt.Sprintf("b-%02d", i),
+			Message: "batch already stored; not stored again"})
+	}
+	base := startStatusServer(t, adminToken, devices, statusAudit(t, clk, recs), gateway.StatusSources{Version: "dev", Now: clk.Now})
+
+	resp, page := get(t, base+"/", authBasic, "operator", adminToken)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	list := between(t, page, `<section id="device-list"`, "</section>")
+	require.Equal(t, gateway.MaxListedDevices, strings.Count(list, "<tr><td"))
+	require.Contains(t, list, `<td class="hw">02:00:00:00:00:00</td><td class="name">bench 0</td>`)
+	require.Contains(t, list, fmt.Sprintf(`<td class="hw">02:00:00:00:00:%02X</td>`, gateway.MaxListedDevices-1))
+	require.NotContains(t, list, fmt.Sprintf(`<td class="hw">02:00:00:00:00:%02X</td>`, gateway.MaxListedDevices))
+	require.Contains(t, list, fmt.Sprintf("%d more: see /v1/devices.", extra))
+	rejects := between(t, page, `<section id="rejects"`, "</section>")
+	require.Equal(t, gateway.MaxStatusRejects, strings.Count(rejects, "<tr><td"))
+	require.Contains(t, rejects, fmt.Sprintf(`<span class="badge warn">newest %d</span>`, gateway.MaxStatusRejects))
+	require.Contains(t, rejects, "Older records: see /v1/audit.")
+	require.Contains(t, rejects, fmt.Sprintf(`<b>%d</b> since`, len(recs)), "the count is not capped")
+	require.Contains(t, rejects, fmt.Sprintf(`<span class="badge warn">duplicate %d</span>`, len(recs)))
+
+	resp, body := get(t, base+"/v1/status", authBasic, "operator", adminToken)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var s gateway.StatusData
+	require.NoError(t, json.Unmarshal([]byte(body), &s))
+	require.Equal(t, total, s.Devices.Known)
+	require.Len(t, s.Devices.Recent, gateway.MaxListedDevices)
+	for i, d := range s.Devices.Recent {
+		require.Equal(t, fmt.Sprintf("02:00:00:00:00:%02X", i), d.HardwareID, "newest first")
+	}
+	require.Len(t, s.Rejects.Recent, gateway.MaxStatusRejects)
+	require.True(t, s.Rejects.More)
+	require.Equal(t, map[string]int{audit.ReasonDuplicate: len(recs)}, s.Rejects.LastHour.ByReason)
+	for i, r := range s.Rejects.Recent {
+		require.Equal(t, fmt.Sprintf("b-%02d", len(recs)-1-i), r.BatchID, "newest first")
 	}
 }
 
@@ -359,13 +584,23 @@ func TestFleetLimit(t *testing.T) {
 		{gateway.MaxAttentionDevices, []string{"AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03", markupHW, "AA:BB:CC:DD:EE:01", "AA:BB:CC:DD:EE:05"}},
 	}
 	for _, tt := range tests {
-		f := devices.Fleet(now, tt.limit)
+		f := devices.Fleet(now, tt.limit, gateway.MaxListedDevices)
 		require.Equal(t, 5, f.NeedAttention, "limit %d", tt.limit)
 		got := []string{}
 		for _, a := range f.Attention {
 			got = append(got, a.HardwareID)
 		}
 		require.Equal(t, tt.want, got, "limit %d", tt.limit)
+	}
+	for _, listed := range []int{0, 1, 5, 6, 7} {
+		f := devices.Fleet(now, 0, listed)
+		got := []string{}
+		for _, d := range f.Recent {
+			got = append(got, d.HardwareID)
+		}
+		all := []string{"AA:BB:CC:DD:EE:02", "AA:BB:CC:DD:EE:03", "AA:BB:CC:DD:EE:04", "AA:BB:CC:DD:EE:05",
+			"AA:BB:CC:DD:EE:01", markupHW}
+		require.Equal(t, all[:min(listed, len(all))], got, "listed %d", listed)
 	}
 }
 
@@ -397,8 +632,11 @@ func TestStatusPageStates(t *testing.T) {
 				`<span class="badge ok">up</span>`, "<dt>Since</dt><dd>2026-11-20 11:59:00 UTC <span class=\"muted age\">(1m ago)</span>", "<dt>Oldest waiting</dt><dd>none</dd>",
 				"<dt>Time to drain</dt><dd>nothing to drain</dd>", `<span class="badge ok">room</span>`,
 				"<dd>1.0 MiB of 1.0 GiB (0.1%)</dd>", "<dt>Clock offset</dt><dd>0s", "(not learned yet: system clock as is)",
-				`<span class="badge ok">all well</span>`, "No device needs attention.", "<b>0</b>known"},
-			notWant: []string{"Last error", "Failed rounds", "Last delivery", "<table>", "implausible"},
+				`<span class="badge ok">all well</span>`, "No device needs attention.", "<b>0</b>known",
+				"No device has been heard from yet.", `<h2>Recent rejects <span class="badge ok">none</span></h2>`,
+				"No refused attempts recorded.",
+				`<p id="reject-counts">None since 2026-11-20 12:00:00 UTC <span class="muted age">(just now)</span>.</p>`},
+			notWant: []string{"Last error", "Failed rounds", "Last delivery", "<table", "implausible"},
 		},
 		{
 			name:  "stopping, buffer nearly full, clock implausible",
@@ -418,7 +656,7 @@ func TestStatusPageStates(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0"}, gateway.HTTPDeps{
-				Devices: empty, AdminToken: adminToken, Status: tt.src,
+				Devices: empty, AdminToken: adminToken, Status: tt.src, Audit: statusAudit(t, clk, nil),
 				Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return tt.ready },
 			}, nil)
 			require.NoError(t, err)

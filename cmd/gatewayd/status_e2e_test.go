@@ -16,7 +16,8 @@ import (
 
 // TestStatusEndToEnd checks the status page and its JSON twin of a real
 // gatewayd: a batch taken over HTTP and delivered to DynamoDB Local shows
-// as an empty backlog of an uplink that is up, and the device as seen.
+// as an empty backlog of an uplink that is up, the device as seen and
+// listed, and a conflicting resend of it as a recent reject.
 func TestStatusEndToEnd(t *testing.T) {
 	const token = "e2e-admin-token"
 	local, view, key, prefix := setup(t)
@@ -24,14 +25,20 @@ func TestStatusEndToEnd(t *testing.T) {
 	base := "http://" + d.httpAddr
 
 	hw := "02:00:00:00:AA:07"
-	req, err := http.NewRequest(http.MethodPost, base+"/v1/readings", strings.NewReader(string(batch(hw, uuid.NewString(), 0, 2))))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	post := func(payload []byte) int {
+		req, err := http.NewRequest(http.MethodPost, base+"/v1/readings", strings.NewReader(string(payload)))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	payload := batch(hw, uuid.NewString(), 0, 2)
+	require.Equal(t, http.StatusOK, post(payload))
 	require.Eventually(t, func() bool { return len(view.readings(t, hw)) == 2 }, 60*time.Second, 100*time.Millisecond)
+	// The same batch_id with other content: refused, and kept in the audit trail.
+	require.Equal(t, http.StatusConflict, post([]byte(strings.Replace(string(payload), "45.2", "45.9", 1))))
 
 	get := func(path string, basic bool) (*http.Response, []byte) {
 		req, err := http.NewRequest(http.MethodGet, base+path, nil)
@@ -70,12 +77,27 @@ func TestStatusEndToEnd(t *testing.T) {
 	require.Equal(t, 1, s.Devices.Known)
 	require.Equal(t, 1, s.Devices.SeenLastHour)
 	require.Zero(t, s.Devices.NeedAttention)
+	require.Len(t, s.Devices.Recent, 1)
+	require.Equal(t, hw, s.Devices.Recent[0].HardwareID)
+	require.EqualValues(t, 1, s.Devices.Recent[0].Boots)
+	require.False(t, s.Devices.Recent[0].Registered, "sent readings without registering")
+	require.NotNil(t, s.Rejects)
+	require.Empty(t, s.Rejects.Error)
+	require.Len(t, s.Rejects.Recent, 1)
+	rej := s.Rejects.Recent[0]
+	require.Equal(t, "conflict", rej.Reason)
+	require.Equal(t, hw, rej.HardwareID)
+	require.Equal(t, "http", rej.Transport)
+	require.Equal(t, map[string]int{"conflict": 1}, s.Rejects.LastHour.ByReason)
 
 	resp, body := get("/", true)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	page := string(body)
 	for _, want := range []string{"<title>Greenhouse gateway</title>", `<span class="badge ok">up</span>`,
-		"<dd>0 batches, 0 B</dd>", "<b>1</b>known", "No device needs attention."} {
+		"<dd>0 batches, 0 B</dd>", "<b>1</b>known", "No device needs attention.",
+		`<section id="device-list" class="wide">`, `<td class="hw">` + hw + `</td>`, `<span class="badge warn">no</span>`,
+		`<section id="rejects" class="wide">`, `<span class="badge warn">newest 1</span>`, `<span class="badge warn">conflict 1</span>`,
+		`<td>http <span class="muted">readings</span></td><td class="hw">` + hw + `</td><td class="nowrap">conflict</td>`} {
 		require.Contains(t, page, want)
 	}
 	resp, _ = get("/", false)

@@ -157,10 +157,22 @@ type Log struct {
 	closed   bool
 	failing  bool // a write failed; logged once until one succeeds
 
+	// minutes counts the records written per minute (of their time) and
+	// reason over the last hour, indexed by minute % 60; opened is when
+	// counting began.
+	minutes [60]minuteCount
+	opened  time.Time
+
 	written  *prometheus.CounterVec
 	dropped  *prometheus.CounterVec
 	bytes    prometheus.Gauge
 	segGauge prometheus.Gauge
+}
+
+// minuteCount is one minute's records by reason.
+type minuteCount struct {
+	minute   int64 // Unix minutes
+	byReason map[string]int
 }
 
 type segment struct {
@@ -199,7 +211,7 @@ func Open(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg
 		return nil, fmt.Errorf("opening audit trail %s: %w", dir, err)
 	}
 	l := &Log{
-		cfg: cfg, dir: dir, now: now, logger: logger.With("component", "audit"),
+		cfg: cfg, dir: dir, now: now, logger: logger.With("component", "audit"), opened: now().UTC(),
 		queue: make(chan item, cfg.QueueRecords), done: make(chan struct{}),
 		written: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "audit", Name: "records_total",
@@ -432,7 +444,53 @@ func (l *Log) writeLocked(rec Record) {
 		return
 	}
 	l.written.WithLabelValues(reasonLabel(rec.Reason)).Inc()
+	l.countLocked(rec.Time, reasonLabel(rec.Reason))
 	l.updateGauges()
+}
+
+func (l *Log) countLocked(t time.Time, reason string) {
+	m := t.Unix() / 60
+	b := &l.minutes[(m%60+60)%60]
+	if b.minute != m || b.byReason == nil {
+		b.minute, b.byReason = m, map[string]int{}
+	}
+	b.byReason[reason]++
+}
+
+// ReasonCounts counts records by reason over a stretch of time.
+type ReasonCounts struct {
+	// Since is where the count starts: an hour ago, or when the log was
+	// opened if that is later (the counts are not kept across restarts).
+	Since time.Time `json:"since"`
+	// ByReason maps a reason (or "other") to its records; reasons without
+	// records are left out.
+	ByReason map[string]int `json:"by_reason"`
+	// Total is the sum of ByReason.
+	Total int `json:"total"`
+}
+
+// LastHour counts the records written since this log was opened whose
+// time falls in the last hour (to the minute), by reason. It costs no
+// disk read.
+func (l *Log) LastHour() ReasonCounts {
+	now := l.now().UTC()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := ReasonCounts{Since: now.Add(-time.Hour), ByReason: map[string]int{}}
+	if l.opened.After(c.Since) {
+		c.Since = l.opened
+	}
+	cur := now.Unix() / 60
+	for _, b := range l.minutes {
+		if b.byReason == nil || b.minute <= cur-60 || b.minute > cur {
+			continue
+		}
+		for r, n := range b.byReason {
+			c.ByReason[r] += n
+			c.Total += n
+		}
+	}
+	return c
 }
 
 func reasonLabel(r string) string {
@@ -593,7 +651,10 @@ type Result struct {
 	Records []Record
 	// More is true when more records match than Limit.
 	More bool
-	// Skipped counts lines that are not a whole record (torn by a crash).
+	// Skipped counts lines that are not a whole record (torn by a crash)
+	// among those read: lines that cannot match the filter's device,
+	// reason or transport, and lines older than the records returned, are
+	// not looked at.
 	Skipped int
 }
 
@@ -662,13 +723,95 @@ func (l *Log) sync(ctx context.Context) {
 
 // readSegment returns the last keep records of s that match f, newest
 // first, and the number of lines that could not be read.
+//
+// It first scans the segment without decoding, keeping the raw bytes of the
+// last keep lines that may match, and decodes only those: a query for the
+// newest records of a full segment decodes a few lines, not thousands.
+// When some of them turn out not to match (or not to be whole records)
+// while earlier candidates were passed over, it reads the segment again,
+// decoding every candidate.
 func (l *Log) readSegment(s segment, f Filter, keep int) ([]Record, int, error) {
+	out, skipped, complete, err := l.readSegmentLazily(s, f, keep)
+	if err != nil || complete {
+		return out, skipped, err
+	}
+	return l.readSegmentDecoding(s, f, keep)
+}
+
+// openSegment opens s for reading; nil without an error when it was
+// deleted since the snapshot.
+func (l *Log) openSegment(s segment) (*os.File, error) {
 	file, err := os.Open(filepath.Join(l.dir, s.name))
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, 0, nil // deleted since the snapshot
+		return nil, nil
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("reading audit segment %s: %w", s.name, err)
+		return nil, fmt.Errorf("reading audit segment %s: %w", s.name, err)
+	}
+	return file, nil
+}
+
+// readSegmentLazily is readSegment's first pass. complete is false when
+// the decoded lines yielded fewer than keep records while candidates
+// before them were passed over: the answer may then miss records.
+func (l *Log) readSegmentLazily(s segment, f Filter, keep int) (out []Record, skipped int, complete bool, err error) {
+	file, err := l.openSegment(s)
+	if file == nil || err != nil {
+		return nil, 0, true, err
+	}
+	defer file.Close()
+	sc := bufio.NewScanner(io.LimitReader(file, s.size))
+	sc.Buffer(make([]byte, 0, 4096), maxLineBytes)
+	needles := f.needles()
+	// ring holds the last keep candidate lines; next is where the next one
+	// goes, n how many it holds, passed how many fell out of it.
+	ring := make([][]byte, min(keep, 1024))
+	next, n, passed := 0, 0, 0
+scan:
+	for sc.Scan() {
+		line := sc.Bytes()
+		if len(line) == 0 {
+			continue
+		}
+		for _, nd := range needles {
+			if !bytes.Contains(line, nd) {
+				continue scan
+			}
+		}
+		if n == keep {
+			passed++
+		} else if n == len(ring) {
+			ring = append(ring, nil) // grows only for keep over 1024
+			n++
+		} else {
+			n++
+		}
+		ring[next] = append(ring[next][:0], line...)
+		next = (next + 1) % keep
+	}
+	if err := sc.Err(); err != nil {
+		skipped++
+		l.logger.Warn("audit segment has an unreadable line; its rest is skipped", "file", s.name, "err", err)
+	}
+	for i := 1; i <= n; i++ { // newest first
+		line := ring[((next-i)%keep+keep)%keep]
+		var r Record
+		if err := json.Unmarshal(line, &r); err != nil || r.Time.IsZero() || r.Reason == "" {
+			skipped++
+			continue
+		}
+		if f.match(&r) {
+			out = append(out, r)
+		}
+	}
+	return out, skipped, len(out) == keep || passed == 0, nil
+}
+
+// readSegmentDecoding is readSegment decoding every line that may match.
+func (l *Log) readSegmentDecoding(s segment, f Filter, keep int) ([]Record, int, error) {
+	file, err := l.openSegment(s)
+	if file == nil || err != nil {
+		return nil, 0, err
 	}
 	defer file.Close()
 	sc := bufio.NewScanner(io.LimitReader(file, s.size))

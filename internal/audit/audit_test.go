@@ -372,3 +372,83 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Fatalf("no %s", name)
 	return 0
 }
+
+// TestQueryNewestPastNonMatches checks queries whose newest lines do not
+// match, or are not whole records, while the records asked for are older
+// ones of the same segment: another device whose hardware_id starts with
+// the one asked for, records after Until, a torn line.
+func TestQueryNewestPastNonMatches(t *testing.T) {
+	r, stop := start(t, t.TempDir(), audit.Config{}, newNow(day0).Now)
+	at := func(i int) time.Time { return day0.Add(time.Duration(i) * time.Second) }
+	for i := range 3 {
+		x := rec(i, at(i), audit.ReasonValidation)
+		x.HardwareID = "AA:BB"
+		r.log.Record(x)
+	}
+	for i := 3; i < 10; i++ {
+		x := rec(i, at(i), audit.ReasonValidation)
+		x.HardwareID = "AA:BB:CC"
+		r.log.Record(x)
+	}
+	tests := []struct {
+		name string
+		f    audit.Filter
+		want []string
+		more bool
+	}{
+		{"newest", audit.Filter{Limit: 2}, []string{"b00009", "b00008"}, true},
+		{"hardware_id prefix of newer ones", audit.Filter{HardwareID: "AA:BB", Limit: 2}, []string{"b00002", "b00001"}, true},
+		{"hardware_id, all", audit.Filter{HardwareID: "AA:BB", Limit: 5}, []string{"b00002", "b00001", "b00000"}, false},
+		{"until before the newest", audit.Filter{Until: at(4), Limit: 3}, []string{"b00003", "b00002", "b00001"}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := query(t, r.log, tt.f)
+			require.Equal(t, tt.want, batchIDs(res.Records))
+			require.Equal(t, tt.more, res.More)
+			require.Zero(t, res.Skipped)
+		})
+	}
+
+	// A torn line after the records: skipped, and the newest records found.
+	stop()
+	names, _ := segments(t, r.dir)
+	require.Len(t, names, 1)
+	f, err := os.OpenFile(filepath.Join(r.dir, names[0]), os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString(`{"time":"2026-11-20T10:00:11Z","transport":"mq` + "\n")
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	r, _ = start(t, r.dir, audit.Config{}, newNow(day0).Now)
+	res := query(t, r.log, audit.Filter{Limit: 2})
+	require.Equal(t, []string{"b00009", "b00008"}, batchIDs(res.Records))
+	require.True(t, res.More)
+	require.Equal(t, 1, res.Skipped)
+}
+
+func TestLastHour(t *testing.T) {
+	now := newNow(day0)
+	r, _ := start(t, t.TempDir(), audit.Config{}, now.Now)
+	add := func(i int, at time.Duration, reason string) { r.log.Record(rec(i, day0.Add(at), reason)) }
+	add(0, 10*time.Minute, audit.ReasonConflict) // over an hour before the count
+	add(1, 70*time.Minute, audit.ReasonValidation)
+	add(2, 90*time.Minute, audit.ReasonValidation)
+	add(3, 119*time.Minute, audit.ReasonDuplicate)
+	add(4, 119*time.Minute+30*time.Second, "something_new")
+	query(t, r.log, audit.Filter{Limit: 1}) // the records are written
+
+	c := r.log.LastHour()
+	require.True(t, day0.Equal(c.Since), "opened at day0, an hour ago is earlier")
+	require.Equal(t, map[string]int{}, c.ByReason, "at day0 none of them is in the last hour")
+
+	now.ns.Store(day0.Add(2 * time.Hour).UnixNano())
+	c = r.log.LastHour()
+	require.True(t, day0.Add(time.Hour).Equal(c.Since))
+	require.Equal(t, map[string]int{audit.ReasonValidation: 2, audit.ReasonDuplicate: 1, "other": 1}, c.ByReason)
+	require.Equal(t, 4, c.Total)
+
+	now.ns.Store(day0.Add(3 * time.Hour).UnixNano())
+	c = r.log.LastHour()
+	require.Empty(t, c.ByReason, "all of them over an hour old")
+	require.Zero(t, c.Total)
+}
