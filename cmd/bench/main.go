@@ -57,6 +57,7 @@ func run(args []string) int {
 	fs.StringVar(&cfg.CacheDir, "cache-dir", cfg.CacheDir, "where the time-to-ready data directory is cached (relative to the module root)")
 	fs.BoolVar(&cfg.Profile, "profile", false, "record gatewayd with perf during the largest MQTT run")
 	fs.StringVar(&cfg.ProfileOut, "profile-out", "bench/gatewayd-mqtt-perf.txt", "report of --profile")
+	fs.StringVar(&cfg.CPUProfileDir, "cpu-profile-dir", "", "save gatewayd's Go CPU profile of each MQTT run's measured window here (cpu-mqtt-N.pb.gz)")
 	fs.BoolVar(&cfg.KeepWork, "keep-work", false, "keep the work directory (logs, data directories)")
 	fs.Func("gateway-env", "extra `GATEWAY_NAME=VALUE` setting (or GODEBUG, GOGC, GOMEMLIMIT) for every gatewayd, for experiments (repeatable)", func(v string) error {
 		cfg.GatewayEnv = append(cfg.GatewayEnv, v)
