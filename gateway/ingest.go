@@ -131,6 +131,9 @@ type Ingest struct {
 	clock   Clock
 	logger  *slog.Logger
 	results *prometheus.CounterVec
+	// counted holds results' children of both transports, resolved once:
+	// every batch counts one.
+	counted [2]map[string]prometheus.Counter
 	stop    chan struct{}
 	audit   *audit.Log // nil: nothing recorded (SetAudit)
 }
@@ -165,13 +168,34 @@ func NewIngest(cfg IngestConfig, store Committer, devices *Registry, clock Clock
 			Help: "Reading batches received, by transport and result (accepted, duplicate, or the rejection reason).",
 		}, []string{"transport", "result"}),
 	}
-	for _, t := range []string{TransportMQTT, TransportHTTP} {
+	for k, t := range []string{TransportMQTT, TransportHTTP} {
+		in.counted[k] = map[string]prometheus.Counter{}
 		for _, r := range []string{"accepted", "duplicate", string(contract.ReasonValidation),
-			string(contract.ReasonClockNotSynced), string(contract.ReasonConflict), string(contract.ReasonBufferFull)} {
-			in.results.WithLabelValues(t, r)
+			string(contract.ReasonClockNotSynced), string(contract.ReasonConflict), string(contract.ReasonBufferFull),
+			string(contract.ReasonUnknownDevice), string(ReasonTimestampConflict)} {
+			in.counted[k][r] = in.results.WithLabelValues(t, r)
 		}
 	}
 	return in, nil
+}
+
+// count counts one batch's result.
+func (in *Ingest) count(transport string, r contract.Result) {
+	label := resultLabel(r)
+	k := -1
+	switch transport {
+	case TransportMQTT:
+		k = 0
+	case TransportHTTP:
+		k = 1
+	}
+	if k >= 0 {
+		if c, ok := in.counted[k][label]; ok {
+			c.Inc()
+			return
+		}
+	}
+	in.results.WithLabelValues(transport, label).Inc()
 }
 
 // Stop makes every later call fail with ErrShuttingDown. Calls already
@@ -268,10 +292,19 @@ func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloa
 	}
 	now := in.clock.Now()
 	results := make([]contract.Result, len(payloads))
+	// What the commit answers is matched back to the payload (i) and the
+	// registry told about the batch.
+	type committed struct {
+		i     int
+		batch *contract.Batch
+		fixed bool
+	}
 	var entries []buffer.Entry
-	var idx []int
-	var batches []*contract.Batch
-	var repaired []bool
+	var sent []committed
+	if len(payloads) == 1 { // MQTT: one message, one batch
+		entries = make([]buffer.Entry, 0, 1)
+		sent = make([]committed, 0, 1)
+	}
 	for i, p := range payloads {
 		b, fixed, err := in.prepare(p, sender, now)
 		if err != nil {
@@ -281,11 +314,9 @@ func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloa
 		}
 		entries = append(entries, buffer.Entry{
 			BatchID: b.BatchID, HardwareID: b.HardwareID,
-			Hash: b.hash, Payload: b.Canonical(), ReceivedAt: now,
+			Hash: b.hash, Payload: b.canonical, ReceivedAt: now,
 		})
-		idx = append(idx, i)
-		batches = append(batches, b.Batch)
-		repaired = append(repaired, fixed)
+		sent = append(sent, committed{i: i, batch: b.Batch, fixed: fixed})
 		results[i].BatchID = b.BatchID
 	}
 	var commitErr error
@@ -293,25 +324,25 @@ func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloa
 		outcomes, err := in.store.Commit(ctx, entries)
 		if err != nil {
 			commitErr = fmt.Errorf("committing %d batches: %w", len(entries), err)
-			for _, i := range idx {
-				results[i] = fullResult(results[i].BatchID, "the gateway could not store the batch; nothing was stored, retry later")
+			for _, c := range sent {
+				results[c.i] = fullResult(results[c.i].BatchID, "the gateway could not store the batch; nothing was stored, retry later")
 			}
 		} else {
-			for k, i := range idx {
-				results[i] = outcomeResult(results[i].BatchID, outcomes[k])
+			for k, c := range sent {
+				results[c.i] = outcomeResult(results[c.i].BatchID, outcomes[k])
 				if in.devices != nil && (outcomes[k] == buffer.Stored || outcomes[k] == buffer.Duplicate) {
-					in.devices.Observe(batches[k], repaired[k], outcomes[k] == buffer.Stored)
+					in.devices.Observe(c.batch, c.fixed, outcomes[k] == buffer.Stored)
 				}
 			}
 		}
 	}
 	if in.audit != nil {
-		for k, i := range idx {
-			in.auditBatch(ctx, transport, batches[k].HardwareID, nil, results[i], nil)
+		for _, c := range sent {
+			in.auditBatch(ctx, transport, c.batch.HardwareID, nil, results[c.i], nil)
 		}
 	}
 	for _, r := range results {
-		in.results.WithLabelValues(transport, resultLabel(r)).Inc()
+		in.count(transport, r)
 		if r.Status == contract.StatusRejected {
 			in.logger.Debug("batch rejected", "transport", transport, "batch_id", r.BatchID,
 				"reason", *r.Reason, "message", *r.Message)
@@ -320,11 +351,13 @@ func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloa
 	return results, commitErr
 }
 
-// prepared is a decoded batch with its identity hash (taken before any
+// prepared is a decoded batch with its canonical encoding (after any
+// clock repair: what is stored) and its identity hash (taken before any
 // clock repair, as the device sent it).
 type prepared struct {
 	*contract.Batch
-	hash [32]byte
+	canonical []byte
+	hash      [32]byte
 }
 
 // prepare decodes and validates one batch and applies the registry's
@@ -343,7 +376,9 @@ func (in *Ingest) prepare(payload []byte, sender string, now time.Time) (prepare
 		}
 		return prepared{}, false, err
 	}
-	p := prepared{Batch: b, hash: b.IdentityHash()}
+	// One encoding gives both, unless the clock is repaired below.
+	canonical, hash := b.CanonicalIdentity()
+	p := prepared{Batch: b, canonical: canonical, hash: hash}
 	if in.devices == nil {
 		if b.NeedsClockRepair() {
 			return p, false, contract.NewError(contract.ReasonClockNotSynced, "readings",
@@ -369,6 +404,7 @@ func (in *Ingest) prepare(payload []byte, sender string, now time.Time) (prepare
 		if err := b.Validate(in.limits, check); err != nil {
 			return p, false, err
 		}
+		p.canonical = b.Canonical()
 		fixed = true
 	}
 	if in.cfg.Ordering == "reject_older" {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -215,13 +214,15 @@ const clientReadBufferSize = 64
 // closeTimeout bounds the embedded broker's Close.
 const closeTimeout = 5 * time.Second
 
+// ackPayload encodes an ack as published on the ack topic (the bytes of
+// encoding/json, without its reflection: one per message).
+func ackPayload(ack contract.Ack) []byte {
+	return contract.EncodeAck(ack)
+}
+
 // publishAck sends one result to the device's ack topic.
 func (b *Broker) publishAck(hw string, ack contract.Ack) {
-	payload, err := json.Marshal(ack)
-	if err != nil {
-		b.logger.Error("encoding an ack", "err", err)
-		return
-	}
+	payload := ackPayload(ack)
 	if err := b.server.Publish(contract.AckTopic(hw), payload, false, 1); err != nil {
 		b.logger.Warn("publishing an ack", "hardware_id", hw, "err", err)
 	}

@@ -2,12 +2,11 @@ package gateway
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -168,15 +167,13 @@ func (c *guardConn) rest(first byte) ([]byte, error) {
 		// mochi refuses it from the header alone (packet too large).
 		return header, fmt.Errorf("%w: packet of %d bytes, over %d", errMalformedStream, remaining+1, c.l.maxPacket)
 	}
-	var buf bytes.Buffer
-	buf.Grow(len(header) + min(remaining, 4096))
-	buf.Write(header)
-	if _, err := io.CopyN(&buf, c.r, int64(remaining)); err != nil {
+	buf, err := c.readBody(header, remaining)
+	if err != nil {
 		return nil, c.readErr(err)
 	}
 	if fhErr == nil {
 		fh.Remaining = remaining
-		version, panicked := tryDecode(fh, c.version, buf.Bytes()[len(header):])
+		version, panicked := tryDecode(fh, c.version, buf[len(header):])
 		if panicked != nil {
 			c.l.refused("malformed")
 			c.l.logger.Warn("MQTT packet that mochi cannot decode; connection closed",
@@ -191,7 +188,28 @@ func (c *guardConn) rest(first byte) ([]byte, error) {
 		c.connected = true
 		c.connectDone()
 	}
-	return buf.Bytes(), nil
+	return buf, nil
+}
+
+// readBody returns header followed by the remaining bytes of its packet.
+// Up to 4 KiB is allocated at once (a typical batch: one allocation of its
+// size); a larger packet's buffer grows as its bytes arrive, at most
+// doubling and never past the declared size.
+func (c *guardConn) readBody(header []byte, remaining int) ([]byte, error) {
+	total := len(header) + remaining
+	buf := make([]byte, len(header), len(header)+min(remaining, 4096))
+	copy(buf, header)
+	for len(buf) < total {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, min(total-len(buf), cap(buf)))
+		}
+		n, err := c.r.Read(buf[len(buf):min(cap(buf), total)])
+		buf = buf[:len(buf)+n]
+		if err != nil && len(buf) < total {
+			return nil, err
+		}
+	}
+	return buf, nil
 }
 
 // readErr counts a connection that did not deliver its CONNECT in time.

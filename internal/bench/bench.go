@@ -75,6 +75,9 @@ type Config struct {
 	Profile bool `json:"profile"`
 	// ProfileOut is where the profile's report goes.
 	ProfileOut string `json:"profile_out,omitempty"`
+	// CPUProfileDir, when set, receives gatewayd's Go CPU profile of each
+	// MQTT run's measured window, cpu-mqtt-N.pb.gz (go tool pprof).
+	CPUProfileDir string `json:"cpu_profile_dir,omitempty"`
 	// KeepWork keeps the work directory (logs, data directories).
 	KeepWork bool `json:"keep_work"`
 	// IdleSettle is how long after its fleet's first batches the idle

@@ -93,6 +93,11 @@ func (r *runner) mqtt(ctx context.Context, n int) error {
 		prof = &perfRecord{pid: g.pid(), seconds: r.cfg.Duration, data: filepath.Join(r.work, "gatewayd-mqtt.perf.data")}
 		hooks = append(hooks, prof.hooks())
 	}
+	var cpuProf *pprofCPU
+	if r.cfg.CPUProfileDir != "" {
+		cpuProf = &pprofCPU{g: g, seconds: r.cfg.Duration, path: filepath.Join(r.cfg.CPUProfileDir, fmt.Sprintf("cpu-mqtt-%d.pb.gz", n))}
+		hooks = append(hooks, cpuProf.hooks())
+	}
 	self := &cpuMark{pid: os.Getpid()}
 	hooks = append(hooks, self.hooks())
 	run.Gateway, err = f.closedLoop(ctx, r.cfg.Inflight, r.cfg.Warmup, r.cfg.Duration, cpu.hooks(hooks...))
@@ -122,6 +127,13 @@ func (r *runner) mqtt(ctx context.Context, n int) error {
 	}
 	if err := g.stop(); err != nil {
 		return err
+	}
+	if cpuProf != nil {
+		if cpuProf.err != nil {
+			r.res.note("CPU profile not saved: %v", cpuProf.err)
+		} else {
+			r.res.note("Go CPU profile of gatewayd during the %d-device MQTT run: %s", n, cpuProf.path)
+		}
 	}
 	if prof != nil {
 		if err := prof.report(r.cfg.ProfileOut); err != nil {

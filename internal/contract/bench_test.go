@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -45,5 +46,50 @@ func BenchmarkCanonical(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = batch.IdentityHash()
+	}
+}
+
+// BenchmarkCanonicalIdentity is what the ingest path pays per batch for
+// both the stored bytes and the identity hash (BenchmarkCanonical's
+// IdentityHash plus a Canonical, before they shared one encoding).
+func BenchmarkCanonicalIdentity(b *testing.B) {
+	batch, err := DecodeBatch(benchBatch(), testHW, DefaultLimits(), time.Time{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _ = batch.CanonicalIdentity()
+	}
+}
+
+// BenchmarkCanonicalAndIdentityHash encodes twice, as the ingest path did.
+func BenchmarkCanonicalAndIdentityHash(b *testing.B) {
+	batch, err := DecodeBatch(benchBatch(), testHW, DefaultLimits(), time.Time{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = batch.Canonical()
+		_ = batch.IdentityHash()
+	}
+}
+
+func BenchmarkEncodeAck(b *testing.B) {
+	ack := Ack{Type: AckTypeReadings, BatchID: testBID, Status: StatusAccepted}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = EncodeAck(ack)
+	}
+}
+
+func BenchmarkMarshalAck(b *testing.B) {
+	ack := Ack{Type: AckTypeReadings, BatchID: testBID, Status: StatusAccepted}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := json.Marshal(ack); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

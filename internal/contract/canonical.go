@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -37,15 +38,68 @@ func (b *Batch) IdentityHash() [32]byte {
 	return sha256.Sum256(b.appendJSON(make([]byte, 0, b.sizeHint()), false))
 }
 
+// CanonicalIdentity returns [Batch.Canonical] and [Batch.IdentityHash] from
+// one encoding: the identity hash covers the canonical bytes around the
+// sent_uptime_ms member, which is exactly the encoding without it. Call it
+// before [Batch.RepairClock], as IdentityHash. The canonical bytes are
+// encoded in a pooled scratch buffer and returned in a slice of their exact
+// length.
+func (b *Batch) CanonicalIdentity() ([]byte, [32]byte) {
+	scratch := scratchPool.Get().(*[]byte)
+	dst := b.appendHead((*scratch)[:0])
+	cut := len(dst)
+	dst = b.appendSentUptime(dst)
+	resume := len(dst)
+	dst = b.appendReadings(dst)
+	canonical := slices.Clone(dst)
+	// Cut sent_uptime_ms out of the scratch copy and hash the rest.
+	n := cut + copy(dst[cut:], dst[resume:])
+	id := sha256.Sum256(dst[:n])
+	if cap(dst) <= maxScratch {
+		*scratch = dst
+		scratchPool.Put(scratch)
+	}
+	return canonical, id
+}
+
+// scratchPool holds encoding buffers of CanonicalIdentity; those grown
+// beyond maxScratch (batches far larger than usual) are left to the GC.
+var scratchPool = sync.Pool{New: func() any {
+	b := make([]byte, 0, 4096)
+	return &b
+}}
+
+const maxScratch = 64 << 10
+
+// sizeHint is the length of b's canonical encoding, or a little more, so
+// that encoding it allocates once. Numbers are counted at their longest
+// plain form (24 bytes), strings without escapes.
 func (b *Batch) sizeHint() int {
-	n := 160 + len(b.BatchID) + len(b.FirmwareVersion)
+	n := len(`{"batch_id":"","hardware_id":"","boot_id":"","firmware_version":"","seq":,"sent_uptime_ms":,"readings":[]}`) +
+		len(b.BatchID) + len(b.HardwareID) + len(b.BootID) + len(b.FirmwareVersion) + 2*20
 	for k := range b.Readings {
-		n += 64 + 24*len(b.Readings[k].Sensors) + 20*len(b.Readings[k].SensorStatus)
+		r := &b.Readings[k]
+		n += len(`{"timestamp_ms":,"uptime_ms":,"sensors":{},"sensor_status":{},"time_source":""},`) + 2*20 + len(r.TimeSource)
+		for name := range r.Sensors {
+			n += len(name) + len(`"":,`) + 24
+		}
+		for name, st := range r.SensorStatus {
+			n += len(name) + len(st) + len(`"":"",`)
+		}
 	}
 	return n
 }
 
 func (b *Batch) appendJSON(dst []byte, withSentUptime bool) []byte {
+	dst = b.appendHead(dst)
+	if withSentUptime {
+		dst = b.appendSentUptime(dst)
+	}
+	return b.appendReadings(dst)
+}
+
+// appendHead writes the members before sent_uptime_ms.
+func (b *Batch) appendHead(dst []byte) []byte {
 	dst = append(dst, `{"batch_id":`...)
 	dst = appendString(dst, b.BatchID)
 	dst = append(dst, `,"hardware_id":`...)
@@ -58,12 +112,23 @@ func (b *Batch) appendJSON(dst []byte, withSentUptime bool) []byte {
 		dst = append(dst, `,"seq":`...)
 		dst = strconv.AppendUint(dst, *b.Seq, 10)
 	}
-	if b.SentUptimeMS != nil && withSentUptime {
+	return dst
+}
+
+// appendSentUptime writes the sent_uptime_ms member, if any.
+func (b *Batch) appendSentUptime(dst []byte) []byte {
+	if b.SentUptimeMS != nil {
 		dst = append(dst, `,"sent_uptime_ms":`...)
 		dst = strconv.AppendInt(dst, *b.SentUptimeMS, 10)
 	}
+	return dst
+}
+
+// appendReadings writes the readings member and closes the object.
+func (b *Batch) appendReadings(dst []byte) []byte {
 	dst = append(dst, `,"readings":[`...)
-	var keys []string // reused across maps
+	var backing [16]string
+	keys := backing[:0] // reused across maps
 	for k := range b.Readings {
 		r := &b.Readings[k]
 		if k > 0 {

@@ -239,3 +239,30 @@ func TestCheckUniqueSortedMatchesQuadratic(t *testing.T) {
 		require.Contains(t, got.Rule, "duplicates "+want.Rule+".")
 	}
 }
+
+func TestCanonicalIdentity(t *testing.T) {
+	tests := []struct {
+		name string
+		kv   []string
+	}{
+		{"seq and sent_uptime_ms", []string{"seq", "1", "sent_uptime_ms", "1000"}},
+		{"sent_uptime_ms only", []string{"sent_uptime_ms", "0"}},
+		{"seq only", []string{"seq", "7"}},
+		{"neither", nil},
+		{"escaped firmware_version", []string{"sent_uptime_ms", "5", "firmware_version", `"1.0 <beta> \"q\""`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			data := []byte(batchJSON(tt.kv...))
+			b, err := DecodeBatch(data, testHW, DefaultLimits(), time.Time{})
+			require.NoError(t, err, "%s", data)
+			c, id := b.CanonicalIdentity()
+			require.Equal(t, string(b.Canonical()), string(c))
+			require.Equal(t, b.IdentityHash(), id)
+			c2, id2 := b.CanonicalIdentity() // the pooled scratch is reused
+			require.Equal(t, c, c2)
+			require.Equal(t, id, id2)
+			require.NotSame(t, &c[0], &c2[0], "each call returns its own bytes, not the scratch buffer")
+		})
+	}
+}

@@ -158,4 +158,7 @@ func requireRoundTrip(tb testing.TB, b *Batch, sender string, now time.Time) {
 	require.Equal(tb, string(c), string(again.Canonical()))
 	require.Equal(tb, string(mustMarshal(tb, b)), string(c), "canonical form is encoding/json's")
 	require.Equal(tb, b.IdentityHash(), again.IdentityHash())
+	one, id := b.CanonicalIdentity()
+	require.Equal(tb, string(c), string(one), "CanonicalIdentity's bytes are Canonical's")
+	require.Equal(tb, b.IdentityHash(), id, "CanonicalIdentity's hash is IdentityHash")
 }
