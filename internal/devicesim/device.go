@@ -349,9 +349,10 @@ func (d *device) stopProducing(now time.Time, why string) {
 }
 
 // finished reports whether the device is done: no longer producing, and nothing left to
-// deliver or no time left to deliver it.
+// deliver (no batch, no registration waiting for its answer) or no time left to deliver it.
 func (d *device) finished(now time.Time) bool {
-	return !d.producing && (d.out.len() == 0 || !now.Before(d.drainUntil))
+	registering := d.reg == regWaiting || d.reg == regRetrying
+	return !d.producing && ((d.out.len() == 0 && !registering) || !now.Before(d.drainUntil))
 }
 
 // pump sends the oldest unsent batches while the link is up, the backoff has passed and fewer
