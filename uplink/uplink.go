@@ -266,6 +266,7 @@ type Uplink struct {
 	clock   Clock
 
 	limiter  *aimd
+	marks    deliveryGroup
 	drain    ewmaRate // delivered batches per second
 	arrivals ewmaRate // queued batches per second
 	index    *backlogIndex
@@ -281,6 +282,7 @@ type Uplink struct {
 	lastDelivery time.Time
 	uncertain    map[string]bool // batch_ids whose write may have been applied
 	startChecked bool            // the first lease after start was checked
+	settled      map[string]bool // devices leased since the start (uncertain.go)
 }
 
 // Status is the uplink's state for operators.
@@ -323,6 +325,7 @@ func New(cfg Config, store Store, devices DeviceSource, clock Clock, db DynamoDB
 		drain:     ewmaRate{tau: drainTau},
 		arrivals:  ewmaRate{tau: arrivalTau},
 		uncertain: map[string]bool{},
+		settled:   map[string]bool{},
 	}
 	// Deliveries are measured from the start.
 	u.drain.add(0, time.Now())
@@ -602,7 +605,7 @@ func (u *Uplink) markDelivered(done []buffer.Pending) error {
 	if len(done) == 0 {
 		return nil
 	}
-	if err := u.store.MarkDelivered(done); err != nil {
+	if err := u.marks.record(u.store, done); err != nil {
 		return err
 	}
 	if u.index != nil {
