@@ -528,33 +528,39 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 		mu       sync.Mutex
 		firstErr error
 		wg       sync.WaitGroup
+		marks    sync.WaitGroup
 	)
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
 	// The AIMD limiter, not the number of workers, bounds the requests in
 	// flight.
 	for range min(u.cfg.MaxConcurrency, len(order)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for batches := range work {
 				done, err := u.forwardDevice(ctx, batches, limit)
+				fail(err)
 				// Recorded per device as soon as it is done, so that a
-				// crash mid-round re-sends as little as possible.
-				if mErr := u.markDelivered(done); mErr != nil && err == nil {
-					err = fmt.Errorf("recording delivery: %w", mErr)
-				}
-				mu.Lock()
-				if err != nil && firstErr == nil {
-					firstErr = err
-				}
-				mu.Unlock()
+				// crash mid-round re-sends as little as possible; the
+				// worker goes on with the next device meanwhile.
+				marks.Go(func() {
+					if err := u.markDelivered(done); err != nil {
+						fail(fmt.Errorf("recording delivery: %w", err))
+					}
+				})
 			}
-		}()
+		})
 	}
 	for _, hw := range order {
 		work <- byDevice[hw]
 	}
 	close(work)
 	wg.Wait()
+	marks.Wait()
 	if firstErr != nil {
 		return taken, full, firstErr
 	}
@@ -635,11 +641,11 @@ func (u *Uplink) deadLetter(p buffer.Pending, reason string) error {
 func (u *Uplink) forwardDevice(ctx context.Context, batches []buffer.Pending, limit int) ([]buffer.Pending, error) {
 	var done []buffer.Pending
 	for _, p := range batches {
-		err := u.forward(ctx, p, limit)
+		sent, err := u.forward(ctx, p, limit)
 		var perm *permanentError
 		switch {
 		case err == nil:
-			done = append(done, p)
+			done = append(done, sent)
 		case errors.As(err, &perm):
 			if dlErr := u.deadLetter(p, perm.Error()); dlErr != nil {
 				return done, fmt.Errorf("dead-lettering %s: %w", p.BatchID, dlErr)

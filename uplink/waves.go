@@ -21,6 +21,11 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 	next := make(map[string]int, len(order))
 	stopped := map[string]bool{}
 	var firstErr error
+	var (
+		marks   sync.WaitGroup
+		markMu  sync.Mutex
+		markErr error
+	)
 	for ctx.Err() == nil {
 		var wave []*cloudBatch
 		for _, hw := range order {
@@ -73,12 +78,19 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 				firstErr = cmp(firstErr, err)
 			}
 		}
-		// Recorded per wave, so that a crash re-sends at most one wave.
-		if err := u.markDelivered(delivered); err != nil {
-			return cmp(firstErr, fmt.Errorf("recording delivery: %w", err))
-		}
+		// Recorded per wave, so that a crash re-sends little; the next
+		// wave goes up meanwhile (its batches follow markers already in
+		// the cloud).
+		marks.Go(func() {
+			if err := u.markDelivered(delivered); err != nil {
+				markMu.Lock()
+				markErr = cmp(markErr, fmt.Errorf("recording delivery: %w", err))
+				markMu.Unlock()
+			}
+		})
 	}
-	return firstErr
+	marks.Wait()
+	return cmp(firstErr, markErr)
 }
 
 func cmp(first, err error) error {
