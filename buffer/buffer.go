@@ -80,6 +80,12 @@ type Pending struct {
 	HardwareID string
 	ReceivedAt time.Time
 	Payload    []byte
+	// FirstMS and LastMS, when SpanKnown, are the earliest and latest
+	// reading times in Payload, as the caller of MarkDelivered decoded
+	// them: the history record is then written from Payload without
+	// reading and decoding the queue entry again.
+	FirstMS, LastMS int64
+	SpanKnown       bool
 }
 
 // Stats describes the queue at one instant.
@@ -371,6 +377,9 @@ type Buffer struct {
 	// collection, state) so that usage and the eviction scans see a state
 	// no other writer changes underneath.
 	wmu sync.Mutex
+
+	// floor is where reads of the oldest queue entries start (floor.go).
+	floor queueFloor
 
 	// nextSeq is the next queue sequence number; guarded by wmu (the
 	// committer's groups and Reforward take numbers from it).
@@ -673,9 +682,13 @@ func (b *Buffer) Stats() Stats {
 	_ = b.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: queuePrefix, PrefetchValues: false})
 		defer it.Close()
-		it.Rewind()
+		from, _ := b.floor.from(0)
+		it.Seek(queueKey(from))
 		if !it.Valid() {
 			return nil
+		}
+		if seq, ok := parseQueueKey(it.Item().Key()); ok {
+			b.floor.raise(seq)
 		}
 		return it.Item().Value(func(v []byte) error {
 			p, err := decodePendingHeader(0, v)
@@ -700,11 +713,15 @@ func (b *Buffer) Pending(after uint64, limit int) ([]Pending, error) {
 	err := b.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: queuePrefix, PrefetchValues: true, PrefetchSize: min(limit, 100)})
 		defer it.Close()
-		for it.Seek(queueKey(after + 1)); it.Valid() && len(out) < limit; it.Next() {
+		from, atFloor := b.floor.from(after)
+		for it.Seek(queueKey(from)); it.Valid() && len(out) < limit; it.Next() {
 			item := it.Item()
 			seq, ok := parseQueueKey(item.Key())
 			if !ok {
 				return fmt.Errorf("malformed queue key %q", item.Key())
+			}
+			if atFloor && len(out) == 0 {
+				b.floor.raise(seq)
 			}
 			if err := item.Value(func(v []byte) error {
 				p, err := decodePending(seq, v)
@@ -748,13 +765,16 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 		// The queue entry's value is read only when the history keeps it.
 		var val []byte
 		var valLen int
-		var queued bool
+		var queued, leased bool
 		var err error
-		if b.historyEnabled() {
+		if b.historyEnabled() && !p.SpanKnown {
 			val, queued, err = wb.queuedValue(p.Seq)
 			valLen = len(val)
 		} else {
 			valLen, queued, err = wb.queued(p.Seq)
+			// A queue entry is never rewritten: one the size of the
+			// leased entry is the leased payload.
+			leased = p.SpanKnown && valLen == pendingHeaderLen(p)+len(p.Payload)
 		}
 		if err != nil {
 			wb.discard()
@@ -768,6 +788,12 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 		if !queued || !found || m.state != statePending || m.seq != p.Seq {
 			continue
 		}
+		if b.historyEnabled() && !leased && val == nil {
+			if val, _, err = wb.queuedValue(p.Seq); err != nil {
+				wb.discard()
+				return err
+			}
+		}
 		m.state = stateDelivered
 		m.doneAt = now
 		if err := wb.set(markerKey(p.BatchID), m.encode()); err != nil {
@@ -780,7 +806,12 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 			return err
 		}
 		if b.historyEnabled() {
-			added, err := b.keepHistory(wb, p, val, now)
+			var added int64
+			if leased {
+				added, err = b.keepHistorySpan(wb, p, p.FirstMS, p.LastMS, now)
+			} else {
+				added, err = b.keepHistory(wb, p, val, now)
+			}
 			if err != nil {
 				wb.discard()
 				return err

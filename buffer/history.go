@@ -272,6 +272,15 @@ func (b *Buffer) keepHistory(w *txnWriter, p Pending, val []byte, now time.Time)
 		b.logger.Warn("delivered batch not kept in the history", "batch_id", qp.BatchID, "err", err)
 		return 0, nil
 	}
+	return b.keepHistorySpan(w, qp, first, last, now)
+}
+
+// keepHistorySpan writes the history record of qp, whose readings span
+// first to last.
+func (b *Buffer) keepHistorySpan(w *txnWriter, qp Pending, first, last int64, now time.Time) (int64, error) {
+	if last < first {
+		return 0, fmt.Errorf("history record of %s: last reading %d before first %d", qp.BatchID, last, first)
+	}
 	hkey := historyKey(qp.HardwareID, first, qp.BatchID)
 	hval := encodeHistory(qp, now, first, last)
 	if err := w.set(hkey, hval); err != nil {

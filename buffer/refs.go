@@ -19,11 +19,15 @@ func (b *Buffer) PendingRefs(after uint64, limit int) ([]Pending, error) {
 	err := b.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: queuePrefix, PrefetchValues: true, PrefetchSize: min(limit, 100)})
 		defer it.Close()
-		for it.Seek(queueKey(after + 1)); it.Valid() && len(out) < limit; it.Next() {
+		from, atFloor := b.floor.from(after)
+		for it.Seek(queueKey(from)); it.Valid() && len(out) < limit; it.Next() {
 			item := it.Item()
 			seq, ok := parseQueueKey(item.Key())
 			if !ok {
 				return fmt.Errorf("malformed queue key %q", item.Key())
+			}
+			if atFloor && len(out) == 0 {
+				b.floor.raise(seq)
 			}
 			if err := item.Value(func(v []byte) error {
 				p, err := decodePendingHeader(seq, v)

@@ -27,13 +27,14 @@ func (e *permanentError) Unwrap() error { return e.err }
 const markerCondition = "attribute_not_exists(batch_id)"
 
 // forward sends one batch. nil means the batch is in the cloud (written now
-// or before).
-func (u *Uplink) forward(ctx context.Context, p buffer.Pending, limit int) error {
+// or before); the batch is then returned with its reading times, for the
+// buffer's history.
+func (u *Uplink) forward(ctx context.Context, p buffer.Pending, limit int) (buffer.Pending, error) {
 	cb, err := buildBatch(p, u.cfg.ReadingsRetention, u.clock.Now())
 	if err != nil {
 		// The buffer only holds payloads the gateway validated and encoded
 		// itself, so this is damage on disk: keep it for an operator.
-		return &permanentError{err: err}
+		return p, &permanentError{err: err}
 	}
 	if len(cb.readings)+1 <= limit {
 		err = u.forwardTransaction(ctx, cb)
@@ -41,10 +42,10 @@ func (u *Uplink) forward(ctx context.Context, p buffer.Pending, limit int) error
 		err = u.forwardSplit(ctx, cb)
 	}
 	if err != nil {
-		return err
+		return p, err
 	}
 	u.metrics.readings.Add(float64(len(cb.readings)))
-	return nil
+	return cb.pending, nil
 }
 
 func (u *Uplink) forwardTransaction(ctx context.Context, cb *cloudBatch) error {

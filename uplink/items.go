@@ -39,9 +39,19 @@ func buildBatch(p buffer.Pending, readingsRetention time.Duration, now time.Time
 		return nil, fmt.Errorf("buffered batch %s holds batch_id %q", p.BatchID, b.BatchID)
 	}
 	cb := &cloudBatch{pending: p}
-	for _, r := range b.Readings {
+	cb.readings = make([]map[string]types.AttributeValue, 0, len(b.Readings))
+	for i, r := range b.Readings {
 		cb.readings = append(cb.readings, readingItem(&b, r, readingsRetention))
+		// The buffer's history keeps the batch under its reading times
+		// when it is marked delivered.
+		if i == 0 || r.TimestampMS < cb.pending.FirstMS {
+			cb.pending.FirstMS = r.TimestampMS
+		}
+		if i == 0 || r.TimestampMS > cb.pending.LastMS {
+			cb.pending.LastMS = r.TimestampMS
+		}
 	}
+	cb.pending.SpanKnown = len(b.Readings) > 0
 	received := p.ReceivedAt
 	if received.Before(clock.DefaultFloor) {
 		// Stamped by a clock that was not set yet: the forwarding time is

@@ -23,8 +23,11 @@ const batchGetMax = 100
 // recorded as delivered without a write. The interrupted round's lease was
 // the oldest batches, which the first lease after a start takes again,
 // and devices' oldest batches, which later rounds take as fresh batches:
-// so the whole first lease is checked, and every fresh batch queued before
-// the start.
+// so the whole first lease is checked, and a fresh batch queued before the
+// start while it is still its device's oldest batch of before the start,
+// that is until a lease held one of the device's batches. (A later batch
+// cannot have been written: the interrupted round took at most the
+// device's oldest pending batch out of queue order.)
 
 // markUncertain remembers that batchID's write may have been applied.
 func (u *Uplink) markUncertain(batchID string) {
@@ -41,12 +44,13 @@ func (u *Uplink) checkUncertain(ctx context.Context, leased []buffer.Pending, fr
 	all := !u.startChecked
 	var check []buffer.Pending
 	for i, p := range leased {
-		if all || u.uncertain[p.BatchID] || (i >= freshFrom && p.Seq <= u.startSeq) {
+		if all || u.uncertain[p.BatchID] || (i >= freshFrom && p.Seq <= u.startSeq && !u.settled[p.HardwareID]) {
 			check = append(check, p)
 		}
 	}
 	u.mu.Unlock()
 	if len(check) == 0 {
+		u.settle(leased)
 		return leased, nil
 	}
 	found := map[string]bool{}
@@ -77,10 +81,27 @@ func (u *Uplink) checkUncertain(ctx context.Context, leased []buffer.Pending, fr
 		delete(u.uncertain, p.BatchID)
 	}
 	u.mu.Unlock()
+	u.settle(leased)
 	if len(delivered) > 0 {
 		u.logger.Info("batches found in the cloud already; recorded as delivered without writing", "batches", len(delivered))
 	}
 	return rest, nil
+}
+
+// settle records that the lease held a batch of each of its devices: their
+// oldest batch of before the start has been checked or taken in queue
+// order. Once the oldest batch leased was queued after the start, no
+// device has such a batch left.
+func (u *Uplink) settle(leased []buffer.Pending) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(leased) == 0 || leased[0].Seq > u.startSeq {
+		clear(u.settled)
+		return
+	}
+	for _, p := range leased {
+		u.settled[p.HardwareID] = true
+	}
 }
 
 // lookupMarkers reads up to 100 markers with a consistent read, resending

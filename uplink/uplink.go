@@ -272,6 +272,7 @@ type Uplink struct {
 	clock   Clock
 
 	limiter  *aimd
+	marks    deliveryGroup
 	drain    ewmaRate // delivered batches per second
 	arrivals ewmaRate // queued batches per second
 	index    *backlogIndex
@@ -287,6 +288,7 @@ type Uplink struct {
 	lastDelivery time.Time
 	uncertain    map[string]bool // batch_ids whose write may have been applied
 	startChecked bool            // the first lease after start was checked
+	settled      map[string]bool // devices leased since the start (uncertain.go)
 }
 
 // Status is the uplink's state for operators.
@@ -329,6 +331,7 @@ func New(cfg Config, store Store, devices DeviceSource, clock Clock, db DynamoDB
 		drain:     ewmaRate{tau: drainTau},
 		arrivals:  ewmaRate{tau: arrivalTau},
 		uncertain: map[string]bool{},
+		settled:   map[string]bool{},
 	}
 	// Deliveries are measured from the start.
 	u.drain.add(0, time.Now())
@@ -531,33 +534,39 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 		mu       sync.Mutex
 		firstErr error
 		wg       sync.WaitGroup
+		marks    sync.WaitGroup
 	)
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
 	// The AIMD limiter, not the number of workers, bounds the requests in
 	// flight.
 	for range min(u.cfg.MaxConcurrency, len(order)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for batches := range work {
 				done, err := u.forwardDevice(ctx, batches, limit)
+				fail(err)
 				// Recorded per device as soon as it is done, so that a
-				// crash mid-round re-sends as little as possible.
-				if mErr := u.markDelivered(done); mErr != nil && err == nil {
-					err = fmt.Errorf("recording delivery: %w", mErr)
-				}
-				mu.Lock()
-				if err != nil && firstErr == nil {
-					firstErr = err
-				}
-				mu.Unlock()
+				// crash mid-round re-sends as little as possible; the
+				// worker goes on with the next device meanwhile.
+				marks.Go(func() {
+					if err := u.markDelivered(done); err != nil {
+						fail(fmt.Errorf("recording delivery: %w", err))
+					}
+				})
 			}
-		}()
+		})
 	}
 	for _, hw := range order {
 		work <- byDevice[hw]
 	}
 	close(work)
 	wg.Wait()
+	marks.Wait()
 	if firstErr != nil {
 		return taken, full, firstErr
 	}
@@ -608,7 +617,7 @@ func (u *Uplink) markDelivered(done []buffer.Pending) error {
 	if len(done) == 0 {
 		return nil
 	}
-	if err := u.store.MarkDelivered(done); err != nil {
+	if err := u.marks.record(u.store, done); err != nil {
 		return err
 	}
 	if u.index != nil {
@@ -638,11 +647,11 @@ func (u *Uplink) deadLetter(p buffer.Pending, reason string) error {
 func (u *Uplink) forwardDevice(ctx context.Context, batches []buffer.Pending, limit int) ([]buffer.Pending, error) {
 	var done []buffer.Pending
 	for _, p := range batches {
-		err := u.forward(ctx, p, limit)
+		sent, err := u.forward(ctx, p, limit)
 		var perm *permanentError
 		switch {
 		case err == nil:
-			done = append(done, p)
+			done = append(done, sent)
 		case errors.As(err, &perm):
 			if dlErr := u.deadLetter(p, perm.Error()); dlErr != nil {
 				return done, fmt.Errorf("dead-lettering %s: %w", p.BatchID, dlErr)

@@ -21,6 +21,11 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 	next := make(map[string]int, len(order))
 	stopped := map[string]bool{}
 	var firstErr error
+	var (
+		marks   sync.WaitGroup
+		markMu  sync.Mutex
+		markErr error
+	)
 	for ctx.Err() == nil {
 		var wave []*cloudBatch
 		for _, hw := range order {
@@ -73,12 +78,19 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 				firstErr = cmp(firstErr, err)
 			}
 		}
-		// Recorded per wave, so that a crash re-sends at most one wave.
-		if err := u.markDelivered(delivered); err != nil {
-			return cmp(firstErr, fmt.Errorf("recording delivery: %w", err))
-		}
+		// Recorded per wave, so that a crash re-sends little; the next
+		// wave goes up meanwhile (its batches follow markers already in
+		// the cloud).
+		marks.Go(func() {
+			if err := u.markDelivered(delivered); err != nil {
+				markMu.Lock()
+				markErr = cmp(markErr, fmt.Errorf("recording delivery: %w", err))
+				markMu.Unlock()
+			}
+		})
 	}
-	return firstErr
+	marks.Wait()
+	return cmp(firstErr, markErr)
 }
 
 func cmp(first, err error) error {
@@ -88,75 +100,86 @@ func cmp(first, err error) error {
 	return err
 }
 
-// writeWave writes one wave and returns each batch's error.
+// writeWave writes one wave and returns each batch's error. A batch's
+// marker goes up as soon as the last request carrying its readings is
+// answered, while other requests of the wave are still in flight.
 func (u *Uplink) writeWave(ctx context.Context, wave []*cloudBatch) []error {
 	errs := make([]error, len(wave))
 	type chunk struct {
 		reqs   []types.WriteRequest
-		owners map[int]bool
+		owners []int // wave indexes, ascending
 	}
 	var chunks []*chunk
-	cur := &chunk{owners: map[int]bool{}}
+	remaining := make([]int, len(wave)) // chunks still to answer per batch
+	cur := &chunk{}
 	for i, cb := range wave {
 		for _, r := range cb.readings {
 			if len(cur.reqs) == batchWriteMax {
 				chunks = append(chunks, cur)
-				cur = &chunk{owners: map[int]bool{}}
+				cur = &chunk{}
 			}
 			cur.reqs = append(cur.reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
-			cur.owners[i] = true
+			if len(cur.owners) == 0 || cur.owners[len(cur.owners)-1] != i {
+				cur.owners = append(cur.owners, i)
+				remaining[i]++
+			}
 		}
 	}
 	if len(cur.reqs) > 0 {
 		chunks = append(chunks, cur)
 	}
 
-	var mu sync.Mutex
-	isolate := map[int]bool{}
-	u.parallel(len(chunks), func(k int) {
-		c := chunks[k]
-		err := u.batchWrite(ctx, "a wave of batches", c.reqs)
-		if err == nil {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		var perm *permanentError
-		for i := range c.owners {
-			if errors.As(err, &perm) {
-				// One of the request's batches is refused: find which by
-				// sending each alone.
-				isolate[i] = true
-			} else if errs[i] == nil {
-				errs[i] = err
-			}
-		}
-	})
-	u.parallel(len(wave), func(i int) {
+	var (
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		isolate = make([]bool, len(wave))
+	)
+	// finish writes batch i's marker (or, when one of its requests was
+	// refused, the batch alone) once all its readings requests are answered.
+	finish := func(i int) {
 		switch {
 		case errs[i] != nil:
 		case isolate[i]:
+			// One of the request's batches is refused: find which by
+			// sending each alone.
 			errs[i] = u.forwardSplit(ctx, wave[i])
 		default:
 			errs[i] = u.putMarker(ctx, wave[i])
 		}
-	})
-	return errs
-}
-
-// parallel runs f(0..n-1) on up to MaxConcurrency goroutines; the AIMD
-// limiter bounds their requests in flight.
-func (u *Uplink) parallel(n int, f func(int)) {
+	}
+	// A batch without readings has no request to wait for.
+	for i := range wave {
+		if remaining[i] == 0 {
+			wg.Go(func() { finish(i) })
+		}
+	}
 	sem := make(chan struct{}, u.cfg.MaxConcurrency)
-	var wg sync.WaitGroup
-	for i := range n {
+	for _, c := range chunks {
 		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			f(i)
-		}()
+		wg.Go(func() {
+			err := u.batchWrite(ctx, "a wave of batches", c.reqs)
+			<-sem
+			var ready []int
+			mu.Lock()
+			var perm *permanentError
+			for _, i := range c.owners {
+				switch {
+				case err == nil:
+				case errors.As(err, &perm):
+					isolate[i] = true
+				case errs[i] == nil:
+					errs[i] = err
+				}
+				if remaining[i]--; remaining[i] == 0 {
+					ready = append(ready, i)
+				}
+			}
+			mu.Unlock()
+			for _, i := range ready {
+				wg.Go(func() { finish(i) })
+			}
+		})
 	}
 	wg.Wait()
+	return errs
 }

@@ -103,7 +103,7 @@ func DefaultConfig() Config {
 		FixedRate:             1000,
 		HTTPClients:           64,
 		DrainReadings:         100_000,
-		DrainBaselineReadings: 20_000,
+		DrainBaselineReadings: 0,
 		DrainTimeout:          10 * time.Minute,
 		UplinkConcurrency:     16,
 		ReadyReadings:         1_000_000,
@@ -188,6 +188,9 @@ type runner struct {
 	// seed is a data directory whose API key cache holds key.
 	seed  string
 	fleet byte
+	// txLimit is the endpoint's per-transaction action limit, probed
+	// before the drains.
+	txLimit int
 	// canonicalPerReading is the canonical payload size per reading of the
 	// benchmark's batches.
 	canonicalPerReading float64

@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/internal/cloud"
 )
 
 // Write modes of the uplink (uplink.write_mode).
@@ -159,7 +160,12 @@ func (r *runner) warmDynamo(ctx context.Context) (capacityProbe, error) {
 	if err != nil {
 		return probe, err
 	}
-	_, err = sdkLoop(ctx, r.dynamo.client, tables, items[1:], r.cfg.UplinkConcurrency)
+	// The SDK loop's transaction mode writes a batch the way the uplink
+	// does under the endpoint's per-transaction limit.
+	if r.txLimit, err = cloud.ProbeTransactionLimit(ctx, r.dynamo.client, tables.ProcessedBatches); err != nil {
+		return probe, err
+	}
+	_, err = sdkLoop(ctx, r.dynamo.client, tables, items[1:], r.cfg.UplinkConcurrency, "batch", r.txLimit)
 	return probe, err
 }
 
@@ -206,7 +212,8 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 		sample = items[:n]
 	}
 	sdk := func() error {
-		r.log.Info("drain: SDK loop", "mode", mode, "concurrency", r.cfg.UplinkConcurrency, "batches", len(sample))
+		r.log.Info("drain: SDK loop", "mode", mode, "concurrency", r.cfg.UplinkConcurrency, "batches", len(sample),
+			"transaction_max_items", r.txLimit)
 		_, tables, err := newTables(ctx, client, false)
 		if err != nil {
 			return err
@@ -215,7 +222,7 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 		if err != nil {
 			return err
 		}
-		run.SDK, err = sdkLoop(ctx, client, tables, sample, r.cfg.UplinkConcurrency)
+		run.SDK, err = sdkLoop(ctx, client, tables, sample, r.cfg.UplinkConcurrency, mode, r.txLimit)
 		cpu1, cerr := procCPU(os.Getpid())
 		run.SDK.ClientCPU = (cpu1 - cpu0).Seconds()
 		err = errors.Join(err, cerr)
@@ -238,8 +245,10 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 		}
 	}
 	run.Gateway.WCU = gatewayWCU(run.Gateway, run.Pricing)
-	run.SDKWCU = (float64(run.SDK.Readings)+float64(run.SDK.Unprocessed))*run.Pricing.ReadingWCU +
-		float64(run.SDK.Requests["PutItem"])*run.Pricing.MarkerWCU
+	sdkBatchReadings := float64(run.SDK.Readings - int(run.SDK.TxReadings))
+	run.SDKWCU = (sdkBatchReadings+float64(run.SDK.Unprocessed))*run.Pricing.ReadingWCU +
+		float64(run.SDK.Requests["PutItem"])*run.Pricing.MarkerWCU +
+		2*(float64(run.SDK.TxReadings)*run.Pricing.ReadingWCU+float64(run.SDK.Requests["TransactWriteItems"])*run.Pricing.MarkerWCU)
 	return run, nil
 }
 
@@ -254,8 +263,12 @@ func gatewayWCU(g gatewayDrain, p itemPricing) float64 {
 
 func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir, mode string) (gatewayDrain, error) {
 	gd := gatewayDrain{Mode: mode, Requests: map[string]float64{}}
+	// AIMD would raise the requests in flight above uplink.concurrency;
+	// the ceiling is pinned to it, so that gatewayd and the SDK loop run at
+	// the same concurrency.
 	env := r.env("GATEWAY_UPLINK_WRITE_MODE="+mode,
-		fmt.Sprintf("GATEWAY_UPLINK_CONCURRENCY=%d", r.cfg.UplinkConcurrency))
+		fmt.Sprintf("GATEWAY_UPLINK_CONCURRENCY=%d", r.cfg.UplinkConcurrency),
+		fmt.Sprintf("GATEWAY_UPLINK_MAX_CONCURRENCY=%d", r.cfg.UplinkConcurrency))
 	logPath := filepath.Join(r.work, "gatewayd-drain-"+mode+".log")
 
 	// The same backlog, not forwarding: the memory baseline.

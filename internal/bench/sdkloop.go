@@ -157,34 +157,41 @@ func probeCapacity(ctx context.Context, client *dynamodb.Client, tables cloud.Ta
 
 // sdkResult is what the SDK loop did.
 type sdkResult struct {
-	Concurrency      int              `json:"concurrency"`
-	Batches          int              `json:"batches"`
-	Readings         int              `json:"readings"`
-	Seconds          float64          `json:"seconds"`
-	Requests         map[string]int64 `json:"requests"`
-	Unprocessed      int64            `json:"unprocessed_items"`
-	ConsumedWCU      float64          `json:"consumed_wcu_reported"`
-	ConsumedReported bool             `json:"consumed_reported"`
+	Concurrency int              `json:"concurrency"`
+	Batches     int              `json:"batches"`
+	Readings    int              `json:"readings"`
+	Seconds     float64          `json:"seconds"`
+	Requests    map[string]int64 `json:"requests"`
+	Unprocessed int64            `json:"unprocessed_items"`
+	// TxReadings is how many readings went up in transactions.
+	TxReadings       int64   `json:"transaction_readings"`
+	ConsumedWCU      float64 `json:"consumed_wcu_reported"`
+	ConsumedReported bool    `json:"consumed_reported"`
 	// ClientCPU is the CPU time of the benchmark process during the loop.
 	ClientCPU float64 `json:"cpu_s"`
 }
 
 // sdkLoop is the drain's baseline: a minimal loop that writes the same items
-// the uplink writes, with the same client settings and concurrency. Each
-// worker takes every concurrency-th batch, packs their readings 25 to a
-// BatchWriteItem and, once all of a batch's readings are written, puts its
-// conditional marker.
-func sdkLoop(ctx context.Context, client *dynamodb.Client, tables cloud.Tables, batches []*itemBatch, concurrency int) (sdkResult, error) {
+// with the same requests as the uplink in write mode mode, with the same
+// client settings and concurrency. Each worker takes every concurrency-th
+// batch. In "batch" mode it packs their readings 25 to a BatchWriteItem and,
+// once all of a batch's readings are written, puts its conditional marker.
+// In "transaction" mode it writes each batch as the uplink does: its
+// readings and marker in one TransactWriteItems when they fit in txLimit
+// actions, otherwise the batch's readings (BatchWriteItem, 25 at a time)
+// and then its marker.
+func sdkLoop(ctx context.Context, client *dynamodb.Client, tables cloud.Tables, batches []*itemBatch, concurrency int, mode string, txLimit int) (sdkResult, error) {
 	res := sdkResult{Concurrency: concurrency, Batches: len(batches), Requests: map[string]int64{}}
 	for _, b := range batches {
 		res.Readings += len(b.readings)
 	}
 	var (
-		bw, puts, unprocessed atomic.Int64
-		mu                    sync.Mutex
-		consumed              float64
-		reported              bool
-		firstErr              error
+		bw, puts, txs, txReadings atomic.Int64
+		unprocessed               atomic.Int64
+		mu                        sync.Mutex
+		consumed                  float64
+		reported                  bool
+		firstErr                  error
 	)
 	record := func(cc ...types.ConsumedCapacity) {
 		mu.Lock()
@@ -237,6 +244,14 @@ func sdkLoop(ctx context.Context, client *dynamodb.Client, tables cloud.Tables, 
 			}
 			for i := w; i < len(batches); i += concurrency {
 				b := batches[i]
+				if mode == "transaction" && len(b.readings)+1 <= txLimit {
+					if err := transactBatch(ctx, client, tables, b, &txs, record); err != nil {
+						fail(err)
+						return
+					}
+					txReadings.Add(int64(len(b.readings)))
+					continue
+				}
 				for _, r := range b.readings {
 					if len(chunk) == batchWriteMax {
 						if err := flush(); err != nil {
@@ -247,6 +262,14 @@ func sdkLoop(ctx context.Context, client *dynamodb.Client, tables cloud.Tables, 
 					chunk = append(chunk, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
 				}
 				complete = append(complete, b)
+				if mode == "transaction" {
+					// One batch's readings, then its marker: no packing
+					// across batches.
+					if err := flush(); err != nil {
+						fail(err)
+						return
+					}
+				}
 			}
 			if err := flush(); err != nil {
 				fail(err)
@@ -257,9 +280,43 @@ func sdkLoop(ctx context.Context, client *dynamodb.Client, tables cloud.Tables, 
 	res.Seconds = time.Since(begin).Seconds()
 	res.Requests["BatchWriteItem"] = bw.Load()
 	res.Requests["PutItem"] = puts.Load()
+	if n := txs.Load(); n > 0 {
+		res.Requests["TransactWriteItems"] = n
+	}
 	res.Unprocessed = unprocessed.Load()
+	res.TxReadings = txReadings.Load()
 	res.ConsumedWCU, res.ConsumedReported = consumed, reported
 	return res, firstErr
+}
+
+// transactBatch writes a batch's readings and its conditional marker in
+// one TransactWriteItems; a cancellation on the marker alone means an
+// earlier attempt wrote it.
+func transactBatch(ctx context.Context, client *dynamodb.Client, tables cloud.Tables, b *itemBatch, txs *atomic.Int64, record func(...types.ConsumedCapacity)) error {
+	items := make([]types.TransactWriteItem, 0, len(b.readings)+1)
+	for _, r := range b.readings {
+		items = append(items, types.TransactWriteItem{Put: &types.Put{TableName: aws.String(tables.Readings), Item: r}})
+	}
+	items = append(items, types.TransactWriteItem{Put: &types.Put{
+		TableName: aws.String(tables.ProcessedBatches), Item: b.marker,
+		ConditionExpression: aws.String(markerCondition),
+	}})
+	for attempt := 1; ; attempt++ {
+		txs.Add(1)
+		out, err := client.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{
+			TransactItems: items, ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
+		})
+		var tce *types.TransactionCanceledException
+		switch {
+		case err == nil:
+			record(out.ConsumedCapacity...)
+			return nil
+		case attempt > 1 && errors.As(err, &tce):
+			return nil // written by an earlier attempt
+		case ctx.Err() != nil || attempt == sdkAttempts:
+			return fmt.Errorf("TransactWriteItems: %w", err)
+		}
+	}
 }
 
 // batchWriteMax is BatchWriteItem's item limit.
