@@ -704,6 +704,16 @@ func (b *Buffer) Stats() Stats {
 // Pending returns up to limit queued batches with a sequence number greater
 // than after, oldest first.
 func (b *Buffer) Pending(after uint64, limit int) ([]Pending, error) {
+	out, err := b.readQueue(after, limit, decodePending)
+	if err != nil && !errors.Is(err, ErrClosed) {
+		return nil, fmt.Errorf("reading pending batches: %w", err)
+	}
+	return out, err
+}
+
+// readQueue decodes up to limit queue entries with a sequence number
+// greater than after, oldest first.
+func (b *Buffer) readQueue(after uint64, limit int, decode func(seq uint64, v []byte) (Pending, error)) ([]Pending, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
@@ -724,7 +734,7 @@ func (b *Buffer) Pending(after uint64, limit int) ([]Pending, error) {
 				b.floor.raise(seq)
 			}
 			if err := item.Value(func(v []byte) error {
-				p, err := decodePending(seq, v)
+				p, err := decode(seq, v)
 				if err != nil {
 					return fmt.Errorf("queue entry %d: %w", seq, err)
 				}
@@ -736,10 +746,7 @@ func (b *Buffer) Pending(after uint64, limit int) ([]Pending, error) {
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("reading pending batches: %w", err)
-	}
-	return out, nil
+	return out, err
 }
 
 // MarkDelivered removes delivered batches from the queue and keeps their
