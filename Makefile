@@ -24,6 +24,8 @@ run: build dynamodb-local ## run the gateway, DynamoDB Local, its tables and a f
 
 test: dynamodb-local test-deps lint ## every test, integration and 3-minute soak included, with the race detector; then each fuzz target briefly
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@# Tests that measure the production build (race instrumentation changes what they measure).
+	$(GO) test -count=1 -run '^TestIdleConnectionStacksShrink$$' ./gateway/
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME)
 
 test-deps: ## install (as root, in one apt run) the Debian packages the integration tests use
