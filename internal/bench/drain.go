@@ -296,7 +296,7 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 	if err != nil {
 		return gd, err
 	}
-	defer g.proc.kill()
+	defer g.proc.Kill()
 	// Counters start at zero with the process, so its totals are what it
 	// forwarded; the time runs from ready (forwarding starts with the
 	// process, a few milliseconds earlier at most) to an empty queue.

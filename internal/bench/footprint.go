@@ -95,7 +95,7 @@ func (r *runner) timeToReady(ctx context.Context, dir, name string) (float64, me
 	}
 	mem, err := procMemory(g.pid())
 	if err != nil {
-		g.proc.kill()
+		g.proc.Kill()
 		return 0, memory{}, err
 	}
 	return g.ready.Seconds(), mem, g.stop()

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"greenhouse-gateway/internal/proc"
 )
 
 // gatewayd settings of the benchmark.
@@ -59,7 +61,7 @@ type gatewayd struct {
 	httpAddr string
 	// pprofAddr serves gatewayd's profiles (debug.pprof_addr).
 	pprofAddr string
-	proc      *process
+	proc      *proc.Process
 	started   time.Time
 	// ready is the time from the process start to the first /readyz 200.
 	ready time.Duration
@@ -98,14 +100,14 @@ func startGatewayd(ctx context.Context, spec gatewaydSpec) (*gatewayd, error) {
 	cmd.Env = gatewaydEnv(spec.env)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	g.started = time.Now()
-	if g.proc, err = startProcess("gatewayd", cmd); err != nil {
+	if g.proc, err = proc.Start("gatewayd", cmd); err != nil {
 		return nil, err
 	}
 	poll := &http.Client{Timeout: time.Second}
 	deadline := g.started.Add(readyTimeout)
 	for {
-		if g.proc.exited() {
-			return nil, fmt.Errorf("gatewayd exited during startup: %v\n%s", g.proc.err, tailFile(spec.logPath, 4096))
+		if g.proc.Exited() {
+			return nil, fmt.Errorf("gatewayd exited during startup: %v\n%s", g.proc.Err(), tailFile(spec.logPath, 4096))
 		}
 		if resp, err := poll.Get("http://" + httpAddr + "/readyz"); err == nil {
 			resp.Body.Close()
@@ -115,7 +117,7 @@ func startGatewayd(ctx context.Context, spec gatewaydSpec) (*gatewayd, error) {
 			}
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			g.proc.kill()
+			g.proc.Kill()
 			return nil, fmt.Errorf("gatewayd not ready within %s\n%s", readyTimeout, tailFile(spec.logPath, 4096))
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -136,11 +138,11 @@ func gatewaydEnv(extra []string) []string {
 	return append(env, extra...)
 }
 
-func (g *gatewayd) pid() int { return g.proc.pid() }
+func (g *gatewayd) pid() int { return g.proc.Pid() }
 
 // stop stops gatewayd with SIGTERM (SIGKILL after 20 seconds).
 func (g *gatewayd) stop() error {
-	if err := g.proc.stop(stopTimeout); err != nil {
+	if err := g.proc.Stop(stopTimeout); err != nil {
 		return fmt.Errorf("%w\n%s", err, tailFile(g.spec.logPath, 4096))
 	}
 	return nil

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"greenhouse-gateway/internal/proc"
 )
 
 // DiscardCommand is the hidden subcommand of cmd/bench that runs the HTTP
@@ -57,7 +59,7 @@ func ServeDiscard(ctx context.Context, addr string) error {
 // discardServer is the baseline server, run as `bench discard-server`.
 type discardServer struct {
 	addr string
-	proc *process
+	proc *proc.Process
 }
 
 func startDiscardServer(logPath string) (*discardServer, error) {
@@ -77,17 +79,17 @@ func startDiscardServer(logPath string) (*discardServer, error) {
 	cmd := exec.Command(self, DiscardCommand, "--addr", addr)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	s := &discardServer{addr: addr}
-	if s.proc, err = startProcess("discard-server", cmd); err != nil {
+	if s.proc, err = proc.Start("discard-server", cmd); err != nil {
 		return nil, err
 	}
 	if err := waitTCP(s.proc, addr, 10*time.Second); err != nil {
-		s.proc.kill()
+		s.proc.Kill()
 		return nil, fmt.Errorf("%w\n%s", err, tailFile(logPath, 2048))
 	}
 	return s, nil
 }
 
-func (s *discardServer) stop() error { return s.proc.stop(stopTimeout) }
+func (s *discardServer) stop() error { return s.proc.Stop(stopTimeout) }
 
 // httpResult is what an HTTP load measured.
 type httpResult struct {

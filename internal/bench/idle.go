@@ -116,7 +116,7 @@ func (r *runner) idleRun(ctx context.Context, bin, name string, n int) (idleRun,
 	if err != nil {
 		return run, err
 	}
-	defer g.proc.kill()
+	defer g.proc.Kill()
 	sample := func(at string) error {
 		b, err := r.breakdown(ctx, g, strings.ReplaceAll(name+"-"+at, " ", "-"))
 		run.Samples[at] = b

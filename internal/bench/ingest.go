@@ -55,7 +55,7 @@ func (r *runner) mqtt(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	defer g.proc.kill()
+	defer g.proc.Kill()
 	sleepCtx(ctx, time.Second)
 	if run.FreshMemory, err = procMemory(g.pid()); err != nil {
 		return err
@@ -151,7 +151,7 @@ func (r *runner) mqtt(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	defer mq.proc.kill()
+	defer mq.proc.Kill()
 	f, err = connectFleet(ctx, fleetSpec{addr: mq.addr, fleet: r.nextFleet(), devices: n, readings: r.cfg.Readings})
 	if err != nil {
 		return err
@@ -159,7 +159,7 @@ func (r *runner) mqtt(ctx context.Context, n int) error {
 	if run.MosquittoPrime, err = f.prime(ctx); err != nil {
 		return err
 	}
-	mcpu := &cpuMark{pid: mq.proc.pid()}
+	mcpu := &cpuMark{pid: mq.proc.Pid()}
 	mself := &cpuMark{pid: os.Getpid()}
 	run.Mosquitto, err = f.closedLoop(ctx, r.cfg.Inflight, r.cfg.Warmup, r.cfg.Duration, mcpu.hooks(mself.hooks()))
 	f.disconnect()
@@ -171,7 +171,7 @@ func (r *runner) mqtt(ctx context.Context, n int) error {
 	}
 	run.Mosquitto.ServerCPU = mcpu.seconds()
 	run.Mosquitto.ClientCPU = mself.seconds()
-	if run.MosquittoMemory, err = procMemory(mq.proc.pid()); err != nil {
+	if run.MosquittoMemory, err = procMemory(mq.proc.Pid()); err != nil {
 		return err
 	}
 	if err := mq.stop(); err != nil {
@@ -232,7 +232,7 @@ func (r *runner) fixed(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer g.proc.kill()
+	defer g.proc.Kill()
 	f, err := connectFleet(ctx, fleetSpec{addr: g.mqttAddr, fleet: r.nextFleet(), devices: n,
 		readings: r.cfg.Readings, key: r.key, waitAck: true})
 	if err != nil {
@@ -262,7 +262,7 @@ func (r *runner) fixed(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer mq.proc.kill()
+	defer mq.proc.Kill()
 	f, err = connectFleet(ctx, fleetSpec{addr: mq.addr, fleet: r.nextFleet(), devices: n, readings: r.cfg.Readings})
 	if err != nil {
 		return err
@@ -270,7 +270,7 @@ func (r *runner) fixed(ctx context.Context) error {
 	if _, err := f.prime(ctx); err != nil {
 		return err
 	}
-	mcpu := &cpuMark{pid: mq.proc.pid()}
+	mcpu := &cpuMark{pid: mq.proc.Pid()}
 	run.Mosquitto, err = f.openLoop(ctx, r.cfg.FixedRate, r.cfg.Warmup, r.cfg.Duration, mcpu.hooks())
 	f.disconnect()
 	if err != nil {
@@ -311,7 +311,7 @@ func (r *runner) http(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer g.proc.kill()
+	defer g.proc.Kill()
 	cpu := &cpuMark{pid: g.pid()}
 	met := &metricsMark{g: g, ctx: ctx}
 	run.Gateway, err = httpLoad(ctx, "http://"+g.httpAddr+"/v1/readings", r.key, r.nextFleet(), r.cfg.HTTPClients,
@@ -333,8 +333,8 @@ func (r *runner) http(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer ds.proc.kill()
-	dcpu := &cpuMark{pid: ds.proc.pid()}
+	defer ds.proc.Kill()
+	dcpu := &cpuMark{pid: ds.proc.Pid()}
 	run.Discard, err = httpLoad(ctx, "http://"+ds.addr+"/v1/readings", r.key, r.nextFleet(), r.cfg.HTTPClients,
 		r.cfg.Readings, r.cfg.Warmup, r.cfg.Duration, dcpu.hooks())
 	if err != nil {

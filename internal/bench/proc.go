@@ -10,93 +10,14 @@ import (
 	"io/fs"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"greenhouse-gateway/internal/proc"
 )
-
-// process is one child process in its own process group.
-//
-// Start and Wait run on one locked OS thread: the child gets
-// PR_SET_PDEATHSIG=SIGKILL, which fires when the thread that forked it
-// exits, so that thread lives exactly as long as the child, and the child
-// dies with the benchmark if the benchmark dies.
-type process struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited and was reaped
-	err  error         // Wait's result, valid after done
-}
-
-func startProcess(name string, cmd *exec.Cmd) (*process, error) {
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	p := &process{name: name, cmd: cmd, done: make(chan struct{})}
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the child
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	if err := <-started; err != nil {
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	return p, nil
-}
-
-func (p *process) pid() int { return p.cmd.Process.Pid }
-
-func (p *process) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *process) wait(timeout time.Duration) bool {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-p.done:
-		return true
-	case <-t.C:
-		return false
-	}
-}
-
-// stop sends SIGTERM to the process group, waits up to timeout, then kills
-// the group. It returns an error when the process had to be killed.
-func (p *process) stop(timeout time.Duration) error {
-	if p.exited() {
-		return nil
-	}
-	_ = syscall.Kill(-p.pid(), syscall.SIGTERM)
-	if p.wait(timeout) {
-		return nil
-	}
-	p.kill()
-	return fmt.Errorf("%s (pid %d) did not exit within %s of SIGTERM; killed", p.name, p.pid(), timeout)
-}
-
-// kill sends SIGKILL to the process group and waits, at most 10 seconds,
-// until the process is reaped.
-func (p *process) kill() {
-	if p.exited() {
-		return
-	}
-	_ = syscall.Kill(-p.pid(), syscall.SIGKILL)
-	p.wait(10 * time.Second)
-}
 
 // clockTick is the kernel's USER_HZ, the unit of utime and stime in
 // /proc/PID/stat; it is 100 on every Linux architecture Go supports.
@@ -251,18 +172,18 @@ func freeAddr() (string, error) {
 }
 
 // waitTCP waits until addr accepts a connection, p exits, or timeout.
-func waitTCP(p *process, addr string, timeout time.Duration) error {
+func waitTCP(p *proc.Process, addr string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		if p.exited() {
-			return fmt.Errorf("%s exited during startup: %v", p.name, p.err)
+		if p.Exited() {
+			return fmt.Errorf("%s exited during startup: %v", p.Name, p.Err())
 		}
 		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			return c.Close()
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s did not accept connections on %s within %s: %w", p.name, addr, timeout, err)
+			return fmt.Errorf("%s did not accept connections on %s within %s: %w", p.Name, addr, timeout, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

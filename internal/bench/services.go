@@ -16,6 +16,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"greenhouse-gateway/internal/cloud"
+
+	"greenhouse-gateway/internal/proc"
 )
 
 // Child process settings.
@@ -36,7 +38,7 @@ var dynamoJVMOptions = []string{"-Xms512m", "-Xmx2g", "-XX:+UseSerialGC", "-XX:-
 type dynamoLocal struct {
 	endpoint string
 	logPath  string
-	proc     *process
+	proc     *proc.Process
 	client   *dynamodb.Client // SDK defaults (3 attempts), as gatewayctl uses
 }
 
@@ -71,17 +73,17 @@ func startDynamoLocal(ctx context.Context, root, workDir string) (*dynamoLocal, 
 	cmd := exec.Command(java, args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if d.proc, err = startProcess("dynamodb-local", cmd); err != nil {
+	if d.proc, err = proc.Start("dynamodb-local", cmd); err != nil {
 		return nil, err
 	}
 	if d.client, err = cloud.NewClient(ctx, cloud.Config{Endpoint: d.endpoint, Region: awsRegion}); err != nil {
-		d.proc.kill()
+		d.proc.Kill()
 		return nil, err
 	}
 	deadline := time.Now().Add(dynamoStartTimeout)
 	for {
-		if d.proc.exited() {
-			return nil, fmt.Errorf("dynamodb local exited during startup: %v\n%s", d.proc.err, tailFile(d.logPath, 2048))
+		if d.proc.Exited() {
+			return nil, fmt.Errorf("dynamodb local exited during startup: %v\n%s", d.proc.Err(), tailFile(d.logPath, 2048))
 		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		_, err := d.client.ListTables(cctx, &dynamodb.ListTablesInput{Limit: aws.Int32(1)})
@@ -90,7 +92,7 @@ func startDynamoLocal(ctx context.Context, root, workDir string) (*dynamoLocal, 
 			return d, nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			d.proc.kill()
+			d.proc.Kill()
 			return nil, fmt.Errorf("dynamodb local did not answer on %s within %s: %v\n%s",
 				d.endpoint, dynamoStartTimeout, err, tailFile(d.logPath, 2048))
 		}
@@ -98,14 +100,14 @@ func startDynamoLocal(ctx context.Context, root, workDir string) (*dynamoLocal, 
 	}
 }
 
-func (d *dynamoLocal) stop() { d.proc.kill() }
+func (d *dynamoLocal) stop() { d.proc.Kill() }
 
 // mosquitto is Debian's mosquitto broker: the baseline. It keeps nothing on
 // disk (persistence false) and acknowledges QoS 1 publishes at once.
 type mosquitto struct {
 	addr    string
 	logPath string
-	proc    *process
+	proc    *proc.Process
 }
 
 func startMosquitto(workDir string) (*mosquitto, error) {
@@ -136,14 +138,14 @@ func startMosquitto(workDir string) (*mosquitto, error) {
 	}
 	cmd := exec.Command(mosquittoPath, "-c", confPath)
 	cmd.Dir = dir
-	if m.proc, err = startProcess("mosquitto", cmd); err != nil {
+	if m.proc, err = proc.Start("mosquitto", cmd); err != nil {
 		return nil, err
 	}
 	if err := waitTCP(m.proc, addr, mosquittoStartTimeout); err != nil {
-		m.proc.kill()
+		m.proc.Kill()
 		return nil, fmt.Errorf("%w\n%s", err, tailFile(m.logPath, 2048))
 	}
 	return m, nil
 }
 
-func (m *mosquitto) stop() error { return m.proc.stop(stopTimeout) }
+func (m *mosquitto) stop() error { return m.proc.Stop(stopTimeout) }

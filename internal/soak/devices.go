@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"greenhouse-gateway/internal/devicesim"
+
+	"greenhouse-gateway/internal/proc"
 )
 
 // fleet is the simulated devices of one scenario: two devicesim processes
@@ -30,7 +32,7 @@ type fleet struct {
 
 type sim struct {
 	name    string
-	proc    *process
+	proc    *proc.Process
 	report  string
 	logPath string
 }
@@ -84,7 +86,7 @@ func startFleet(c fleetConfig) (*fleet, error) {
 		cmd := exec.Command(c.bin, args...)
 		cmd.Env = append(os.Environ(), "DEVICESIM_API_KEY="+c.apiKey)
 		cmd.Stdout, cmd.Stderr = logFile, logFile
-		s.proc, err = startProcess("devicesim-"+p.name, cmd)
+		s.proc, err = proc.Start("devicesim-"+p.name, cmd)
 		logFile.Close()
 		if err != nil {
 			fl.stop()
@@ -103,14 +105,14 @@ func (fl *fleet) wait(ctx context.Context, timeout time.Duration) error {
 	var errs []error
 	for _, s := range fl.sims {
 		select {
-		case <-s.proc.done:
+		case <-s.proc.Done():
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
 			return fmt.Errorf("devicesim (%s) still running %s after its load ended", s.name, timeout)
 		}
-		if code := s.proc.exitCode(); code != 0 {
-			errs = append(errs, fmt.Errorf("devicesim (%s) %s:\n%s", s.name, s.proc.exitDescription(), tail(s.logPath, 2048)))
+		if code := s.proc.ExitCode(); code != 0 {
+			errs = append(errs, fmt.Errorf("devicesim (%s) %s:\n%s", s.name, s.proc.ExitDescription(), tail(s.logPath, 2048)))
 		}
 	}
 	return errors.Join(errs...)
@@ -120,13 +122,13 @@ func (fl *fleet) wait(ctx context.Context, timeout time.Duration) error {
 // without draining), then SIGKILL.
 func (fl *fleet) stop() {
 	for _, s := range fl.sims {
-		if !s.proc.exited() {
-			_ = s.proc.signal(syscall.SIGTERM)
+		if !s.proc.Exited() {
+			_ = s.proc.Signal(syscall.SIGTERM)
 		}
 	}
 	for _, s := range fl.sims {
-		if !s.proc.wait(10 * time.Second) {
-			_ = s.proc.kill()
+		if !s.proc.Wait(10 * time.Second) {
+			_ = s.proc.Kill()
 		}
 	}
 }

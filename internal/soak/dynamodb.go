@@ -15,6 +15,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"greenhouse-gateway/internal/cloud"
+
+	"greenhouse-gateway/internal/proc"
 )
 
 // DynamoDB Local settings.
@@ -42,7 +44,7 @@ type dynamoLocal struct {
 	port     int
 	endpoint string
 	logPath  string
-	proc     *process
+	proc     *proc.Process
 	paused   bool
 	starts   int
 }
@@ -91,13 +93,13 @@ func (d *dynamoLocal) start(ctx context.Context) error {
 	cmd := exec.Command(java, args...)
 	cmd.Dir = d.install
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	d.proc, err = startProcess("dynamodb-local", cmd)
+	d.proc, err = proc.Start("dynamodb-local", cmd)
 	if err != nil {
 		return err
 	}
 	d.paused = false
 	if err := d.waitReady(ctx); err != nil {
-		_ = d.proc.kill()
+		_ = d.proc.Kill()
 		return fmt.Errorf("%w\n%s", err, tail(d.logPath, 2048))
 	}
 	return nil
@@ -112,8 +114,8 @@ func (d *dynamoLocal) waitReady(ctx context.Context) error {
 	}
 	var lastErr error
 	for {
-		if d.proc.exited() {
-			return fmt.Errorf("dynamodb local exited during startup: %s", d.proc.exitDescription())
+		if d.proc.Exited() {
+			return fmt.Errorf("dynamodb local exited during startup: %s", d.proc.ExitDescription())
 		}
 		if conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(d.port), time.Second); err == nil {
 			_ = conn.Close()
@@ -142,12 +144,12 @@ func (d *dynamoLocal) kill() error {
 		return nil
 	}
 	d.paused = false
-	return d.proc.kill()
+	return d.proc.Kill()
 }
 
 // pause stops the JVM with SIGSTOP: connections stay open, requests hang.
 func (d *dynamoLocal) pause() error {
-	if err := d.proc.signal(syscall.SIGSTOP); err != nil {
+	if err := d.proc.Signal(syscall.SIGSTOP); err != nil {
 		return err
 	}
 	d.paused = true
@@ -159,7 +161,7 @@ func (d *dynamoLocal) resume() error {
 	if !d.paused {
 		return nil
 	}
-	if err := d.proc.signal(syscall.SIGCONT); err != nil {
+	if err := d.proc.Signal(syscall.SIGCONT); err != nil {
 		return err
 	}
 	d.paused = false
@@ -168,7 +170,7 @@ func (d *dynamoLocal) resume() error {
 
 // ensureRunning resumes a paused JVM and restarts a dead one.
 func (d *dynamoLocal) ensureRunning(ctx context.Context) error {
-	if d.proc != nil && !d.proc.exited() {
+	if d.proc != nil && !d.proc.Exited() {
 		return d.resume()
 	}
 	return d.start(ctx)

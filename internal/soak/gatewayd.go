@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"greenhouse-gateway/internal/proc"
 )
 
 // gatewayd settings of a soak.
@@ -69,7 +71,7 @@ type gatewayd struct {
 	// offset at each start; empty leaves gatewayd's default.
 	writeModes []string
 	offset     int
-	proc       *process
+	proc       *proc.Process
 	starts     int
 	mode       string // write mode of the current process
 }
@@ -132,15 +134,15 @@ func (g *gatewayd) start(ctx context.Context) error {
 		"--table-prefix", g.prefix, "--mqtt-addr", g.mqttAddr, "--http-addr", g.httpAddr, "--log-level", "info")
 	cmd.Env = g.environ(g.mode)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if g.proc, err = startProcess("gatewayd", cmd); err != nil {
+	if g.proc, err = proc.Start("gatewayd", cmd); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	client := &http.Client{Timeout: 2 * time.Second}
 	for {
-		if g.proc.exited() {
-			return fmt.Errorf("gatewayd exited during startup (%s):\n%s", g.proc.exitDescription(), tail(g.logPath, 4096))
+		if g.proc.Exited() {
+			return fmt.Errorf("gatewayd exited during startup (%s):\n%s", g.proc.ExitDescription(), tail(g.logPath, 4096))
 		}
 		if resp, err := client.Get("http://" + g.httpAddr + "/readyz"); err == nil {
 			resp.Body.Close()
@@ -150,7 +152,7 @@ func (g *gatewayd) start(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			_ = g.proc.kill()
+			_ = g.proc.Kill()
 			return fmt.Errorf("gatewayd not ready within %s:\n%s", readyTimeout, tail(g.logPath, 4096))
 		case <-time.After(25 * time.Millisecond):
 		}
@@ -158,14 +160,14 @@ func (g *gatewayd) start(ctx context.Context) error {
 }
 
 // running reports whether the current process is alive.
-func (g *gatewayd) running() bool { return g.proc != nil && !g.proc.exited() }
+func (g *gatewayd) running() bool { return g.proc != nil && !g.proc.Exited() }
 
 // kill9 kills gatewayd with SIGKILL and waits until it is reaped.
 func (g *gatewayd) kill9() error {
 	if !g.running() {
 		return nil
 	}
-	return g.proc.kill()
+	return g.proc.Kill()
 }
 
 // term sends SIGTERM and waits up to the shutdown deadline plus a grace for
@@ -173,17 +175,17 @@ func (g *gatewayd) kill9() error {
 // did not exit with status 0 within the deadline.
 func (g *gatewayd) term() (time.Duration, error) {
 	begin := time.Now()
-	if err := g.proc.signal(syscall.SIGTERM); err != nil {
+	if err := g.proc.Signal(syscall.SIGTERM); err != nil {
 		return 0, err
 	}
 	const grace = 5 * time.Second
-	if !g.proc.wait(shutdownTimeout + grace) {
-		_ = g.proc.kill()
+	if !g.proc.Wait(shutdownTimeout + grace) {
+		_ = g.proc.Kill()
 		return time.Since(begin), fmt.Errorf("gatewayd still running %s after SIGTERM (deadline %s); killed", shutdownTimeout+grace, shutdownTimeout)
 	}
 	took := time.Since(begin)
-	if code := g.proc.exitCode(); code != 0 {
-		return took, fmt.Errorf("gatewayd exited with %s after SIGTERM, after %s", g.proc.exitDescription(), took.Round(time.Millisecond))
+	if code := g.proc.ExitCode(); code != 0 {
+		return took, fmt.Errorf("gatewayd exited with %s after SIGTERM, after %s", g.proc.ExitDescription(), took.Round(time.Millisecond))
 	}
 	if took > shutdownTimeout+time.Second {
 		return took, fmt.Errorf("gatewayd took %s to stop, past its %s deadline", took.Round(time.Millisecond), shutdownTimeout)

@@ -546,7 +546,7 @@ func (s *scenario) ensureGateway(ctx context.Context) bool {
 		return true
 	}
 	if s.gw.proc != nil {
-		s.problem("gatewayd exited on its own (%s); log tail:\n%s", s.gw.proc.exitDescription(), tail(s.gw.logPath, 2048))
+		s.problem("gatewayd exited on its own (%s); log tail:\n%s", s.gw.proc.ExitDescription(), tail(s.gw.logPath, 2048))
 	}
 	return s.restartGateway(ctx)
 }

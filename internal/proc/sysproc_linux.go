@@ -1,4 +1,4 @@
-package soak
+package proc
 
 import "syscall"
 

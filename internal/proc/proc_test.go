@@ -1,0 +1,56 @@
+package proc
+
+import (
+	"bufio"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestStopKillsAProcessThatIgnoresSIGTERM(t *testing.T) {
+	// The shell ignores SIGTERM, and so does the sleep it becomes (an
+	// ignored signal stays ignored across exec).
+	cmd := exec.Command("sh", "-c", "trap '' TERM; echo ready; exec sleep 30")
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	p, err := Start("stubborn", cmd)
+	require.NoError(t, err)
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "ready\n", line)
+	require.False(t, p.Exited())
+	err = p.Stop(300 * time.Millisecond)
+	require.ErrorContains(t, err, "did not exit within 300ms of SIGTERM; killed")
+	require.True(t, p.Exited())
+	require.Equal(t, -1, p.ExitCode(), "ended by a signal")
+	require.Equal(t, "signal: killed", p.ExitDescription())
+	require.ErrorContains(t, p.Signal(syscall.SIGTERM), "has exited: signal: killed")
+}
+
+func TestKillEndsAStoppedProcess(t *testing.T) {
+	p, err := Start("frozen", exec.Command("sleep", "30"))
+	require.NoError(t, err)
+	require.NoError(t, p.Signal(syscall.SIGSTOP))
+	require.NoError(t, p.Kill())
+	require.True(t, p.Exited())
+	select {
+	case <-p.Done():
+	default:
+		t.Fatal("Done is not closed after Kill")
+	}
+}
+
+func TestExitStatus(t *testing.T) {
+	p, err := Start("failing", exec.Command("sh", "-c", "exit 3"))
+	require.NoError(t, err)
+	require.True(t, p.Wait(10*time.Second))
+	require.Equal(t, 3, p.ExitCode())
+	require.Equal(t, "exit status 3", p.ExitDescription())
+	require.NoError(t, p.Stop(time.Second), "stopping an exited process is a no-op")
+
+	_, err = Start("missing", exec.Command("/nonexistent/binary"))
+	require.ErrorContains(t, err, "starting missing:")
+}
