@@ -1,10 +1,8 @@
 package buffer
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -530,98 +528,6 @@ type scanResult struct {
 
 // scan reads every record and decodes it.
 func (b *Buffer) scan() (scanResult, error) { return scanDB(b.db) }
-
-func scanDB(db *badger.DB) (scanResult, error) {
-	s := scanResult{nextSeq: 1}
-	err := db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: true, PrefetchSize: 100})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			item := it.Item()
-			k := item.Key()
-			err := item.Value(func(v []byte) error {
-				switch {
-				case bytes.HasPrefix(k, queuePrefix):
-					seq, ok := parseQueueKey(k)
-					if !ok {
-						return fmt.Errorf("malformed queue key %q", k)
-					}
-					p, err := decodePendingHeader(seq, v)
-					if err != nil {
-						return fmt.Errorf("queue entry %d: %w", seq, err)
-					}
-					if seq >= s.nextSeq {
-						s.nextSeq = seq + 1
-					}
-					s.pendingBatches++
-					s.pendingBytes += int64(len(v))
-					s.usage.Pending += queueRecord(len(v))
-					_ = p
-				case bytes.HasPrefix(k, markerPrefix):
-					m, err := decodeMarker(v)
-					if err != nil {
-						return fmt.Errorf("marker %q: %w", k, err)
-					}
-					size := markerRecord(len(k) - len(markerPrefix))
-					switch m.state {
-					case statePending:
-						s.usage.Pending += size
-					case stateDelivered:
-						s.usage.Delivered += size
-						s.usage.DeliveredMarkers++
-					case stateDead:
-						s.usage.Dead += size
-					}
-				case bytes.HasPrefix(k, expiryPrefix):
-					if len(k) < len(expiryPrefix)+8 {
-						return fmt.Errorf("malformed collection key %q", k)
-					}
-					s.usage.Delivered += expiryRecord(len(k) - len(expiryPrefix) - 8)
-				case bytes.HasPrefix(k, deadPrefix):
-					if _, err := decodePendingHeader(0, v); err != nil {
-						return fmt.Errorf("dead letter %q: %w", k, err)
-					}
-					s.usage.Dead += deadRecord(len(k)-len(deadPrefix), len(v))
-					s.usage.DeadBatches++
-				case bytes.HasPrefix(k, historyPrefix):
-					d, err := decodeHistory(v)
-					if err != nil {
-						return fmt.Errorf("history record %q: %w", k, err)
-					}
-					s.usage.History += historyRecord(len(k), len(v))
-					s.usage.HistoryBatches++
-					s.historySpan = max(s.historySpan, d.LastMS-d.FirstMS)
-				case bytes.HasPrefix(k, historyIndexPrefix):
-					if len(k) < len(historyIndexPrefix)+8 {
-						return fmt.Errorf("malformed history index key %q", k)
-					}
-					hkey, _, err := decodeHistoryIndexValue(v)
-					if err != nil {
-						return fmt.Errorf("history index entry %q: %w", k, err)
-					}
-					s.usage.History += historyIndexRecord(len(k)-len(historyIndexPrefix)-8, len(hkey))
-				case bytes.HasPrefix(k, statePrefix):
-					s.usage.State += recordSize(len(k), len(v))
-					s.stateRecords++
-				case bytes.Equal(k, seqKey):
-					if len(v) != 8 {
-						return fmt.Errorf("sequence record has %d bytes, want 8", len(v))
-					}
-					s.storedSeq = binary.BigEndian.Uint64(v)
-				default:
-					return fmt.Errorf("unknown record %q", k)
-				}
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	s.nextSeq = max(s.nextSeq, s.storedSeq)
-	return s, err
-}
 
 // recount recomputes the counters from disk, after a failure left part of
 // a write on disk.
