@@ -2,11 +2,15 @@ package buffer
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -157,10 +161,40 @@ func BenchmarkCommitGroupWait(b *testing.B) {
 	}
 }
 
+// footprintReadings is the readings per batch of BenchmarkIngestFootprint.
+var footprintReadings = flag.Int("footprint-readings", 10, "BenchmarkIngestFootprint: readings per batch")
+
+// realisticBatch is batch i of a greenhouse device as JSON, with n
+// readings of four drifting sensor values: Badger compresses its blocks,
+// so how much memory a table builder takes depends on how well the data
+// compresses, and zeros would compress about a hundred times better than
+// readings do.
+func realisticBatch(i, n int) []byte {
+	rng := rand.New(rand.NewPCG(uint64(i), 7))
+	hw := fmt.Sprintf("02:BE:00:%02X:%02X:%02X", byte(i>>16), byte(i>>8), byte(i))
+	start := int64(1_700_000_000_000) + int64(i)*int64(n)*1000
+	out := fmt.Appendf(nil, `{"batch_id":"%s_%08x_%d_%d","hardware_id":"%s","boot_id":"%08x-5b1c-4f7e-9a2d-%012x","firmware_version":"1.0.16","seq":%d,"readings":[`,
+		hw, rng.Uint32(), start, start+int64(n-1)*1000, hw, rng.Uint32(), rng.Uint64()&0xffffffffffff, i)
+	temp := 20 + 5*rng.Float64()
+	for r := range n {
+		if r > 0 {
+			out = append(out, ',')
+		}
+		temp += 0.1 * rng.NormFloat64()
+		out = fmt.Appendf(out, `{"timestamp_ms":%d,"uptime_ms":%d,"sensors":{"bme280_temp_c":%.2f,"humidity_pct":%.1f,"pressure_hpa":%.2f,"soil_moisture_pct":%.1f},"sensor_status":{"bme280":"ok","soil_moisture":"ok"}}`,
+			start+int64(r)*1000, 3_600_000+int64(r)*1000, temp, 95-1.8*temp+rng.NormFloat64(), 1013+2*rng.NormFloat64(), 50+10*rng.Float64())
+	}
+	return fmt.Appendf(out, `],"sent_uptime_ms":%d}`, 3_600_000+int64(n)*1000)
+}
+
+// footprintHeap is where BenchmarkIngestFootprint writes each variant's
+// heap profile, taken after the run's GC with the buffer open.
+var footprintHeap = flag.String("footprint-heap", "", "BenchmarkIngestFootprint: directory for heap profiles")
+
 // BenchmarkIngestFootprint measures the memory Badger takes under
 // sustained ingest with the buffer's options against earlier settings, in
 // the same run: 256 committers (devices waiting for their ack) commit b.N
-// batches of 1,200 bytes (ten readings of canonical JSON). It reports
+// batches of ten readings as devices send them (realisticBatch). It reports
 // commits/s, the largest heap in use seen during the run (sampled every
 // 20 ms), the heap in use after a GC with the buffer still open, and the
 // process's resident set then (which includes Badger's mapped files).
@@ -168,6 +202,7 @@ func BenchmarkCommitGroupWait(b *testing.B) {
 //
 //	go test -run '^$' -bench IngestFootprint -benchtime 100000x ./buffer
 func BenchmarkIngestFootprint(b *testing.B) {
+	b.Logf("batches of %d readings, %d bytes (-footprint-readings)", *footprintReadings, len(realisticBatch(0, *footprintReadings)))
 	variants := []struct {
 		name     string
 		memtable int64
@@ -179,6 +214,9 @@ func BenchmarkIngestFootprint(b *testing.B) {
 		{"memtable=8MiB/memtables=2/index_cache=4MiB", 8 << 20, func(o *badger.Options) { o.IndexCacheSize = 4 << 20 }},
 		{"memtable=8MiB/memtables=2/no_compression", 8 << 20, func(o *badger.Options) { o.Compression = options.None }},
 		{"memtable=8MiB/memtables=2/value_log_above=512B", 8 << 20, func(o *badger.Options) { o.ValueThreshold = 512 }},
+		{"memtable=8MiB/memtables=2/block=16KiB", 8 << 20, func(o *badger.Options) { o.BlockSize = 16 << 10 }},
+		{"memtable=8MiB/memtables=2/tables=512KiB", 8 << 20, func(o *badger.Options) { o.BaseTableSize = 512 << 10; o.BaseLevelSize = 5 * o.BaseTableSize }},
+		{"memtable=8MiB/memtables=2/zstd", 8 << 20, func(o *badger.Options) { o.Compression = options.ZSTD }},
 	}
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
@@ -186,7 +224,10 @@ func BenchmarkIngestFootprint(b *testing.B) {
 			debug.FreeOSMemory()
 			opts := Options{MemTableSize: v.memtable, tuneBadger: v.tune}
 			buf := open(b, b.TempDir(), opts)
-			payload := string(make([]byte, 1200))
+			payloads := make([]string, 1024)
+			for i := range payloads {
+				payloads[i] = string(realisticBatch(i, *footprintReadings))
+			}
 			var peak atomic.Uint64
 			stop := make(chan struct{})
 			sampled := make(chan struct{})
@@ -208,7 +249,7 @@ func BenchmarkIngestFootprint(b *testing.B) {
 				}
 			}()
 			perSec := runCommitters(b, 256, func(i int64) error {
-				_, err := buf.Commit(context.Background(), []Entry{entry(fmt.Sprintf("AA:BB:CC:DD:EE:FF-%09d", i), payload)})
+				_, err := buf.Commit(context.Background(), []Entry{entry(fmt.Sprintf("AA:BB:CC:DD:EE:FF-%09d", i), payloads[i%int64(len(payloads))])})
 				return err
 			})
 			close(stop)
@@ -216,6 +257,12 @@ func BenchmarkIngestFootprint(b *testing.B) {
 			runtime.GC()
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
+			if *footprintHeap != "" {
+				f, err := os.Create(filepath.Join(*footprintHeap, "heap-"+strings.NewReplacer("/", "_", "=", "-").Replace(v.name)+".pb.gz"))
+				require.NoError(b, err)
+				require.NoError(b, pprof.WriteHeapProfile(f))
+				require.NoError(b, f.Close())
+			}
 			b.ReportMetric(perSec, "commits/s")
 			b.ReportMetric(float64(peak.Load())/(1<<20), "peak-heap-MB")
 			b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-after-gc-MB")
