@@ -214,7 +214,14 @@ func BenchmarkIngestFootprint(b *testing.B) {
 		{"memtable=8MiB/memtables=2/index_cache=4MiB", 8 << 20, func(o *badger.Options) { o.IndexCacheSize = 4 << 20 }},
 		{"memtable=8MiB/memtables=2/no_compression", 8 << 20, func(o *badger.Options) { o.Compression = options.None }},
 		{"memtable=8MiB/memtables=2/value_log_above=512B", 8 << 20, func(o *badger.Options) { o.ValueThreshold = 512 }},
+		{"memtable=2MiB/memtables=2/value_log_above=256B/vlog_files=16MiB/l0=2", 2 << 20, func(o *badger.Options) {
+			o.ValueThreshold, o.ValueLogFileSize, o.NumLevelZeroTables = 256, 16<<20, 2
+		}},
 		{"memtable=8MiB/memtables=2/block=16KiB", 8 << 20, func(o *badger.Options) { o.BlockSize = 16 << 10 }},
+		{"memtable=4MiB/memtables=2/block=16KiB", 4 << 20, func(o *badger.Options) { o.BlockSize = 16 << 10 }},
+		{"memtable=4MiB/memtables=2/block=4KiB", 4 << 20, func(o *badger.Options) { o.BlockSize = 4 << 10 }},
+		{"memtable=2MiB/memtables=2/block=16KiB", 2 << 20, func(o *badger.Options) { o.BlockSize = 16 << 10 }},
+		{"memtable=4MiB/memtables=3/block=16KiB", 4 << 20, func(o *badger.Options) { o.BlockSize = 16 << 10; o.NumMemtables = 3 }},
 		{"memtable=8MiB/memtables=2/tables=512KiB", 8 << 20, func(o *badger.Options) { o.BaseTableSize = 512 << 10; o.BaseLevelSize = 5 * o.BaseTableSize }},
 		{"memtable=8MiB/memtables=2/zstd", 8 << 20, func(o *badger.Options) { o.Compression = options.ZSTD }},
 	}

@@ -114,8 +114,8 @@
 // small writes of delivery and state. Open bounds that with Badger options
 // (at most 8 L0 tables, the stall limit; tables of memtable/8 between
 // 256 KiB and 2 MiB at every level; a base level of 5 tables), and
-// RequiredFreeBytes adds it up: 11 memtables and 24 tables, 112 MiB with
-// the default 8 MiB memtable, 17 MiB with a 1 MiB one. Validate refuses a
+// RequiredFreeBytes adds it up: 12 memtables and 24 tables, 60 MiB with
+// the default 4 MiB memtable, 18 MiB with a 1 MiB one. Validate refuses a
 // smaller buffer.min_free_bytes; the default is 256 MiB. Other programs
 // filling the disk are outside that bound.
 //
@@ -126,8 +126,8 @@
 //   - A transaction's Commit (txn.go Txn.Commit, commitAndSend) hands its
 //     entries to Badger's single writer goroutine (db.go doWrites,
 //     writeRequests) and waits for it.
-//   - Values of ValueThreshold bytes or more (1 MiB with the default
-//     memtable, memtable/8 below 8 MiB) are first written to the mmapped
+//   - Values of ValueThreshold bytes or more (memtable/8 up to 1 MiB:
+//     512 KiB with the default 4 MiB memtable) are first written to the mmapped
 //     value log (.vlog), which is then msynced (value.go valueLog.write,
 //     its deferred curlf.Sync). Badger does so for every batch of requests
 //     it writes, whether or not it wrote a value there, and it only logs a
@@ -205,20 +205,30 @@
 // Badger keeps most of its memory on the Go heap (ristretto's z.Calloc is
 // a plain Go allocation without the jemalloc build tag): every memtable's
 // skiplist arena, about 1.3 times buffer.memtable_size, allocated whole
-// when the memtable opens; the table builder of a memtable flush, about
-// twice the memtable; the builders of the two compactors, a few MiB each;
-// the block cache (buffer.block_cache_size); and the index and bloom
-// filter of every table (a few KiB per 2 MiB table, no index cache). The
-// buffer keeps two memtables (NumMemtables 2: the one being written and
-// one being flushed; Badger's default is five, and three gave no more
-// throughput here). Batches stay in the LSM tree (ValueThreshold above any
-// batch): BenchmarkIngestFootprint measured values in the value log at a
-// fifth of the heap for the same throughput, but that would move the
-// buffer's data into files whose space only value log GC returns, outside
-// what the budget, the free-space watermark and the damage checks
-// described here account for. Mapped files (memtable logs, tables, the
-// value log) count in the resident set as the kernel pages them in, and
-// are given back under memory pressure.
+// when the memtable opens; the table builders of memtable flushes and
+// compactions; the block cache (buffer.block_cache_size); and the index
+// and bloom filter of every table (a few KiB per table, no index cache).
+// A table builder keeps every block of its table twice, as written and
+// compressed, each in an allocation of at least the block size, in
+// buffers that double as they fill (2, 4, 8, ... MiB), and a compaction
+// runs several builders at once: under sustained ingest the builders are
+// most of the heap. BenchmarkIngestFootprint (256 committers, batches of
+// ten readings, GOMEMLIMIT=192MiB) measured with 8 MiB memtables, two of
+// them and 4 KiB blocks 7,000-8,000 commits/s and 207-238 MB in use after
+// a GC (above the limit: the collector ran without pause); with 4 MiB
+// memtables (tables of 512 KiB) and 16 KiB blocks 14,400-15,800 and
+// 114-149 MB; with a third memtable 17,100-18,900. Those are the defaults:
+// 4 MiB memtables, three (the one being written and up to two being
+// flushed; Badger's default is five), 16 KiB blocks. Batches stay in the
+// LSM tree (ValueThreshold above any batch): the same benchmark measured
+// values in the value log at a fifth of the heap and twice the commits,
+// but their space only comes back through value log GC, which in turn
+// waits for compactions to count what is garbage (nothing came back after
+// 30,000 delivered batches with 8 MiB memtables), values are not
+// compressed there (about three times the disk), and every value read or
+// written stays mapped in the resident set. Mapped files (memtable logs,
+// tables, the value log) count in the resident set as the kernel pages
+// them in, and are given back under memory pressure.
 //
 // # 32-bit machines
 //
