@@ -222,6 +222,7 @@ func BenchmarkIngestFootprint(b *testing.B) {
 		{"memtable=4MiB/memtables=2/block=4KiB", 4 << 20, func(o *badger.Options) { o.BlockSize = 4 << 10 }},
 		{"memtable=2MiB/memtables=2/block=16KiB", 2 << 20, func(o *badger.Options) { o.BlockSize = 16 << 10 }},
 		{"memtable=4MiB/memtables=3/block=16KiB", 4 << 20, func(o *badger.Options) { o.BlockSize = 16 << 10; o.NumMemtables = 3 }},
+		{"memtable=8MiB/memtables=3/block=16KiB", 8 << 20, func(o *badger.Options) { o.BlockSize = 16 << 10; o.NumMemtables = 3 }},
 		{"memtable=8MiB/memtables=2/tables=512KiB", 8 << 20, func(o *badger.Options) { o.BaseTableSize = 512 << 10; o.BaseLevelSize = 5 * o.BaseTableSize }},
 		{"memtable=8MiB/memtables=2/zstd", 8 << 20, func(o *badger.Options) { o.Compression = options.ZSTD }},
 	}

@@ -155,11 +155,10 @@ type Options struct {
 	// GroupWaitRate is the rate of concurrent commits, per second, at
 	// which the committer waits half of GroupMaxWait. Default 2000.
 	GroupWaitRate float64 `yaml:"group_wait_rate"`
-	// MemTableSize is Badger's memtable size in bytes. Default 4 MiB,
-	// sized for a 1 GB Raspberry Pi: each of the three memtables holds
-	// about 1.3 times this on the heap, and flushing one about twice this
-	// more (doc.go, Memory); smaller memtables also make smaller tables,
-	// whose compactions take less memory. A smaller value applies only after the write-ahead logs of
+	// MemTableSize is Badger's memtable size in bytes. Default 8 MiB,
+	// sized for a 1 GB Raspberry Pi: each memtable holds about 1.3 times
+	// this on the heap, and flushing one about twice this more (doc.go,
+	// Memory). A smaller value applies only after the write-ahead logs of
 	// the larger one are flushed (the next clean stop).
 	MemTableSize int64 `yaml:"memtable_size"`
 	// BlockCacheSize is Badger's block cache in bytes. Default 8 MiB.
@@ -188,7 +187,7 @@ func DefaultOptions() Options {
 		CollectInterval:  time.Minute,
 		MaxGroupBatches:  1024,
 		GroupWaitRate:    2000,
-		MemTableSize:     4 << 20,
+		MemTableSize:     8 << 20,
 		BlockCacheSize:   8 << 20,
 	}
 }
@@ -197,19 +196,19 @@ func DefaultOptions() Options {
 // keeps Badger from filling the disk with a memtable of memTableSize bytes.
 // Once new batches are refused, Badger may still: flush the memtables (an
 // L0 table of up to one memtable is written before its write-ahead log is
-// deleted, for each of the two full memtables), compact L0 into the base
-// level (up to 8 L0 tables, the stall limit, plus the base level, up to
-// twice its 5-table target, written before the inputs are deleted), run
-// one lower-level compaction at the same time (one table plus the ten it
-// overlaps), and take the small writes of delivery and state. That is 10
-// memtables and 22 tables; the formula adds two memtables and two tables
-// of margin: 12*memtable + 24*table, where a table is memtable/8 between
-// 256 KiB and 2 MiB. With the default 4 MiB memtable: 60 MiB.
+// deleted), compact L0 into the base level (up to 8 L0 tables, the stall
+// limit, plus the base level, up to twice its 5-table target, written
+// before the inputs are deleted), run one lower-level compaction at the
+// same time (one table plus the ten it overlaps), and take the small writes
+// of delivery and state. That is 9 memtables and 22 tables; the formula
+// adds two memtables and two tables of margin: 11*memtable + 24*table,
+// where a table is memtable/8 between 256 KiB and 2 MiB. With the default
+// 8 MiB memtable: 112 MiB.
 func RequiredFreeBytes(memTableSize int64) int64 {
 	if memTableSize == 0 {
 		memTableSize = DefaultOptions().MemTableSize
 	}
-	return 12*memTableSize + 24*tableSize(memTableSize)
+	return 11*memTableSize + 24*tableSize(memTableSize)
 }
 
 // tableSize is the size of Badger's tables below L0 (BaseTableSize).
@@ -326,13 +325,10 @@ func badgerOptionsFor(dir string, o Options, logger badger.Logger, intSize int) 
 		// Values must fit one transaction (15% of a memtable); larger
 		// ones go to the value log, which is synced the same way.
 		WithValueThreshold(min(1<<20, o.MemTableSize/8)).
-		// The memtable being written and up to two being flushed: each
-		// holds an arena of about 1.3 memtables on the heap, and a
-		// flush's table builder about twice the memtable. A third
-		// memtable lets commits go on while one flushes
-		// (BenchmarkIngestFootprint: 14-16k commits/s with two, 17-19k
-		// with three, at 4 MiB under a 192 MiB memory limit).
-		WithNumMemtables(3).
+		// The memtable being written and one being flushed: each holds
+		// an arena of about 1.3 memtables on the heap, and a flush's
+		// table builder about twice the memtable.
+		WithNumMemtables(2).
 		// 16 KiB blocks instead of 4 KiB: a batch of ten readings
 		// (about 2.4 KB) filled a 4 KiB block alone, and table builders
 		// hold every block of a table twice (as written and compressed)

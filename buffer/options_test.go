@@ -30,7 +30,7 @@ func TestBadgerOptionsFitTheAddressSpace(t *testing.T) {
 			require.Less(t, bo.ValueLogFileSize, int64(1<<31-1), "Badger's limit")
 			mapped := 2*bo.ValueLogFileSize + int64(bo.NumMemtables)*2*bo.MemTableSize
 			require.LessOrEqual(t, mapped, tt.maxMappedMiB<<20)
-			require.Equal(t, 3, bo.NumMemtables)
+			require.Equal(t, 2, bo.NumMemtables)
 			require.Equal(t, opts.MemTableSize, bo.MemTableSize)
 		})
 	}

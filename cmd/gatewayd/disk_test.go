@@ -277,8 +277,8 @@ func TestBufferCapacitySettings(t *testing.T) {
 	}{
 		{"unknown policy", []string{"GATEWAY_BUFFER_FULL_POLICY=drop_newest"},
 			`buffer.full_policy: "drop_newest" is not one of reject_new, drop_oldest`},
-		{"watermark below what Badger may write", []string{"GATEWAY_BUFFER_MIN_FREE_BYTES=33554432"},
-			"buffer.min_free_bytes: 33554432 is less than 62914560"},
+		{"watermark below what Badger may write", []string{"GATEWAY_BUFFER_MIN_FREE_BYTES=67108864"},
+			"buffer.min_free_bytes: 67108864 is less than 117440512"},
 		{"larger memtable, default watermark", []string{"GATEWAY_BUFFER_MEMTABLE_SIZE=67108864"},
 			"buffer.min_free_bytes: 268435456 is less than"},
 	}
