@@ -216,8 +216,8 @@
 // ten readings, GOMEMLIMIT=192MiB) measured with 8 MiB memtables, two of
 // them and Badger's 4 KiB blocks 7,000-8,000 commits/s and 207-238 MB in
 // use after a GC (above the limit: the collector ran without pause); with
-// 16 KiB blocks 8,300-9,300, and in gatewayd's drain the largest resident
-// set fell from 181/183 MB to 145/173 MB (transaction/batch mode). With 4
+// 16 KiB blocks 8,300-10,100 (and 51 instead of 87 bytes of disk per
+// buffered reading: larger blocks compress better). With 4
 // MiB memtables (tables of 512 KiB) the benchmark gave 14,400-15,800 and
 // 114-149 MB, with a third memtable 17,100-18,900, but through MQTT the
 // smaller memtables, flushed and compacted twice as often, raised the ack
@@ -231,7 +231,7 @@
 // but their space only comes back through value log GC, which in turn
 // waits for compactions to count what is garbage (nothing came back after
 // 30,000 delivered batches with 8 MiB memtables), values are not
-// compressed there (about three times the disk), and every value read or
+// compressed there (about five times the disk), and every value read or
 // written stays mapped in the resident set. Mapped files (memtable logs,
 // tables, the value log) count in the resident set as the kernel pages
 // them in, and are given back under memory pressure.
