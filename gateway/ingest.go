@@ -134,8 +134,11 @@ type Ingest struct {
 	// counted holds results' children of both transports, resolved once:
 	// every batch counts one.
 	counted [2]map[string]prometheus.Counter
-	stop    chan struct{}
-	audit   *audit.Log // nil: nothing recorded (SetAudit)
+	// took holds each transport's ingest duration histogram (see
+	// Readings), resolved once like counted.
+	took  [2]prometheus.Observer
+	stop  chan struct{}
+	audit *audit.Log // nil: nothing recorded (SetAudit)
 }
 
 // NewIngest returns the ingest path. devices may be nil (no registry:
@@ -168,7 +171,14 @@ func NewIngest(cfg IngestConfig, store Committer, devices *Registry, clock Clock
 			Help: "Reading batches received, by transport and result (accepted, duplicate, or the rejection reason).",
 		}, []string{"transport", "result"}),
 	}
+	durations := promauto.With(reg).NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "gateway", Subsystem: "ingest", Name: "duration_seconds",
+		Help: "Time from a message or request handed to the ingest path to its results, by transport: decoding, " +
+			"validation and the durable commit (fsync), before the acknowledgement is sent.",
+		Buckets: prometheus.ExponentialBuckets(0.00025, 2, 15), // 0.25 ms to about 4 s
+	}, []string{"transport"})
 	for k, t := range []string{TransportMQTT, TransportHTTP} {
+		in.took[k] = durations.WithLabelValues(t)
 		in.counted[k] = map[string]prometheus.Counter{}
 		for _, r := range []string{"accepted", "duplicate", string(contract.ReasonValidation),
 			string(contract.ReasonClockNotSynced), string(contract.ReasonConflict), string(contract.ReasonBufferFull),
@@ -179,17 +189,21 @@ func NewIngest(cfg IngestConfig, store Committer, devices *Registry, clock Clock
 	return in, nil
 }
 
+// transportIndex is transport's index in counted and took, -1 if neither.
+func transportIndex(transport string) int {
+	switch transport {
+	case TransportMQTT:
+		return 0
+	case TransportHTTP:
+		return 1
+	}
+	return -1
+}
+
 // count counts one batch's result.
 func (in *Ingest) count(transport string, r contract.Result) {
 	label := resultLabel(r)
-	k := -1
-	switch transport {
-	case TransportMQTT:
-		k = 0
-	case TransportHTTP:
-		k = 1
-	}
-	if k >= 0 {
+	if k := transportIndex(transport); k >= 0 {
 		if c, ok := in.counted[k][label]; ok {
 			c.Inc()
 			return
@@ -289,6 +303,10 @@ func (in *Ingest) Register(ctx context.Context, sender string, payload []byte) (
 func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloads [][]byte) ([]contract.Result, error) {
 	if in.stopping() {
 		return nil, ErrShuttingDown
+	}
+	start := time.Now()
+	if k := transportIndex(transport); k >= 0 {
+		defer func() { in.took[k].Observe(time.Since(start).Seconds()) }()
 	}
 	now := in.clock.Now()
 	results := make([]contract.Result, len(payloads))

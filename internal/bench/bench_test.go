@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"math"
 	"os"
 	"testing"
 	"time"
@@ -95,6 +96,33 @@ func TestSamplesSum(t *testing.T) {
 	require.Equal(t, 0.0, s.sum("gateway_buffer_pending"))
 }
 
+func TestQuantileBound(t *testing.T) {
+	h := func(transport string, counts ...float64) samples {
+		s := samples{}
+		for i, le := range []string{"0.001", "0.002", "0.004", "+Inf"} {
+			s[`gateway_ingest_duration_seconds_bucket{transport="`+transport+`",le="`+le+`"}`] = counts[i]
+		}
+		return s
+	}
+	merge := func(a, b samples) samples {
+		for k, v := range b {
+			a[k] = v
+		}
+		return a
+	}
+	before := merge(h("mqtt", 10, 10, 10, 10), h("http", 0, 0, 0, 0))
+	// In the window: 100 MQTT messages, 90 within 1 ms, 9 more within 2 ms,
+	// the last within 4 ms; HTTP requests all slow.
+	after := merge(h("mqtt", 100, 109, 110, 110), h("http", 0, 0, 0, 5))
+	const m = "gateway_ingest_duration_seconds"
+	require.Equal(t, 0.001, quantileBound(before, after, m, 0.5, `transport="mqtt"`))
+	require.Equal(t, 0.002, quantileBound(before, after, m, 0.99, `transport="mqtt"`))
+	require.Equal(t, 0.004, quantileBound(before, after, m, 1, `transport="mqtt"`))
+	require.True(t, math.IsInf(quantileBound(before, after, m, 0.99, `transport="http"`), 1))
+	require.Zero(t, quantileBound(before, before, m, 0.99, `transport="mqtt"`), "no observations in the window")
+	require.Zero(t, quantileBound(before, after, "gateway_missing_seconds", 0.99))
+}
+
 func TestProcReaders(t *testing.T) {
 	m, err := procMemory(os.Getpid())
 	require.NoError(t, err)
@@ -119,6 +147,7 @@ func TestGatewayEnvNames(t *testing.T) {
 		{"runtime debug", "GODEBUG=adaptivestackstart=0", true},
 		{"memory limit", "GOMEMLIMIT=100MiB", true},
 		{"gc", "GOGC=50", true},
+		{"processors", "GOMAXPROCS=4", true},
 		{"other", "HOME=/tmp", false},
 		{"no value", "GATEWAY_LOG_LEVEL", false},
 	}

@@ -7,10 +7,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -261,4 +263,44 @@ func (g *gatewayd) saveHeapProfile(ctx context.Context, path string) error {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	return f.Close()
+}
+
+// quantileBound returns the upper bound of the histogram bucket holding the
+// q quantile of what metric (a histogram, its series restricted to labels)
+// observed between before and after; +Inf when it is in the last bucket, 0
+// without observations.
+func quantileBound(before, after samples, metric string, q float64, labels ...string) float64 {
+	type bucket struct{ le, count float64 }
+	var buckets []bucket
+	for series := range after {
+		name, rest, _ := strings.Cut(series, "{")
+		if name != metric+"_bucket" {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(rest, l)
+		}
+		_, le, found := strings.Cut(rest, `le="`)
+		if !ok || !found {
+			continue
+		}
+		le, _, _ = strings.Cut(le, `"`)
+		bound, err := strconv.ParseFloat(le, 64)
+		if err != nil {
+			continue
+		}
+		buckets = append(buckets, bucket{bound, after[series] - before[series]})
+	}
+	sort.Slice(buckets, func(i, j int) bool { return buckets[i].le < buckets[j].le })
+	if len(buckets) == 0 || buckets[len(buckets)-1].count == 0 {
+		return 0
+	}
+	want := q * buckets[len(buckets)-1].count // buckets are cumulative
+	for _, b := range buckets {
+		if b.count >= want {
+			return b.le
+		}
+	}
+	return math.Inf(1)
 }

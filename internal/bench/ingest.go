@@ -110,7 +110,7 @@ func (r *runner) mqtt(ctx context.Context, n int) error {
 	}
 	run.Gateway.ServerCPU = cpu.seconds()
 	run.Gateway.ClientCPU = self.seconds()
-	run.GatewayCommits = met.commits(run.Gateway.WindowSeconds)
+	run.GatewayCommits = met.commits(run.Gateway.WindowSeconds, "mqtt")
 	if run.LoadedMemory, err = procMemory(g.pid()); err != nil {
 		return err
 	}
@@ -197,8 +197,9 @@ func (r *runner) mqtt(ctx context.Context, n int) error {
 		perReading10k(mo.ServerCPU, mo.ReadingsPerSec*mo.WindowSeconds), "mosquitto", nil)
 	r.checkLoad(section+", gatewayd", gw)
 	r.checkLoad(section+", mosquitto", mo)
-	r.res.note("%s: gatewayd committed %.0f groups/s of %.1f batches on average, %.2f ms each (group commit + fsync)",
-		section, run.GatewayCommits.CommitsPerSec, run.GatewayCommits.AvgGroupBatches, run.GatewayCommits.AvgCommitMS)
+	r.res.note("%s: gatewayd committed %.0f groups/s of %.1f batches on average, %.2f ms each (group commit + fsync)%s",
+		section, run.GatewayCommits.CommitsPerSec, run.GatewayCommits.AvgGroupBatches, run.GatewayCommits.AvgCommitMS,
+		run.GatewayCommits.inside())
 	return nil
 }
 
@@ -252,7 +253,7 @@ func (r *runner) fixed(ctx context.Context) error {
 		return err
 	}
 	run.Gateway.ServerCPU = cpu.seconds()
-	run.GatewayCommits = met.commits(run.Gateway.WindowSeconds)
+	run.GatewayCommits = met.commits(run.Gateway.WindowSeconds, "mqtt")
 	if err := g.stop(); err != nil {
 		return err
 	}
@@ -290,9 +291,9 @@ func (r *runner) fixed(ctx context.Context) error {
 	r.checkLoad(section+", gatewayd", gw)
 	r.checkLoad(section+", mosquitto", mo)
 	r.res.note("%s: %d devices, one batch every %s each, random phases; latency from the scheduled send time; "+
-		"gatewayd committed %.0f groups/s of %.1f batches, %.2f ms each",
+		"gatewayd committed %.0f groups/s of %.1f batches, %.2f ms each%s",
 		section, n, time.Duration(float64(time.Second)*float64(n)/r.cfg.FixedRate), run.GatewayCommits.CommitsPerSec,
-		run.GatewayCommits.AvgGroupBatches, run.GatewayCommits.AvgCommitMS)
+		run.GatewayCommits.AvgGroupBatches, run.GatewayCommits.AvgCommitMS, run.GatewayCommits.inside())
 	return nil
 }
 
@@ -323,7 +324,7 @@ func (r *runner) http(ctx context.Context) error {
 		return err
 	}
 	run.Gateway.ServerCPU = cpu.seconds()
-	run.GatewayCommits = met.commits(run.Gateway.WindowSeconds)
+	run.GatewayCommits = met.commits(run.Gateway.WindowSeconds, "http")
 	if err := g.stop(); err != nil {
 		return err
 	}
@@ -364,8 +365,9 @@ func (r *runner) http(ctx context.Context) error {
 			}
 		}
 	}
-	r.res.note("%s: gatewayd committed %.0f groups/s of %.1f batches on average, %.2f ms each",
-		section, run.GatewayCommits.CommitsPerSec, run.GatewayCommits.AvgGroupBatches, run.GatewayCommits.AvgCommitMS)
+	r.res.note("%s: gatewayd committed %.0f groups/s of %.1f batches on average, %.2f ms each%s",
+		section, run.GatewayCommits.CommitsPerSec, run.GatewayCommits.AvgGroupBatches, run.GatewayCommits.AvgCommitMS,
+		run.GatewayCommits.inside())
 	return nil
 }
 
