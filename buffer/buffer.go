@@ -1034,10 +1034,23 @@ const collectChunk = 4096
 
 // Collect deletes the markers of batches delivered more than Retention ago
 // and returns how many it deleted.
-func (b *Buffer) Collect() (int, error) {
+func (b *Buffer) Collect() (int, error) { return b.collectInSteps(b.collectStep) }
+
+// collectInSteps runs step, each time with the write lock held, until it
+// reports nothing more to collect, and returns how many it deleted.
+func (b *Buffer) collectInSteps(step func() (n int, more bool, err error)) (int, error) {
 	total := 0
 	for {
-		n, more, err := b.collectStep()
+		n, more, err := func() (int, bool, error) {
+			b.mu.RLock()
+			defer b.mu.RUnlock()
+			if b.closed {
+				return 0, false, ErrClosed
+			}
+			b.wmu.Lock()
+			defer b.wmu.Unlock()
+			return step()
+		}()
 		total += n
 		if err != nil || !more {
 			return total, err
@@ -1045,14 +1058,9 @@ func (b *Buffer) Collect() (int, error) {
 	}
 }
 
+// collectStep deletes up to collectChunk expired delivery markers; the
+// caller holds the locks (collectInSteps).
 func (b *Buffer) collectStep() (int, bool, error) {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	if b.closed {
-		return 0, false, ErrClosed
-	}
-	b.wmu.Lock()
-	defer b.wmu.Unlock()
 	cutoff := b.opts.now().Add(-b.opts.Retention)
 	end := expiryKey(cutoff, "")
 	var keys [][]byte

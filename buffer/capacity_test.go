@@ -1,17 +1,17 @@
 package buffer
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/internal/syncbuf"
 )
 
 // cost is what the budget counts for e while it is pending.
@@ -151,7 +151,7 @@ func TestDropOldestDropsUndeliveredBatchesOldestFirst(t *testing.T) {
 	p1, p2, p3, p4 := entry("p1", "one"), entry("p2", "two"), entry("p3", "three"), entry("p4", "four")
 	budget := deliveredCost(2) + cost(p1) + cost(p2) + cost(p3)
 	reg := prometheus.NewRegistry()
-	var logs syncBuf
+	var logs syncbuf.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	b, err := Open(t.TempDir(), clockOptions(Options{MaxPendingBytes: budget, FullPolicy: PolicyDropOldest}, &now), logger, reg)
 	require.NoError(t, err)
@@ -271,22 +271,4 @@ func TestUsageIsKeptAcrossEveryWriteAndRestart(t *testing.T) {
 	require.Equal(t, "gone", state(t, b, "batch-15"), "the oldest undelivered batch is dropped")
 	require.LessOrEqual(t, b.Stats().UsedBytes, opts.MaxPendingBytes)
 	requireUsageMatchesDisk(t, b)
-}
-
-// syncBuf is a bytes.Buffer safe for the logger's concurrent writes.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -411,22 +411,7 @@ func (w *txnWriter) queuedValue(seq uint64) ([]byte, bool, error) {
 }
 
 func (w *txnWriter) marker(batchID string) (marker, bool, error) {
-	item, err := w.txn.Get(markerKey(batchID))
-	if errors.Is(err, badger.ErrKeyNotFound) {
-		return marker{}, false, nil
-	}
-	if err != nil {
-		return marker{}, false, fmt.Errorf("reading marker of %s: %w", batchID, err)
-	}
-	var m marker
-	err = item.Value(func(v []byte) error {
-		m, err = decodeMarker(v)
-		return err
-	})
-	if err != nil {
-		return marker{}, false, fmt.Errorf("reading marker of %s: %w", batchID, err)
-	}
-	return m, true, nil
+	return markerIn(w.txn, batchID)
 }
 
 func (w *txnWriter) set(k, v []byte) error {

@@ -372,25 +372,11 @@ func (b *Buffer) evictHistory(w *txnWriter, need int64, ev *evicted) error {
 // CollectHistory deletes the history records of batches delivered more
 // than HistoryRetention ago (all of them when history is off) and returns
 // how many it deleted.
-func (b *Buffer) CollectHistory() (int, error) {
-	total := 0
-	for {
-		n, more, err := b.collectHistoryStep()
-		total += n
-		if err != nil || !more {
-			return total, err
-		}
-	}
-}
+func (b *Buffer) CollectHistory() (int, error) { return b.collectInSteps(b.collectHistoryStep) }
 
+// collectHistoryStep deletes up to collectChunk expired history records;
+// the caller holds the locks (collectInSteps).
 func (b *Buffer) collectHistoryStep() (int, bool, error) {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	if b.closed {
-		return 0, false, ErrClosed
-	}
-	b.wmu.Lock()
-	defer b.wmu.Unlock()
 	cutoff := b.opts.now()
 	if b.historyEnabled() {
 		cutoff = cutoff.Add(-b.opts.HistoryRetention)

@@ -16,7 +16,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,6 +28,7 @@ import (
 
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/dynamotest"
+	"greenhouse-gateway/internal/syncbuf"
 )
 
 const (
@@ -511,24 +511,7 @@ func readingsBatch(hw, boot string, i int) (payload, batchID string) {
 // gatewayd is one running gatewayd process.
 type gatewayd struct {
 	httpAddr string
-	logs     *lockedBuffer
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	logs     *syncbuf.Buffer
 }
 
 func freeAddr(t testing.TB) string {
@@ -543,7 +526,7 @@ func freeAddr(t testing.TB) string {
 // for /readyz.
 func startGatewayd(t *testing.T, bin, endpoint, prefix, pepper string) *gatewayd {
 	t.Helper()
-	g := &gatewayd{httpAddr: freeAddr(t), logs: &lockedBuffer{}}
+	g := &gatewayd{httpAddr: freeAddr(t), logs: &syncbuf.Buffer{}}
 	cmd := exec.Command(bin, "--data-dir", t.TempDir(), "--dynamodb-endpoint", endpoint, "--table-prefix", prefix,
 		"--mqtt-addr", freeAddr(t), "--http-addr", g.httpAddr)
 	cmd.Env = append(os.Environ(), "GATEWAY_API_KEY_PEPPER="+pepper, "AWS_ACCESS_KEY_ID=local",

@@ -28,6 +28,7 @@ import (
 	"greenhouse-gateway/internal/contract"
 	"greenhouse-gateway/internal/dynamotest"
 	"greenhouse-gateway/internal/mosquittotest"
+	"greenhouse-gateway/internal/syncbuf"
 )
 
 func TestMain(m *testing.M) { dynamotest.Main(m) }
@@ -72,31 +73,14 @@ type daemon struct {
 	cmd      *exec.Cmd
 	mqttAddr string
 	httpAddr string
-	logs     *syncBuffer
+	logs     *syncbuf.Buffer
 	exited   chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startDaemon runs gatewayd on fresh loopback ports and waits for /readyz.
 func startDaemon(t *testing.T, dataDir, endpoint, prefix string, extraEnv ...string) *daemon {
 	t.Helper()
-	d := &daemon{mqttAddr: freeAddr(t), httpAddr: freeAddr(t), logs: &syncBuffer{}, exited: make(chan error, 1)}
+	d := &daemon{mqttAddr: freeAddr(t), httpAddr: freeAddr(t), logs: &syncbuf.Buffer{}, exited: make(chan error, 1)}
 	d.cmd = exec.Command(gatewaydBinary(t), "--data-dir", dataDir, "--dynamodb-endpoint", endpoint,
 		"--table-prefix", prefix, "--mqtt-addr", d.mqttAddr, "--http-addr", d.httpAddr, "--log-level", "debug")
 	d.cmd.Env = append(os.Environ(), "GATEWAY_API_KEY_PEPPER="+e2ePepper, "AWS_ACCESS_KEY_ID=local",

@@ -15,7 +15,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +25,7 @@ import (
 
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/dynamotest"
+	"greenhouse-gateway/internal/syncbuf"
 )
 
 const (
@@ -279,7 +279,7 @@ func expand(t testing.TB, s, credDir string) string {
 type service struct {
 	cmd    *exec.Cmd
 	uid    int
-	logs   *syncBuffer
+	logs   *syncbuf.Buffer
 	exited chan error
 	notes  chan notification
 }
@@ -340,7 +340,7 @@ func startUnit(t *testing.T, root string, unit unitFile) *service {
 	}
 	notifyPath := "/run/systemd/notify"
 	mkdirOwned(t, in("/run/systemd"), 0o755, 0, 0)
-	svc := &service{uid: uid, logs: &syncBuffer{}, exited: make(chan error, 1), notes: make(chan notification, 64)}
+	svc := &service{uid: uid, logs: &syncbuf.Buffer{}, exited: make(chan error, 1), notes: make(chan notification, 64)}
 	listenNotify(t, in(notifyPath), svc.notes)
 
 	// The environment: systemd's own variables, then Environment=, then
@@ -689,22 +689,4 @@ func freeAddr(t testing.TB) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-// syncBuffer collects a process's output for several goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"greenhouse-gateway/internal/debpkg"
+	"greenhouse-gateway/internal/syncbuf"
 )
 
 const (
@@ -87,7 +88,7 @@ func run(tb testing.TB, args ...string) []byte {
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
 	var stdout bytes.Buffer
-	stderr := &tailBuffer{max: tailBytes}
+	stderr := &syncbuf.Buffer{Max: tailBytes}
 	cmd.Stdout, cmd.Stderr = &stdout, stderr
 	err := cmd.Run()
 	if cmd.Process != nil {
@@ -141,28 +142,4 @@ func runInstall() error {
 	ctx, cancel := context.WithTimeout(context.Background(), debpkg.Timeout)
 	defer cancel()
 	return debpkg.Install(ctx, func() bool { _, ok := installed(); return ok }, "chromium")
-}
-
-// tailBuffer is an io.Writer that keeps the last max bytes written. It is
-// safe for concurrent use.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if len(t.buf) > t.max {
-		t.buf = append([]byte(nil), t.buf[len(t.buf)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.buf)
 }

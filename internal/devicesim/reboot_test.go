@@ -1,10 +1,8 @@
 package devicesim
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -12,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/internal/syncbuf"
 )
 
 // The tests in this file drive one device over a fakeLink inside a synctest bubble, like those
@@ -356,27 +355,9 @@ func TestDeviceQoS0ReliesOnAcks(t *testing.T) {
 	})
 }
 
-// lockedBuffer is a bytes.Buffer safe for a logger and a test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestDeviceLogsConfirmationIDOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var logs lockedBuffer
+		var logs syncbuf.Buffer
 		logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		cfg := testConfig()
 		cfg.RebootEvery = 5 * time.Second
@@ -398,7 +379,7 @@ func TestDeviceLogsConfirmationIDOnce(t *testing.T) {
 
 func TestDeviceRejectedRegistration(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var logs lockedBuffer
+		var logs syncbuf.Buffer
 		logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		cfg := testConfig()
 		cfg.Batches = 1
@@ -493,7 +474,7 @@ func (h *testHarness) autoAckReadings(d time.Duration) {
 
 func TestDeviceConfirmationIDChangeIsReported(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var logs lockedBuffer
+		var logs syncbuf.Buffer
 		logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		cfg := testConfig()
 		cfg.Batches = 1

@@ -36,7 +36,6 @@
 package dynamotest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -59,6 +58,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"greenhouse-gateway/internal/cloud"
+	"greenhouse-gateway/internal/syncbuf"
 )
 
 const (
@@ -93,7 +93,7 @@ type Local struct {
 	Dir string
 
 	cmd     *exec.Cmd
-	log     *tailBuffer
+	log     *syncbuf.Buffer
 	done    chan struct{} // closed when the JVM has exited and was reaped
 	waitErr error         // the JVM's exit status, valid after done is closed
 
@@ -148,7 +148,7 @@ func launch(java, dir string) (*Local, error) {
 		Endpoint: "http://127.0.0.1:" + strconv.Itoa(port),
 		Port:     port,
 		Dir:      dir,
-		log:      &tailBuffer{max: logTailBytes},
+		log:      &syncbuf.Buffer{Max: logTailBytes},
 		done:     make(chan struct{}),
 	}
 	args := append(append([]string{}, jvmOptions...),
@@ -444,29 +444,4 @@ func freePort() (int, error) {
 		return 0, fmt.Errorf("finding a free port: %w", err)
 	}
 	return port, nil
-}
-
-// tailBuffer is an io.Writer that keeps the last max bytes written. It is safe for
-// concurrent use.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf bytes.Buffer
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf.Write(p)
-	if extra := b.buf.Len() - b.max; extra > 0 {
-		b.buf.Next(extra)
-	}
-	return len(p), nil
-}
-
-// String returns the kept output.
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

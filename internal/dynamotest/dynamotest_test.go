@@ -110,16 +110,6 @@ func TestModuleRoot(t *testing.T) {
 	require.FileExists(t, filepath.Join(root, "deploy", "local", "dynamodb-local.sh"))
 }
 
-func TestTailBuffer(t *testing.T) {
-	b := &tailBuffer{max: 8}
-	for _, s := range []string{"0123", "4567", "89ab"} {
-		n, err := b.Write([]byte(s))
-		require.NoError(t, err)
-		require.Equal(t, len(s), n)
-	}
-	require.Equal(t, "456789ab", b.String())
-}
-
 // orphanEnv makes the test binary act as a test process that dies without cleanup.
 const orphanEnv = "DYNAMOTEST_ORPHAN_CHILD"
 

@@ -47,6 +47,7 @@ import (
 	"time"
 
 	"greenhouse-gateway/internal/debpkg"
+	"greenhouse-gateway/internal/syncbuf"
 )
 
 const (
@@ -80,7 +81,7 @@ type Broker struct {
 // process is one run of the broker.
 type process struct {
 	cmd     *exec.Cmd
-	output  *tailBuffer // stdout and stderr
+	output  *syncbuf.Buffer // stdout and stderr
 	done    chan struct{}
 	waitErr error // valid after done is closed
 }
@@ -187,7 +188,7 @@ func (b *Broker) launch() error {
 	if err := os.WriteFile(b.confPath(), []byte(b.config()), 0o600); err != nil {
 		return fmt.Errorf("writing the configuration: %w", err)
 	}
-	p := &process{output: &tailBuffer{max: tailBytes}, done: make(chan struct{})}
+	p := &process{output: &syncbuf.Buffer{Max: tailBytes}, done: make(chan struct{})}
 	p.cmd = exec.Command(brokerPath, "-c", b.confPath())
 	p.cmd.Dir = b.dir
 	p.cmd.Stdout = p.output
@@ -326,7 +327,7 @@ type Subscription struct {
 	messages chan Message
 	done     chan struct{} // closed when mosquitto_sub has exited and its output is read
 	waitErr  error         // valid after done is closed
-	stderr   *tailBuffer
+	stderr   *syncbuf.Buffer
 }
 
 // Sub starts mosquitto_sub on topic (wildcards allowed) and returns once the broker has
@@ -353,7 +354,7 @@ func Sub(tb testing.TB, url, topic string, qos int, user, pass string, extra ...
 		cmd:      exec.Command("stdbuf", args...),
 		messages: make(chan Message, 1024),
 		done:     make(chan struct{}),
-		stderr:   &tailBuffer{max: tailBytes},
+		stderr:   &syncbuf.Buffer{Max: tailBytes},
 	}
 	stdout, err := s.cmd.StdoutPipe()
 	if err != nil {
@@ -507,29 +508,4 @@ func freePort() (int, error) {
 		return 0, fmt.Errorf("finding a free port: %w", err)
 	}
 	return port, nil
-}
-
-// tailBuffer is an io.Writer that keeps the last max bytes written. It is safe for
-// concurrent use.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf bytes.Buffer
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf.Write(p)
-	if extra := b.buf.Len() - b.max; extra > 0 {
-		b.buf.Next(extra)
-	}
-	return len(p), nil
-}
-
-// String returns the kept output.
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
