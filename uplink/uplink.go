@@ -16,6 +16,7 @@
 package uplink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -168,49 +169,29 @@ func (c Config) Validate() error {
 
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	if c.WriteMode == "" {
-		c.WriteMode = d.WriteMode
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = d.Concurrency
-	}
+	c.WriteMode = cmp.Or(c.WriteMode, d.WriteMode)
+	c.Concurrency = cmp.Or(c.Concurrency, d.Concurrency)
 	if c.MaxConcurrency == 0 {
 		c.MaxConcurrency = max(d.MaxConcurrency, c.Concurrency)
 	}
-	if c.LeaseBatches == 0 {
-		c.LeaseBatches = d.LeaseBatches
-	}
+	c.LeaseBatches = cmp.Or(c.LeaseBatches, d.LeaseBatches)
 	if c.FreshReserve == 0 {
 		// Scaled down with a small lease, so that a small lease stays valid.
 		c.FreshReserve = min(d.FreshReserve, c.LeaseBatches/8)
 	}
-	if c.MaxWait == 0 {
-		c.MaxWait = d.MaxWait
-	}
+	c.MaxWait = cmp.Or(c.MaxWait, d.MaxWait)
 	if c.MaxBatchSize == 0 {
 		c.MaxBatchSize = min(d.MaxBatchSize, c.LeaseBatches)
 	}
-	if c.WaitTargetRate == 0 {
-		c.WaitTargetRate = d.WaitTargetRate
-	}
-	if c.WaitSteepness == 0 {
-		c.WaitSteepness = d.WaitSteepness
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = d.RequestTimeout
-	}
-	if c.MinBackoff == 0 {
-		c.MinBackoff = d.MinBackoff
-	}
+	c.WaitTargetRate = cmp.Or(c.WaitTargetRate, d.WaitTargetRate)
+	c.WaitSteepness = cmp.Or(c.WaitSteepness, d.WaitSteepness)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, d.RequestTimeout)
+	c.MinBackoff = cmp.Or(c.MinBackoff, d.MinBackoff)
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = max(d.MaxBackoff, c.MinBackoff)
 	}
-	if c.ReadingsRetention == 0 {
-		c.ReadingsRetention = d.ReadingsRetention
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = d.PollInterval
-	}
+	c.ReadingsRetention = cmp.Or(c.ReadingsRetention, d.ReadingsRetention)
+	c.PollInterval = cmp.Or(c.PollInterval, d.PollInterval)
 	return c
 }
 

@@ -1,6 +1,7 @@
 package uplink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,7 +40,7 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 				// Damaged on disk: keep it aside and go on with the device.
 				if dlErr := u.deadLetter(p, err.Error()); dlErr != nil {
 					stopped[hw] = true
-					firstErr = cmp(firstErr, dlErr)
+					firstErr = cmp.Or(firstErr, dlErr)
 					break
 				}
 				u.metrics.batches.WithLabelValues("dead_lettered").Inc()
@@ -63,7 +64,7 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 			case errors.As(err, &perm):
 				if dlErr := u.deadLetter(cb.pending, perm.Error()); dlErr != nil {
 					stopped[hw] = true
-					firstErr = cmp(firstErr, dlErr)
+					firstErr = cmp.Or(firstErr, dlErr)
 					continue
 				}
 				u.metrics.batches.WithLabelValues("dead_lettered").Inc()
@@ -75,7 +76,7 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 					u.markUncertain(cb.pending.BatchID)
 				}
 				stopped[hw] = true
-				firstErr = cmp(firstErr, err)
+				firstErr = cmp.Or(firstErr, err)
 			}
 		}
 		// Recorded per wave, so that a crash re-sends little; the next
@@ -84,20 +85,13 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 		marks.Go(func() {
 			if err := u.markDelivered(delivered); err != nil {
 				markMu.Lock()
-				markErr = cmp(markErr, fmt.Errorf("recording delivery: %w", err))
+				markErr = cmp.Or(markErr, fmt.Errorf("recording delivery: %w", err))
 				markMu.Unlock()
 			}
 		})
 	}
 	marks.Wait()
-	return cmp(firstErr, markErr)
-}
-
-func cmp(first, err error) error {
-	if first != nil {
-		return first
-	}
-	return err
+	return cmp.Or(firstErr, markErr)
 }
 
 // writeWave writes one wave and returns each batch's error. A batch's
