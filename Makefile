@@ -71,5 +71,9 @@ BENCH_FLAGS ?=
 .PHONY: bench
 bench: dynamodb-local ## benchmarks against same-run baselines (mosquitto, SDK loop); table, bench/results.json
 	$(GO) run ./cmd/bench $(BENCH_FLAGS)
+.PHONY: attack
+ATTACK_TIMEOUT ?= 40m
+attack: dynamodb-local test-deps ## the attack tests at full size (thousands of sockets, RSS bounds; figures for the README's threat model)
+	GATEWAY_ATTACK_FULL=1 $(GO) test -count=1 -v -run '^TestAttack' -timeout $(ATTACK_TIMEOUT) ./cmd/gatewayd/ ./gateway/
 soak: build dynamodb-local ## fault soak of bin/gatewayd (and bin/devicesim): kill -9, DynamoDB Local outages, fault proxy, SIGTERM; SOAK_FLAGS (e.g. --duration 30m --kill-cycles 300)
 	$(GO) run ./cmd/soak --bin-dir bin $(SOAK_FLAGS)

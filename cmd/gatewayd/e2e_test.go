@@ -80,8 +80,14 @@ type daemon struct {
 // startDaemon runs gatewayd on fresh loopback ports and waits for /readyz.
 func startDaemon(t *testing.T, dataDir, endpoint, prefix string, extraEnv ...string) *daemon {
 	t.Helper()
+	return startDaemonBinary(t, gatewaydBinary(t), dataDir, endpoint, prefix, extraEnv...)
+}
+
+// startDaemonBinary is startDaemon with the gatewayd binary bin.
+func startDaemonBinary(t *testing.T, bin, dataDir, endpoint, prefix string, extraEnv ...string) *daemon {
+	t.Helper()
 	d := &daemon{mqttAddr: freeAddr(t), httpAddr: freeAddr(t), logs: &syncbuf.Buffer{}, exited: make(chan error, 1)}
-	d.cmd = exec.Command(gatewaydBinary(t), "--data-dir", dataDir, "--dynamodb-endpoint", endpoint,
+	d.cmd = exec.Command(bin, "--data-dir", dataDir, "--dynamodb-endpoint", endpoint,
 		"--table-prefix", prefix, "--mqtt-addr", d.mqttAddr, "--http-addr", d.httpAddr, "--log-level", "debug")
 	d.cmd.Env = append(os.Environ(), "GATEWAY_API_KEY_PEPPER="+e2ePepper, "AWS_ACCESS_KEY_ID=local",
 		"AWS_SECRET_ACCESS_KEY=local", "AWS_REGION=us-east-1",
