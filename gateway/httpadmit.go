@@ -225,6 +225,15 @@ func (c *admitConn) Close() error {
 	return c.Conn.Close()
 }
 
+// CloseWrite half-closes a TCP connection (net/http does so before closing
+// one whose request it refused, so that its answer is not lost to a reset).
+func (c *admitConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 // admitListener admits each accepted connection; refused ones are closed
 // and never reach the server.
 type admitListener struct {
