@@ -37,18 +37,18 @@ type HTTPConfig struct {
 	// later) with this PEM certificate and key.
 	TLSCertFile string `yaml:"tls_cert_file"`
 	TLSKeyFile  string `yaml:"tls_key_file"`
-	// ReadHeaderTimeout bounds a connection's TLS handshake plus its
-	// request line and headers, and an idle keep-alive connection's wait
-	// for the next request's headers. Default 10s.
+	// ReadHeaderTimeout bounds the reading of each request's line and
+	// headers, and the TLS handshake (net/http gives the handshake the
+	// least of this, ReadTimeout and WriteTimeout). Default 10s.
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
-	// ReadTimeout bounds reading a whole request, body included. Default
-	// 30s.
+	// ReadTimeout bounds the reading of a whole request, headers and body.
+	// Default 30s.
 	ReadTimeout time.Duration `yaml:"read_timeout"`
 	// WriteTimeout bounds a request from the end of its headers to the end
 	// of its answer. Default 30s.
 	WriteTimeout time.Duration `yaml:"write_timeout"`
-	// IdleTimeout is how long a keep-alive connection waits for its next
-	// request. Default 2m.
+	// IdleTimeout is how long a keep-alive connection may wait for the
+	// first byte of its next request. Default 2m.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// MaxConns caps open connections. At the cap, the connection that has
 	// waited longest outside a handler (new, sending its headers, or idle)
@@ -212,8 +212,7 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	h.server = &http.Server{
-		Handler: inHandler(commonHeaders(mux)),
-		// The TLS handshake is bounded by the least of the three (net/http).
+		Handler:           inHandler(commonHeaders(mux)),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
