@@ -182,9 +182,9 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 		reg = prometheus.NewRegistry()
 	}
 	cfg = cfg.withDefaults()
-	h := &HTTPServer{cfg: cfg, deps: deps, ingest: deps.Ingest, auth: deps.Auth,
-		logger: logger.With("component", "http"), admit: newAdmission(cfg.MaxConns, cfg.MaxConnsPerAddr, reg),
-		crossOrigin: http.NewCrossOriginProtection()}
+	logger = logger.With("component", "http")
+	h := &HTTPServer{cfg: cfg, deps: deps, ingest: deps.Ingest, auth: deps.Auth, logger: logger,
+		admit: newAdmission(cfg.MaxConns, cfg.MaxConnsPerAddr, logger, reg), crossOrigin: http.NewCrossOriginProtection()}
 	mux := http.NewServeMux()
 	if deps.Ingest != nil && deps.Auth != nil { // else an operator-only API
 		mux.HandleFunc("POST /v1/readings", h.readings)

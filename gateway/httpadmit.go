@@ -4,10 +4,12 @@ import (
 	"container/list"
 	"context"
 	"crypto/tls"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -30,14 +32,23 @@ const (
 	admitAddressCap = "address_cap"
 )
 
+// admitLogInterval is the least time between two log lines about shed and
+// refused connections.
+const admitLogInterval = time.Minute
+
 // admission tracks open connections; it is safe for concurrent use.
 type admission struct {
 	maxConns, maxPerAddr int
+	logger               *slog.Logger
 
 	mu      sync.Mutex
 	open    int
 	waiting list.List // of *admitConn, longest waiting first
 	sources map[netip.Addr]*admitSource
+	// Shed and refused connections not logged yet, and when the last log
+	// line was written.
+	unlogged map[string]int
+	loggedAt time.Time
 
 	shed, refused *prometheus.CounterVec
 	openGauge     prometheus.Gauge
@@ -60,9 +71,10 @@ type admitConn struct {
 	srcElem *list.Element // in its source's waiting list
 }
 
-func newAdmission(maxConns, maxPerAddr int, reg prometheus.Registerer) *admission {
+func newAdmission(maxConns, maxPerAddr int, logger *slog.Logger, reg prometheus.Registerer) *admission {
 	a := &admission{
-		maxConns: maxConns, maxPerAddr: maxPerAddr, sources: map[netip.Addr]*admitSource{},
+		maxConns: maxConns, maxPerAddr: maxPerAddr, logger: logger, sources: map[netip.Addr]*admitSource{},
+		unlogged: map[string]int{},
 		shed: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "http", Name: "connections_shed_total",
 			Help: "HTTP connections not inside a handler closed to make room for a new one, by the cap reached " +
@@ -109,11 +121,32 @@ func (a *admission) admit(c net.Conn) *admitConn {
 		_ = v.Conn.Close()
 	}
 	if reason != "" {
-		a.refused.WithLabelValues(reason).Inc()
 		_ = c.Close()
+	}
+	if len(victims) > 0 || reason != "" {
+		a.logNow(c.RemoteAddr())
+	}
+	if reason != "" {
 		return nil
 	}
 	return ac
+}
+
+// logNow writes what was shed and refused since the last log line, at
+// most once per admitLogInterval; addr is the newest connection's.
+func (a *admission) logNow(addr net.Addr) {
+	a.mu.Lock()
+	if time.Since(a.loggedAt) < admitLogInterval {
+		a.mu.Unlock()
+		return
+	}
+	counts := a.unlogged
+	a.unlogged, a.loggedAt = map[string]int{}, time.Now()
+	a.mu.Unlock()
+	a.logger.Warn("HTTP connection caps reached: waiting connections shed for new ones (see gateway_http_connections_shed_total)",
+		"shed_total_cap", counts["shed_"+admitTotalCap], "shed_address_cap", counts["shed_"+admitAddressCap],
+		"refused_total_cap", counts["refused_"+admitTotalCap], "refused_address_cap", counts["refused_"+admitAddressCap],
+		"max_conns", a.maxConns, "max_conns_per_addr", a.maxPerAddr, "newest_from", addr.String())
 }
 
 // makeRoom sheds up to one waiting connection for each cap reached and
@@ -125,7 +158,7 @@ func (a *admission) makeRoom(ac *admitConn) (victims []*admitConn, refused strin
 	var bySource *admitConn
 	if src != nil && src.open >= a.maxPerAddr {
 		if src.waiting.Len() == 0 {
-			return nil, admitAddressCap
+			return nil, a.refuse(admitAddressCap)
 		}
 		bySource = src.waiting.Front().Value.(*admitConn)
 	}
@@ -136,19 +169,15 @@ func (a *admission) makeRoom(ac *admitConn) (victims []*admitConn, refused strin
 			e = e.Next()
 		}
 		if e == nil {
-			return nil, admitTotalCap
+			return nil, a.refuse(admitTotalCap)
 		}
 		byTotal = e.Value.(*admitConn)
 	}
 	if bySource != nil {
-		a.untrack(bySource)
-		a.shed.WithLabelValues(admitAddressCap).Inc()
-		victims = append(victims, bySource)
+		victims = append(victims, a.shedConn(bySource, admitAddressCap))
 	}
 	if byTotal != nil {
-		a.untrack(byTotal)
-		a.shed.WithLabelValues(admitTotalCap).Inc()
-		victims = append(victims, byTotal)
+		victims = append(victims, a.shedConn(byTotal, admitTotalCap))
 	}
 	if src = a.sources[ac.source]; src == nil { // untrack may have removed it
 		src = &admitSource{}
@@ -160,6 +189,21 @@ func (a *admission) makeRoom(ac *admitConn) (victims []*admitConn, refused strin
 	a.openGauge.Set(float64(a.open))
 	a.wait(ac, src)
 	return victims, ""
+}
+
+// refuse counts a refused newcomer; a.mu is held.
+func (a *admission) refuse(reason string) string {
+	a.refused.WithLabelValues(reason).Inc()
+	a.unlogged["refused_"+reason]++
+	return reason
+}
+
+// shedConn forgets a waiting connection to be closed; a.mu is held.
+func (a *admission) shedConn(ac *admitConn, reason string) *admitConn {
+	a.untrack(ac)
+	a.shed.WithLabelValues(reason).Inc()
+	a.unlogged["shed_"+reason]++
+	return ac
 }
 
 func countOf(c *admitConn) int {

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/internal/syncbuf"
 )
 
 // admitServer is an http.Server behind the admission listener whose
@@ -24,6 +28,7 @@ import (
 type admitServer struct {
 	addr    string
 	adm     *admission
+	logs    *syncbuf.Buffer
 	entered chan struct{}
 	release chan struct{}
 }
@@ -32,8 +37,9 @@ func startAdmitServer(t *testing.T, maxConns, maxPerAddr int) *admitServer {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	s := &admitServer{addr: l.Addr().String(), adm: newAdmission(maxConns, maxPerAddr, prometheus.NewRegistry()),
-		entered: make(chan struct{}, 16), release: make(chan struct{})}
+	logs := &syncbuf.Buffer{}
+	s := &admitServer{addr: l.Addr().String(), logs: logs, entered: make(chan struct{}, 16), release: make(chan struct{}),
+		adm: newAdmission(maxConns, maxPerAddr, slog.New(slog.NewTextHandler(logs, nil)), prometheus.NewRegistry())}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-Mode") == "block" {
 			s.entered <- struct{}{}
@@ -114,6 +120,12 @@ func TestAdmissionShedsTheLongestWaitingConnection(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(s.adm.shed.WithLabelValues(admitTotalCap)))
 	require.Equal(t, 0.0, testutil.ToFloat64(s.adm.refused.WithLabelValues(admitTotalCap)))
 	require.Equal(t, 3.0, testutil.ToFloat64(s.adm.openGauge))
+	require.Contains(t, s.logs.String(), "HTTP connection caps reached")
+	require.Contains(t, s.logs.String(), "shed_total_cap=1")
+
+	s.half(t, "127.0.0.6")
+	requireClosed(t, c2, "the next oldest")
+	require.Equal(t, 1, strings.Count(s.logs.String(), "caps reached"), "one log line a minute at most")
 }
 
 // inFlight sends a request that blocks in the handler and waits until
@@ -237,7 +249,7 @@ func (c *fakeConn) RemoteAddr() net.Addr { return c.remote }
 func (c *fakeConn) Close() error         { c.closed = true; return nil }
 
 func TestAdmissionCountsAnIPv6SlashSixtyFourAsOneSource(t *testing.T) {
-	a := newAdmission(10, 2, prometheus.NewRegistry())
+	a := newAdmission(10, 2, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	conn := func(s string) *fakeConn {
 		return &fakeConn{remote: net.TCPAddrFromAddrPort(netip.MustParseAddrPort(s))}
 	}

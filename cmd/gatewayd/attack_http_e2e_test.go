@@ -240,6 +240,7 @@ func TestAttackIdleHTTP(t *testing.T) {
 	require.Greater(t, shedAddr, 0.0, "the per-address cap sheds attackers")
 	require.GreaterOrEqual(t, shedTotal+shedAddr, float64(attack.opened.Load()-int64(maxConns))/2,
 		"the attacker's connections beyond the cap are shed and counted")
+	require.Contains(t, d.logs.String(), "HTTP connection caps reached", "the operator sees it in the log")
 }
 
 // TestAttackCrossSiteOperatorPost: a page on another site that makes the
