@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"crypto/tls"
@@ -14,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/contract"
@@ -34,7 +37,38 @@ type HTTPConfig struct {
 	// later) with this PEM certificate and key.
 	TLSCertFile string `yaml:"tls_cert_file"`
 	TLSKeyFile  string `yaml:"tls_key_file"`
+	// ReadHeaderTimeout bounds the reading of each request's line and
+	// headers, and the TLS handshake (net/http gives the handshake the
+	// least of this, ReadTimeout and WriteTimeout). Default 10s.
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	// ReadTimeout bounds the reading of a whole request, headers and body.
+	// Default 30s.
+	ReadTimeout time.Duration `yaml:"read_timeout"`
+	// WriteTimeout bounds a request from the end of its headers to the end
+	// of its answer. Default 30s.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// IdleTimeout is how long a keep-alive connection may wait for the
+	// first byte of its next request. Default 2m.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxConns caps open connections. At the cap, the connection that has
+	// waited longest outside a handler (new, sending its headers, or idle)
+	// is closed for the newcomer; when every one is inside a handler, the
+	// newcomer is closed. Default 1024.
+	MaxConns int `yaml:"max_conns"`
+	// MaxConnsPerAddr caps the open connections of one source (an IPv4
+	// address, an IPv6 /64) the same way. Default 64; at most MaxConns.
+	MaxConnsPerAddr int `yaml:"max_conns_per_addr"`
 }
+
+// Defaults of the HTTP connection limits (see HTTPConfig).
+const (
+	defaultHTTPReadHeaderTimeout = 10 * time.Second
+	defaultHTTPReadTimeout       = 30 * time.Second
+	defaultHTTPWriteTimeout      = 30 * time.Second
+	defaultHTTPIdleTimeout       = 2 * time.Minute
+	defaultHTTPMaxConns          = 1024
+	defaultHTTPMaxConnsPerAddr   = 64
+)
 
 func (c HTTPConfig) withDefaults() HTTPConfig {
 	if c.Addr == "" {
@@ -46,8 +80,17 @@ func (c HTTPConfig) withDefaults() HTTPConfig {
 	if c.RetryAfter == 0 {
 		c.RetryAfter = 30 * time.Second
 	}
+	c.ReadHeaderTimeout = cmp.Or(c.ReadHeaderTimeout, defaultHTTPReadHeaderTimeout)
+	c.ReadTimeout = cmp.Or(c.ReadTimeout, defaultHTTPReadTimeout)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, defaultHTTPWriteTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, defaultHTTPIdleTimeout)
+	c.MaxConns = cmp.Or(c.MaxConns, defaultHTTPMaxConns)
+	c.MaxConnsPerAddr = min(cmp.Or(c.MaxConnsPerAddr, defaultHTTPMaxConnsPerAddr), c.MaxConns)
 	return c
 }
+
+// DefaultHTTPConfig returns the defaults of every HTTP setting.
+func DefaultHTTPConfig() HTTPConfig { return HTTPConfig{}.withDefaults() }
 
 // Validate reports the first invalid field.
 func (c HTTPConfig) Validate() error {
@@ -59,6 +102,21 @@ func (c HTTPConfig) Validate() error {
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		return errors.New("http.tls_cert_file and http.tls_key_file: set both or neither")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"read_header_timeout", c.ReadHeaderTimeout}, {"read_timeout", c.ReadTimeout},
+		{"write_timeout", c.WriteTimeout}, {"idle_timeout", c.IdleTimeout}} {
+		if d.v < 0 {
+			return fmt.Errorf("http.%s: must not be negative", d.name)
+		}
+	}
+	if c.MaxConns < 0 {
+		return errors.New("http.max_conns: must not be negative")
+	}
+	if c.MaxConnsPerAddr < 0 {
+		return errors.New("http.max_conns_per_addr: must not be negative")
 	}
 	return nil
 }
@@ -89,6 +147,8 @@ type HTTPDeps struct {
 	Ready func() error
 	// Audit backs GET /v1/audit; nil answers 404.
 	Audit *audit.Log
+	// Registerer takes the connection metrics; nil keeps them private.
+	Registerer prometheus.Registerer
 }
 
 // HTTPServer serves the device API, the operator API, metrics and health
@@ -101,6 +161,9 @@ type HTTPServer struct {
 	logger   *slog.Logger
 	server   *http.Server
 	listener net.Listener
+	admit    *admission
+	// crossOrigin refuses browsers' cross-site state-changing requests.
+	crossOrigin *http.CrossOriginProtection
 }
 
 // NewHTTPServer returns the HTTP API; it does not listen yet.
@@ -114,8 +177,14 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	h := &HTTPServer{cfg: cfg.withDefaults(), deps: deps, ingest: deps.Ingest, auth: deps.Auth,
-		logger: logger.With("component", "http")}
+	reg := deps.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	cfg = cfg.withDefaults()
+	logger = logger.With("component", "http")
+	h := &HTTPServer{cfg: cfg, deps: deps, ingest: deps.Ingest, auth: deps.Auth, logger: logger,
+		admit: newAdmission(cfg.MaxConns, cfg.MaxConnsPerAddr, logger, reg), crossOrigin: http.NewCrossOriginProtection()}
 	mux := http.NewServeMux()
 	if deps.Ingest != nil && deps.Auth != nil { // else an operator-only API
 		mux.HandleFunc("POST /v1/readings", h.readings)
@@ -143,12 +212,13 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	h.server = &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		Handler:           inHandler(commonHeaders(mux)),
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    16 << 10,
+		ConnContext:       connContext,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}
 	return h, nil
@@ -164,6 +234,9 @@ func (h *HTTPServer) Listen() error {
 	if err != nil {
 		return fmt.Errorf("listening for HTTP on %s: %w", h.cfg.Addr, err)
 	}
+	// Admission sits under TLS: a shed connection is closed at the TCP
+	// level, at once, without a TLS alert that could wait on its peer.
+	l = admitListener{Listener: l, adm: h.admit}
 	if tlsConfig != nil {
 		l = tls.NewListener(l, tlsConfig)
 	}
@@ -265,22 +338,65 @@ func (h *HTTPServer) register(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// admin guards an operator endpoint with the admin token.
+// admin guards an operator endpoint with the admin token. A
+// state-changing request (any method but GET and HEAD) must also be
+// same-origin or from a non-browser client (http.CrossOriginProtection:
+// Sec-Fetch-Site, else Origin against Host), and must present the token in
+// a header a browser never adds by itself (Authorization: Bearer or
+// X-API-Key): Basic credentials, which a browser resends on its own to any
+// page's form posts, are refused for it.
 func (h *HTTPServer) admin(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
 		if h.deps.AdminToken == "" || h.deps.Devices == nil {
 			writeJSON(w, http.StatusForbidden, map[string]string{"status": "error",
 				"message": "the operator API is disabled: set GATEWAY_ADMIN_TOKEN"})
 			return
 		}
+		changing := r.Method != http.MethodGet && r.Method != http.MethodHead
+		if changing && !h.sameOriginBearer(w, r) {
+			return
+		}
 		if subtle.ConstantTimeCompare([]byte(adminCredential(r)), []byte(h.deps.AdminToken)) != 1 {
-			w.Header().Set("WWW-Authenticate", `Basic realm="greenhouse-gateway"`)
+			if changing {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="greenhouse-gateway"`)
+			} else {
+				w.Header().Set("WWW-Authenticate", `Basic realm="greenhouse-gateway"`)
+			}
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"status": "error",
 				"message": "missing or wrong admin token (Authorization: Bearer TOKEN, or Basic with any user name and the token as password)"})
 			return
 		}
 		next(w, r)
 	}
+}
+
+// sameOriginBearer answers 403 to a state-changing operator request that
+// is cross-site or carries Basic credentials, and reports whether it may
+// go on.
+func (h *HTTPServer) sameOriginBearer(w http.ResponseWriter, r *http.Request) bool {
+	if err := h.crossOrigin.Check(r); err != nil {
+		adminError(w, http.StatusForbidden, "cross-site request refused: state-changing operator requests must come "+
+			"from this gateway's own pages or from a non-browser client ("+err.Error()+")")
+		return false
+	}
+	if _, _, basic := r.BasicAuth(); basic {
+		adminError(w, http.StatusForbidden, "Basic credentials refused: state-changing operator requests take "+
+			"the admin token as Authorization: Bearer TOKEN")
+		return false
+	}
+	return true
+}
+
+// commonHeaders sets the headers of every answer: no content sniffing, no
+// framing (nothing this server answers is meant to be embedded).
+func commonHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Frame-Options", "DENY")
+		next.ServeHTTP(w, r)
+	})
 }
 
 // adminCredential returns the admin token a request presents: the

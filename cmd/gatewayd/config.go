@@ -85,7 +85,7 @@ func defaultConfig() Config {
 		MemoryReleaseInterval: defaultMemoryReleaseInterval,
 		MQTT: gateway.MQTTConfig{Mode: "embedded", External: gateway.DefaultExternalConfig(), Addr: ":1883",
 			MaxPacketSize: 256 << 10, MaxClients: 10000},
-		HTTP:   gateway.HTTPConfig{Addr: ":8080", MaxBodyBytes: 1 << 20, RetryAfter: 30 * time.Second},
+		HTTP:   gateway.DefaultHTTPConfig(),
 		Auth:   gateway.AuthConfig{RefreshInterval: time.Minute, NegativeTTL: 30 * time.Second, LookupTimeout: 5 * time.Second},
 		Ingest: gateway.DefaultIngestConfig(),
 		Devices: gateway.DevicesConfig{UnknownDevices: "accept", RebootLoopBoots: 5, SeenWriteInterval: 5 * time.Minute,

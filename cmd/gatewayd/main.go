@@ -221,6 +221,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		Ingest: ingest, Auth: auth, Devices: devices, History: buf, AdminToken: adminToken, DeadLetters: buf,
 		Uplink:  up.Report,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready, Audit: auditLog,
+		Registerer: reg,
 		Status: gateway.StatusSources{Version: version, Now: clk.Now, Uplink: up.Report,
 			Uptime: func() time.Duration { return time.Since(startedAt) },
 			Buffer: buf.Space, Clock: func() gateway.ClockStatus {
