@@ -809,11 +809,11 @@ func hostileCatalogue() []hostileCase {
 		}
 		require.GreaterOrEqual(t, refusedCount(t, h, "bad_will"), 1.0)
 	})
-	// QoS 2 is over the broker's maximum: refused with the MQTT 5 code 0x9B
-	// (QoS not supported), which mochi sends to 3.1.1 clients too.
-	add("mqtt-connect", "will with QoS 2", mqttRefusedCase(mqttPacket(0x10, append(append(append(append(append(
-		mqttString("MQTT"), 4, 0xD6, 0, 60), mqttString(hostileHW)...), mqttString(contract.ReadingsTopic(hostileHW))...),
-		mqttString("{}")...), append(mqttString(hostileHW), mqttString(goodKey)...)...)), 0x9B))
+	// QoS 3 does not exist: refused with the MQTT 5 code 0x82 (protocol
+	// error), which mochi sends to 3.1.1 clients too.
+	add("mqtt-connect", "will with QoS 3", mqttRefusedCase(mqttPacket(0x10, append(append(append(append(append(
+		mqttString("MQTT"), 4, 0xDE, 0, 60), mqttString(hostileHW)...), mqttString(contract.ReadingsTopic(hostileHW))...),
+		mqttString("{}")...), append(mqttString(hostileHW), mqttString(goodKey)...)...)), 0x82))
 	return cs
 }
 

@@ -81,6 +81,9 @@ func (l *guardListener) guard(c net.Conn) *guardConn {
 //     options byte: mochi-mqtt/server issue 501), which would otherwise end
 //     the whole process.
 //
+// It also notes the rules of MQTT the CONNECT breaks that mochi does not
+// check, and spells out an empty MQTT 5 AUTH (mqttconform.go).
+//
 // A packet's bytes are buffered as they arrive, so memory follows what a
 // client has sent, not what its header declares.
 type guardConn struct {
@@ -91,7 +94,10 @@ type guardConn struct {
 	err       error  // returned once pending is drained
 	connected bool   // the CONNECT has passed
 	version   byte   // protocol version of the CONNECT
-	done      sync.Once
+	// connectRule is the rule of MQTT the CONNECT broke that mochi does
+	// not check (mqttconform.go), answered by conformHook.OnConnect.
+	connectRule *violation
+	done        sync.Once
 }
 
 func (c *guardConn) Read(p []byte) (int, error) {
@@ -185,10 +191,11 @@ func (c *guardConn) rest(first byte) ([]byte, error) {
 		}
 	}
 	if !c.connected {
+		c.connectRule = checkConnect(buf[len(header):])
 		c.connected = true
 		c.connectDone()
 	}
-	return buf, nil
+	return completeAuth(c.version, buf), nil
 }
 
 // readBody returns header followed by the remaining bytes of its packet.
