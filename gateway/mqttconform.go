@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -18,7 +19,8 @@ import (
 // it is handled; a QoS 2 message holds its slot (a packet of about 800 bytes
 // in mochi's in-flight map) from its PUBREC until the client's PUBREL.
 // A device publishes one batch at a time; 16 slots bound the QoS 2 state of
-// one client to about 13 KiB. A client that exceeds them is disconnected
+// one client to about 13 KiB (a resumed session does not keep it:
+// conformHook.OnSessionEstablish). A client that exceeds them is disconnected
 // (DISCONNECT 0x93 in MQTT 5), resends after reconnecting and is answered
 // duplicate.
 const receiveMaximum = 16
@@ -303,7 +305,7 @@ func (h *conformHook) ID() string { return "conformance" }
 
 func (h *conformHook) Provides(b byte) bool {
 	switch b {
-	case mqtt.OnConnect, mqtt.OnAuthPacket, mqtt.OnPacketEncode, mqtt.OnDisconnect:
+	case mqtt.OnConnect, mqtt.OnSessionEstablish, mqtt.OnAuthPacket, mqtt.OnPacketEncode, mqtt.OnDisconnect:
 		return true
 	}
 	return false
@@ -336,6 +338,27 @@ func (h *conformHook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		return fmt.Errorf("refusing %s: %w", cl.ID, err)
 	}
 	return v.code
+}
+
+// OnSessionEstablish drops the QoS 2 messages awaiting their PUBREL from
+// the session a client resumes (clean session 0), before mochi hands them
+// to the new connection. mochi gives each connection a full Receive Maximum
+// of its own besides the states it inherits, so a client that reconnects
+// without sending PUBREL could pile up one state (about 800 bytes) per
+// packet identifier. Nothing is lost: the batch of such a message is
+// stored already; a PUBREL for it is answered with PUBCOMP (MQTT 5: reason
+// 0x92, packet identifier not found), and a retransmitted PUBLISH is
+// handled again and answered duplicate, with its PUBREC.
+func (h *conformHook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
+	existing, ok := h.b.server.Clients.Get(cl.ID)
+	if !ok {
+		return
+	}
+	for _, p := range existing.State.Inflight.GetAll(false) {
+		if p.FixedHeader.Type == packets.Pubrec && existing.State.Inflight.Delete(p.PacketID) {
+			atomic.AddInt64(&h.b.server.Info.Inflight, -1) // as mochi counts its in-flight messages
+		}
+	}
 }
 
 // OnAuthPacket ends the connection of a client that sends AUTH: mochi then

@@ -205,6 +205,48 @@ func TestMQTTQoS2ReceiveMaximum(t *testing.T) {
 		5*time.Second, 20*time.Millisecond)
 }
 
+// TestMQTTQoS2StateNotResumed leaves 16 QoS 2 messages without their
+// PUBREL in a persistent session (clean session 0) and reconnects: the
+// session is resumed without them (no PUBREC is sent again), a late PUBREL
+// is answered with PUBCOMP, a retransmission is handled again and answered
+// with PUBREC, and new messages have the full Receive Maximum.
+func TestMQTTQoS2StateNotResumed(t *testing.T) {
+	s := newGateStore().open()
+	h := startGated(t, s)
+	persistent := connectPacket(4, hostileHW, hostileHW, goodKey)
+	persistent[bytes.Index(persistent, []byte("MQTT\x04"))+5] &^= 0x02 // clean session 0
+	connect := func() net.Conn {
+		c := dialMQTT(t, h)
+		write(t, c, persistent)
+		first, _, err := readPacket(c, 10*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, byte(0x20), first, "CONNACK")
+		return c
+	}
+	batch := batchJSON(hostileHW, newBoot(), 0, 2)
+	c := connect()
+	for id := uint16(1); id <= 16; id++ {
+		write(t, c, publishPacket(4, 2, false, id, batch))
+		requireAck(t, c, 0x50, id)
+	}
+	require.NoError(t, c.Close())
+
+	c = connect()
+	requireSilent(t, c, 500*time.Millisecond)
+	write(t, c, ackPacket(0x62, 1))
+	requireAck(t, c, 0x70, 1)
+	write(t, c, publishPacket(4, 2, true, 2, batch))
+	requireAck(t, c, 0x50, 2)
+	write(t, c, ackPacket(0x62, 2))
+	requireAck(t, c, 0x70, 2)
+	for id := uint16(100); id < 116; id++ {
+		write(t, c, publishPacket(4, 2, false, id, batch))
+		requireAck(t, c, 0x50, id)
+	}
+	require.Equal(t, 16+1+16, s.count(), "every PUBLISH but a retransmission before PUBREL is handled")
+	require.EqualValues(t, 1, h.buf.Stats().PendingBatches)
+}
+
 // TestMQTTQoS2WithPaho publishes with paho at QoS 2: the token completes
 // (PUBREC, PUBREL, PUBCOMP), the ack topic says accepted, and the same
 // batch again is answered duplicate.
