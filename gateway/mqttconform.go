@@ -28,6 +28,7 @@ const receiveMaximum = 16
 // Reasons in gateway_mqtt_connections_refused_total for the rules of this
 // file.
 const (
+	refusedMalformed     = "malformed"
 	refusedProtocolError = "protocol_error"
 	refusedAuthMethod    = "bad_auth_method"
 )
@@ -291,6 +292,27 @@ func completeAuth(version byte, pk []byte) []byte {
 	return pk
 }
 
+// noteConnect checks the connection's CONNECT packet (fh and body): it
+// records the rule checkConnect finds, for conformHook.OnConnect to
+// answer, and counts and logs a CONNECT that mochi refuses itself before
+// any hook runs (one it does not decode: malformed; one that fails its
+// validation, answered with CONNACK 0x82: protocol_error).
+func (c *guardConn) noteConnect(fh packets.FixedHeader, body []byte) {
+	pk := packets.Packet{FixedHeader: fh}
+	reason, rule := "", ""
+	if err := pk.ConnectDecode(body); err != nil {
+		reason, rule = refusedMalformed, err.Error()
+	} else if code := pk.ConnectValidate(); code != packets.CodeSuccess {
+		reason, rule = refusedProtocolError, code.Reason
+	} else {
+		c.connectRule = checkConnect(body)
+		return
+	}
+	c.l.refused(reason)
+	c.l.logger.Warn("MQTT CONNECT refused", "reason", reason, "rule", rule, "remote", c.RemoteAddr().String(),
+		"protocol_version", pk.ProtocolVersion)
+}
+
 // connectViolation is the rule the connection's CONNECT broke, if any.
 func (c *guardConn) connectViolation() *violation { return c.connectRule }
 
@@ -383,22 +405,24 @@ func (h *conformHook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets
 }
 
 // OnDisconnect counts and logs a connection mochi ended for a protocol
-// error after CONNECT: a malformed packet, a protocol error (an AUTH
-// packet, a second CONNECT, ...), more unanswered QoS messages than the
-// Receive Maximum, an invalid topic alias.
+// error after CONNECT: a malformed packet (malformed), a protocol error (an
+// AUTH packet, a second CONNECT, ...), more unanswered QoS messages than
+// the Receive Maximum, an invalid topic alias (protocol_error).
 func (h *conformHook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	var code packets.Code
 	if !errors.As(err, &code) {
 		return
 	}
+	reason := refusedProtocolError
 	switch code.Code {
-	case packets.ErrMalformedPacket.Code, packets.ErrProtocolViolation.Code, packets.ErrReceiveMaximum.Code,
-		packets.ErrTopicAliasInvalid.Code:
+	case packets.ErrMalformedPacket.Code:
+		reason = refusedMalformed
+	case packets.ErrProtocolViolation.Code, packets.ErrReceiveMaximum.Code, packets.ErrTopicAliasInvalid.Code:
 	default:
 		return
 	}
-	h.b.refused.WithLabelValues(refusedProtocolError).Inc()
-	h.b.logger.Warn("MQTT client disconnected for a protocol error", "reason", refusedProtocolError,
+	h.b.refused.WithLabelValues(reason).Inc()
+	h.b.logger.Warn("MQTT client disconnected for a protocol error", "reason", reason,
 		"rule", code.Reason, "code", fmt.Sprintf("0x%02X", code.Code), "remote", cl.Net.Remote,
 		"client_id", truncateString(cl.ID, 128), "protocol_version", cl.Properties.ProtocolVersion)
 }

@@ -329,6 +329,8 @@ func TestMQTTConformanceConnect(t *testing.T) {
 		{"will Response Topic with a wildcard", v5Connect(0, none, props(propString(0x08, "a/#")), "x"), 0x82, "protocol_error"},
 		{"will declared UTF-8 that is not", v5Connect(0, none, props(prop1(0x01, 1)), "\xff\xfe"), 0x99, "protocol_error"},
 		{"Will QoS without the Will Flag", v5Connect(0x08, none, nil, ""), 0x82, "protocol_error"},
+		{"reserved connect flag (refused by mochi)", v5Connect(0x01, none, nil, ""), 0x82, "protocol_error"},
+		{"Will Retain without the Will Flag (refused by mochi)", v5Connect(0x20, none, nil, ""), 0x82, "protocol_error"},
 		{"Receive Maximum 10, Maximum Packet Size 2048, user properties twice",
 			v5Connect(0, props(prop2(0x21, 10), prop4(0x27, 2048), propString(0x26, "a"), []byte("\x00\x01b"),
 				propString(0x26, "a"), []byte("\x00\x01c")), nil, ""), 0, ""},
@@ -361,15 +363,28 @@ func TestMQTTConformanceConnect(t *testing.T) {
 	}
 }
 
-// TestMQTTConformanceConnectV3 sends 3.1.1 CONNECT packets that break its
-// rules: the connection is closed without a CONNACK ([MQTT-3.1.4-1]).
-func TestMQTTConformanceConnectV3(t *testing.T) {
+// TestMQTTConformanceConnectClosed sends CONNECT packets that are closed
+// without a CONNACK, and counted: a 3.1.1 CONNECT that breaks a rule
+// ([MQTT-3.1.4-1]), and CONNECT packets that do not decode.
+func TestMQTTConformanceConnectClosed(t *testing.T) {
 	h := startHostile(t, hostileOptions{})
-	before := refusedCount(t, h, "protocol_error")
-	p := connectPacket(4, hostileHW, hostileHW, goodKey)
-	p[bytes.Index(p, []byte("MQTT\x04"))+5] |= 0x08 // Will QoS 1 without the Will Flag
-	mqttClosedCase(0, p)(t, h)
-	require.Equal(t, before+1, refusedCount(t, h, "protocol_error"))
+	willQoS := connectPacket(4, hostileHW, hostileHW, goodKey)
+	willQoS[bytes.Index(willQoS, []byte("MQTT\x04"))+5] |= 0x08 // Will QoS 1 without the Will Flag
+	for _, tt := range []struct {
+		name, reason string
+		packet       []byte
+	}{
+		{"3.1.1 Will QoS without the Will Flag", "protocol_error", willQoS},
+		{"empty CONNECT", "malformed", []byte{0x10, 0}},
+		{"v5 CONNECT with properties longer than the packet", "malformed",
+			mqttPacket(0x10, append(mqttString("MQTT"), 5, 0xC2, 0, 60, 0x7F))},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			before := refusedCount(t, h, tt.reason)
+			mqttClosedCase(0, tt.packet)(t, h)
+			require.Equal(t, before+1, refusedCount(t, h, tt.reason))
+		})
+	}
 }
 
 // TestMQTTConformanceAuth sends AUTH packets after a CONNECT without an

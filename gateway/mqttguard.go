@@ -191,7 +191,7 @@ func (c *guardConn) rest(first byte) ([]byte, error) {
 		}
 	}
 	if !c.connected {
-		c.connectRule = checkConnect(buf[len(header):])
+		c.noteConnect(fh, buf[len(header):])
 		c.connected = true
 		c.connectDone()
 	}
