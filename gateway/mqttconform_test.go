@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -245,6 +246,44 @@ func TestMQTTQoS2StateNotResumed(t *testing.T) {
 	}
 	require.Equal(t, 16+1+16, s.count(), "every PUBLISH but a retransmission before PUBREL is handled")
 	require.EqualValues(t, 1, h.buf.Stats().PendingBatches)
+}
+
+// TestMQTTQoS2StateMemory measures the heap a client's full window of QoS
+// 2 messages awaiting PUBREL holds: 16 states of about 850 bytes, without
+// the PUBLISH's properties (here a 4 KiB user property on each, which
+// acks would otherwise copy and keep).
+func TestMQTTQoS2StateMemory(t *testing.T) {
+	h := startHostile(t, hostileOptions{})
+	const clients = 100
+	user := append(propString(0x26, "k"), mqttString(strings.Repeat("v", 4<<10))...)
+	publish := func(id uint16) []byte {
+		body := append(mqttString(contract.ReadingsTopic(hostileHW)), byte(id>>8), byte(id))
+		return mqttPacket(0x34, append(append(body, props(user)...), "{}"...))
+	}
+	window := func(pubrel bool) int64 {
+		before := heapInUse()
+		for i := range clients {
+			c := dialMQTT(t, h)
+			write(t, c, connectPacket(5, fmt.Sprintf("%s-%v%d", hostileHW, pubrel, i), hostileHW, goodKey))
+			first, _, err := readPacket(c, 10*time.Second)
+			require.NoError(t, err)
+			require.Equal(t, byte(0x20), first)
+			for id := uint16(1); id <= 16; id++ {
+				write(t, c, publish(id))
+				requireAck(t, c, 0x50, id)
+				if pubrel {
+					write(t, c, ackPacket(0x62, id))
+					requireAck(t, c, 0x70, id)
+				}
+			}
+		}
+		return (heapInUse() - before) / clients
+	}
+	completed := window(true)
+	held := window(false)
+	t.Logf("a connection: %d bytes after 16 completed QoS 2 messages, %d with 16 awaiting PUBREL (%d a state)",
+		completed, held, (held-completed)/16)
+	require.Less(t, held-completed, int64(24<<10), "16 QoS 2 states per client, without the PUBLISH properties")
 }
 
 // TestMQTTQoS2WithPaho publishes with paho at QoS 2: the token completes
