@@ -65,12 +65,14 @@ func TestMQTTConformanceMosquittoQoS2(t *testing.T) {
 			defer acks.Close()
 			payload := batch(hw, uuid.NewString(), 0, 3)
 			for _, want := range []contract.Status{contract.StatusAccepted, contract.StatusDuplicate} {
+				start := time.Now()
 				out := mosquittoPubQoS2(t, d.mqttAddr, version, hw, key, payload)
 				for _, step := range []string{"received PUBREC", "sending PUBREL", "received PUBCOMP"} {
 					require.Contains(t, out, step, "QoS 2 flow")
 				}
 				require.NotContains(t, strings.ToLower(out), "protocol error")
 				require.Equal(t, want, nextAck(t, acks).Status)
+				t.Logf("mosquitto_pub -V %s -q 2: %s, ack seen after %s", version, want, time.Since(start).Round(time.Millisecond))
 			}
 		})
 	}
@@ -153,7 +155,7 @@ func TestAttackMQTTProtocolErrors(t *testing.T) {
 	local, _, key, prefix := setup(t)
 	d := startDaemon(t, t.TempDir(), local.Endpoint, prefix)
 	hw := "02:00:00:00:C3:01"
-	rounds := attackSize(3, 50)
+	rounds := attackSize(3, 300)
 	for range rounds {
 		r := dialRaw(t, "127.0.0.2", d.mqttAddr)
 		r.send(0x10, v5ConnectBody(hw, key, []byte{0x21, 0, 0})) // Receive Maximum 0
