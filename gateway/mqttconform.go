@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -273,23 +272,48 @@ func (r *rawReader) properties() (p *rawProperties, ok bool) {
 	return p, true
 }
 
-// completeAuth returns a packet for mochi: an MQTT 5 AUTH of remaining
-// length 0 (reason code 0x00, no properties) or 1 (no properties), which
-// mochi's decoder refuses as malformed, closing the connection without a
-// word, spelled out with its reason code and an empty property list, so
-// that it is answered like any AUTH (conformHook.OnAuthPacket); any other
-// packet as it is.
-func completeAuth(version byte, pk []byte) []byte {
-	if version != 5 || len(pk) > 3 || pk[0] != packets.Auth<<4 {
-		return pk
+// anAuth is an MQTT 5 AUTH packet: reason code 0x00, no properties.
+var anAuth = []byte{packets.Auth << 4, 2, packets.CodeSuccess.Code, 0}
+
+// conform returns what the guard hands mochi in place of a packet, of type
+// typ, of an MQTT 5 connection after CONNECT, or nil for the packet itself.
+// It replaces two kinds of packets with anAuth, which mochi decodes and
+// conformHook.OnAuthPacket answers with a DISCONNECT before mochi closes
+// the connection (MQTT 5, 4.13):
+//
+//   - an AUTH packet, whatever its content (mochi's decoder refuses some
+//     valid ones, such as the AUTH of remaining length 0): the DISCONNECT
+//     carries 0x82, since no CONNECT the gateway accepts starts enhanced
+//     authentication;
+//   - another packet mochi does not decode (decodeErr, from its fixed
+//     header or body): mochi would close the connection without a word;
+//     the DISCONNECT carries decodeErr's reason code (0x81 malformed
+//     packet, 0x82 protocol error).
+//
+// MQTT 3.1.1 has no DISCONNECT from the server: there mochi closes the
+// connection.
+func (c *guardConn) conform(typ byte, decodeErr error) []byte {
+	if c.version != 5 {
+		return nil
 	}
-	switch {
-	case bytes.Equal(pk, []byte{packets.Auth << 4, 0}):
-		return []byte{packets.Auth << 4, 2, packets.CodeSuccess.Code, 0}
-	case len(pk) == 3 && pk[1] == 1:
-		return []byte{packets.Auth << 4, 2, pk[2], 0}
+	if typ == packets.Auth {
+		return anAuth
 	}
-	return pk
+	var code packets.Code
+	if errors.As(decodeErr, &code) && code.Code >= packets.ErrUnspecifiedError.Code {
+		code.Reason = truncateString(decodeErr.Error(), 128)
+		c.disconnect = &code
+		return anAuth
+	}
+	return nil
+}
+
+// takeDisconnect returns the reason code conform noted for the packet it
+// replaced, if any.
+func (c *guardConn) takeDisconnect() *packets.Code {
+	code := c.disconnect
+	c.disconnect = nil
+	return code
 }
 
 // noteConnect checks the connection's CONNECT packet (fh and body): it
@@ -383,10 +407,16 @@ func (h *conformHook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	}
 }
 
-// OnAuthPacket ends the connection of a client that sends AUTH: mochi then
-// sends an MQTT 5 client DISCONNECT with the code (0x82), and closes a
-// 3.1.1 connection, where the packet type is reserved.
+// OnAuthPacket ends the connection of a client that sends AUTH, or a
+// packet the guard replaced with one (guardConn.conform): mochi then sends
+// an MQTT 5 client DISCONNECT with the code (0x82 for an AUTH), and closes
+// a 3.1.1 connection, where the packet type is reserved.
 func (h *conformHook) OnAuthPacket(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if gc, ok := cl.Net.Conn.(interface{ takeDisconnect() *packets.Code }); ok {
+		if code := gc.takeDisconnect(); code != nil {
+			return pk, *code
+		}
+	}
 	return pk, errAuthWithoutMethod
 }
 

@@ -455,3 +455,51 @@ func TestMQTTConformanceAuth(t *testing.T) {
 	}
 	t.Run("v3 success", func(t *testing.T) { mqttClosedCase(4, []byte{0xF0, 1, 0})(t, h) })
 }
+
+// TestMQTTConformanceMalformed sends packets mochi does not decode after an
+// MQTT 5 CONNECT: each is answered with DISCONNECT and the reason code of
+// the decoding error, then the close, and counted; in 3.1.1 the connection
+// is closed without a word.
+func TestMQTTConformanceMalformed(t *testing.T) {
+	h := startHostile(t, hostileOptions{})
+	// publish is a PUBLISH of "{}" on topic with packet identifier 1 (and
+	// no properties in MQTT 5).
+	publish := func(first byte, topic string) func(version byte) []byte {
+		return func(version byte) []byte {
+			body := append(mqttString(topic), 0, 1)
+			if version == 5 {
+				body = append(body, 0)
+			}
+			return mqttPacket(first, append(body, "{}"...))
+		}
+	}
+	for _, tt := range []struct {
+		name   string
+		packet func(version byte) []byte
+		code   byte
+		reason string
+		v5only bool // valid in 3.1.1
+	}{
+		{"PUBLISH of QoS 3", publish(0x36, contract.ReadingsTopic(hostileHW)), 0x82, "protocol_error", false},
+		{"PUBLISH with a topic that is not UTF-8", publish(0x32, "devices/\xff"), 0x81, "malformed", false},
+		{"PUBLISH with properties longer than the packet", func(byte) []byte {
+			return mqttPacket(0x30, append(mqttString("a"), 0x7F))
+		}, 0x81, "malformed", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			before := refusedCount(t, h, tt.reason)
+			c := mqttSession(t, h, 5)
+			write(t, c, tt.packet(5))
+			first, body, err := readPacket(c, 10*time.Second)
+			require.NoError(t, err)
+			require.Equal(t, byte(0xE0), first, "DISCONNECT")
+			require.Equal(t, fmt.Sprintf("0x%02X", tt.code), fmt.Sprintf("0x%02X", body[0]))
+			requireClosed(t, c, 5*time.Second)
+			require.Eventually(t, func() bool { return refusedCount(t, h, tt.reason) == before+1 },
+				5*time.Second, 20*time.Millisecond)
+		})
+		if !tt.v5only {
+			t.Run("v3 "+tt.name, func(t *testing.T) { mqttClosedCase(4, tt.packet(4))(t, h) })
+		}
+	}
+}
