@@ -745,8 +745,10 @@ func hostileCatalogue() []hostileCase {
 	add("mqtt-session", "truncated v5 SUBSCRIBE (mochi issue 501)", mqttClosedCase(5, v5Subscribe(append([]byte{0, 1, 0}, ackFilter...))))
 	add("mqtt-session", "v5 SUBSCRIBE with an empty filter and no options (issue 501)", mqttClosedCase(5, v5Subscribe([]byte{0, 1, 0, 0, 0})))
 	add("mqtt-session", "v5 SUBSCRIBE with a second filter truncated", mqttClosedCase(5, v5Subscribe(append(append(append([]byte{0, 1, 0}, ackFilter...), 1), ackFilter...))))
-	add("mqtt-session", "v5 SUBSCRIBE with properties longer than the packet", mqttClosedCase(5, v5Subscribe([]byte{0, 1, 0x7F, 0x0B})))
-	add("mqtt-session", "v5 UNSUBSCRIBE truncated", mqttClosedCase(5, mqttPacket(0xA2, []byte{0, 1, 0, 0})))
+	// MQTT 5 packets mochi does not decode are answered with DISCONNECT
+	// (0x81, malformed packet) before the close.
+	add("mqtt-session", "v5 SUBSCRIBE with properties longer than the packet", mqttClosedCase(5, v5Subscribe([]byte{0, 1, 0x7F, 0x0B}), 0xE0))
+	add("mqtt-session", "v5 UNSUBSCRIBE truncated", mqttClosedCase(5, mqttPacket(0xA2, []byte{0, 1, 0, 0}), 0xE0))
 	add("mqtt-session", "second CONNECT", mqttClosedCase(4, connectPacket(4, hostileHW, hostileHW, goodKey)))
 	add("mqtt-session", "reserved packet type 15", mqttClosedCase(4, []byte{0xF0, 0}))
 
@@ -809,11 +811,11 @@ func hostileCatalogue() []hostileCase {
 		}
 		require.GreaterOrEqual(t, refusedCount(t, h, "bad_will"), 1.0)
 	})
-	// QoS 2 is over the broker's maximum: refused with the MQTT 5 code 0x9B
-	// (QoS not supported), which mochi sends to 3.1.1 clients too.
-	add("mqtt-connect", "will with QoS 2", mqttRefusedCase(mqttPacket(0x10, append(append(append(append(append(
-		mqttString("MQTT"), 4, 0xD6, 0, 60), mqttString(hostileHW)...), mqttString(contract.ReadingsTopic(hostileHW))...),
-		mqttString("{}")...), append(mqttString(hostileHW), mqttString(goodKey)...)...)), 0x9B))
+	// QoS 3 does not exist: refused with the MQTT 5 code 0x82 (protocol
+	// error), which mochi sends to 3.1.1 clients too.
+	add("mqtt-connect", "will with QoS 3", mqttRefusedCase(mqttPacket(0x10, append(append(append(append(append(
+		mqttString("MQTT"), 4, 0xDE, 0, 60), mqttString(hostileHW)...), mqttString(contract.ReadingsTopic(hostileHW))...),
+		mqttString("{}")...), append(mqttString(hostileHW), mqttString(goodKey)...)...)), 0x82))
 	return cs
 }
 

@@ -109,7 +109,14 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 	caps := mqtt.NewDefaultServerCapabilities()
 	caps.MaximumPacketSize = cfg.MaxPacketSize
 	caps.MaximumClients = cfg.MaxClients
-	caps.MaximumQos = 1
+	// QoS 2: mochi sends PUBREC after the OnPublish hook, which stores the
+	// batch first (or withholds the PUBREC), and keeps the message's state
+	// until PUBREL, at most receiveMaximum messages a client.
+	caps.MaximumQos = 2
+	caps.ReceiveMaximum = receiveMaximum
+	// Acks (PUBACK, PUBREC, PUBCOMP) carry no copy of the PUBLISH's
+	// properties, nor do the QoS 2 states kept until PUBREL.
+	caps.Compatibilities.NoInheritedPropertiesOnAck = true
 	caps.RetainAvailable = 0
 	caps.WildcardSubAvailable = 0
 	caps.SharedSubAvailable = 0
@@ -118,7 +125,7 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 	// 64 KiB, by default), before CONNECT. A device's queue holds the
 	// messages of its ack topic not yet written to its socket, one per
 	// batch, drained as fast as the socket takes them: 256 slots (2 KiB a
-	// connection; 8 KiB with ReceiveMaximum's 1024) leave room for a burst.
+	// connection) leave room for a burst.
 	// A message beyond them is dropped and logged; the device, missing its
 	// ack, resends the batch and is answered duplicate.
 	caps.MaximumClientWritesPending = 256
@@ -140,13 +147,18 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 		refused: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "mqtt", Name: "connections_refused_total",
 			Help: "MQTT connections refused or ended, by reason (bad_identity, unauthorized, unavailable, bad_will, " +
-				"connect_timeout, too_many_pending, malformed).",
+				"connect_timeout, too_many_pending, malformed, protocol_error, bad_auth_method).",
 		}, []string{"reason"}),
 	}
 	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "gateway", Subsystem: "mqtt", Name: "clients_connected",
 		Help: "MQTT clients connected to the embedded broker.",
 	}, func() float64 { return float64(atomic.LoadInt64(&server.Info.ClientsConnected)) }) // mochi updates it atomically
+	// The conformance hook runs first: a CONNECT that breaks MQTT is
+	// refused before authentication.
+	if err := server.AddHook(&conformHook{b: b}, nil); err != nil {
+		return nil, fmt.Errorf("adding the conformance hook: %w", err)
+	}
 	if err := server.AddHook(&hook{b: b}, nil); err != nil {
 		return nil, fmt.Errorf("adding the gateway hook: %w", err)
 	}
@@ -298,9 +310,10 @@ func aclAllows(hw, topic string, write bool) bool {
 }
 
 // OnPublish hands a device's message to the ingest path before mochi sends
-// the PUBACK. Only packets.ErrRejectPacket withholds the PUBACK, so every
-// message that was not stored maps to it; otherwise CodeSuccessIgnore
-// acknowledges without fanning the message out to subscribers.
+// the PUBACK (QoS 1) or PUBREC (QoS 2). Only packets.ErrRejectPacket
+// withholds them, so every message that was not stored maps to it;
+// otherwise CodeSuccessIgnore acknowledges without fanning the message out
+// to subscribers.
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	if cl.Net.Inline {
 		return pk, nil // our own acks

@@ -81,6 +81,10 @@ func (l *guardListener) guard(c net.Conn) *guardConn {
 //     options byte: mochi-mqtt/server issue 501), which would otherwise end
 //     the whole process.
 //
+// It also notes the rules of MQTT the CONNECT breaks that mochi does not
+// check, and has MQTT 5 packets mochi would end the connection for without
+// a word answered with a DISCONNECT (mqttconform.go).
+//
 // A packet's bytes are buffered as they arrive, so memory follows what a
 // client has sent, not what its header declares.
 type guardConn struct {
@@ -91,7 +95,12 @@ type guardConn struct {
 	err       error  // returned once pending is drained
 	connected bool   // the CONNECT has passed
 	version   byte   // protocol version of the CONNECT
-	done      sync.Once
+	// connectRule is the rule of MQTT the CONNECT broke that mochi does
+	// not check (mqttconform.go), answered by conformHook.OnConnect.
+	connectRule *violation
+	// disconnect is the reason code of the packet conform replaced.
+	disconnect *packets.Code
+	done       sync.Once
 }
 
 func (c *guardConn) Read(p []byte) (int, error) {
@@ -171,9 +180,12 @@ func (c *guardConn) rest(first byte) ([]byte, error) {
 	if err != nil {
 		return nil, c.readErr(err)
 	}
+	decodeErr := fhErr
 	if fhErr == nil {
 		fh.Remaining = remaining
-		version, panicked := tryDecode(fh, c.version, buf[len(header):])
+		var version byte
+		var panicked error
+		version, decodeErr, panicked = tryDecode(fh, c.version, buf[len(header):])
 		if panicked != nil {
 			c.l.refused("malformed")
 			c.l.logger.Warn("MQTT packet that mochi cannot decode; connection closed",
@@ -185,8 +197,11 @@ func (c *guardConn) rest(first byte) ([]byte, error) {
 		}
 	}
 	if !c.connected {
+		c.noteConnect(fh, buf[len(header):])
 		c.connected = true
 		c.connectDone()
+	} else if pk := c.conform(fh.Type, decodeErr); pk != nil {
+		return pk, nil
 	}
 	return buf, nil
 }
@@ -227,10 +242,9 @@ func (c *guardConn) refuse(err error) error {
 }
 
 // tryDecode runs mochi's decoder of the packet's type, as mochi's
-// Client.ReadPacket will, and reports a panic as an error. Decoding errors
-// are left to mochi, which answers them as MQTT says. It returns the
-// packet's protocol version (a CONNECT's own).
-func tryDecode(fh packets.FixedHeader, version byte, body []byte) (decoded byte, panicked error) {
+// Client.ReadPacket will, and reports a panic as an error. It returns the
+// packet's protocol version (a CONNECT's own) and the decoder's error.
+func tryDecode(fh packets.FixedHeader, version byte, body []byte) (decoded byte, decodeErr, panicked error) {
 	defer func() {
 		if r := recover(); r != nil {
 			panicked = fmt.Errorf("%w: packet type %d does not decode (%v)", errMalformedStream, fh.Type, r)
@@ -240,31 +254,31 @@ func tryDecode(fh packets.FixedHeader, version byte, body []byte) (decoded byte,
 	px := body // the decoders only read it
 	switch fh.Type {
 	case packets.Connect:
-		_ = pk.ConnectDecode(px)
+		decodeErr = pk.ConnectDecode(px)
 	case packets.Disconnect:
-		_ = pk.DisconnectDecode(px)
+		decodeErr = pk.DisconnectDecode(px)
 	case packets.Connack:
-		_ = pk.ConnackDecode(px)
+		decodeErr = pk.ConnackDecode(px)
 	case packets.Publish:
-		_ = pk.PublishDecode(px)
+		decodeErr = pk.PublishDecode(px)
 	case packets.Puback:
-		_ = pk.PubackDecode(px)
+		decodeErr = pk.PubackDecode(px)
 	case packets.Pubrec:
-		_ = pk.PubrecDecode(px)
+		decodeErr = pk.PubrecDecode(px)
 	case packets.Pubrel:
-		_ = pk.PubrelDecode(px)
+		decodeErr = pk.PubrelDecode(px)
 	case packets.Pubcomp:
-		_ = pk.PubcompDecode(px)
+		decodeErr = pk.PubcompDecode(px)
 	case packets.Subscribe:
-		_ = pk.SubscribeDecode(px)
+		decodeErr = pk.SubscribeDecode(px)
 	case packets.Suback:
-		_ = pk.SubackDecode(px)
+		decodeErr = pk.SubackDecode(px)
 	case packets.Unsubscribe:
-		_ = pk.UnsubscribeDecode(px)
+		decodeErr = pk.UnsubscribeDecode(px)
 	case packets.Unsuback:
-		_ = pk.UnsubackDecode(px)
+		decodeErr = pk.UnsubackDecode(px)
 	case packets.Auth:
-		_ = pk.AuthDecode(px)
+		decodeErr = pk.AuthDecode(px)
 	}
-	return pk.ProtocolVersion, nil
+	return pk.ProtocolVersion, decodeErr, nil
 }
