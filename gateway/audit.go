@@ -114,6 +114,13 @@ func (in *Ingest) auditConnectRefusal(cl *mqtt.Client, hw, refused, willTopic st
 		reason, topic, msg = audit.ReasonACLDenied, willTopic, "will on a topic the device may not publish to"
 	case "unavailable":
 		reason, msg = audit.ReasonAuthUnavailable, "the API key cannot be verified now"
+	case reasonMaxClients:
+		reason, msg = audit.ReasonQuotaExceeded, "every client slot (mqtt.max_clients) is taken"
+	case reasonDeviceSessions:
+		reason, msg = audit.ReasonQuotaExceeded, "the device's connected client IDs are at mqtt.max_sessions_per_device"
+	case reasonKeyShare:
+		reason, msg = audit.ReasonQuotaExceeded, "the API key's connections are at its share of mqtt.max_clients "+
+			"(mqtt.max_clients_per_key_percent)"
 	}
 	in.auditMQTT(cl, "connect", hw, reason, topic, msg)
 }

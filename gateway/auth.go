@@ -168,9 +168,16 @@ func NewAuthenticator(cfg AuthConfig, peppers Peppers, keys KeyStore, state Stat
 // ErrUnauthorized for an unknown or revoked one, and ErrAuthUnavailable
 // when the key is not cached and the table cannot be reached.
 func (a *Authenticator) Verify(ctx context.Context, rawKey string) error {
+	_, err := a.Identify(ctx, rawKey)
+	return err
+}
+
+// Identify is Verify, returning the key's ID (the api_keys key_id, which
+// names a key without revealing it) when the key is active.
+func (a *Authenticator) Identify(ctx context.Context, rawKey string) (keyID string, err error) {
 	if rawKey == "" {
 		a.outcomes.WithLabelValues("unauthorized").Inc()
-		return ErrUnauthorized
+		return "", ErrUnauthorized
 	}
 	hash := cloud.HashKey(a.peppers.Current, rawKey)
 	for {
@@ -184,7 +191,7 @@ func (a *Authenticator) Verify(ctx context.Context, rawKey string) error {
 		if until, ok := a.unknown[hash]; ok && now.Before(until) {
 			a.mu.Unlock()
 			a.outcomes.WithLabelValues("unauthorized").Inc()
-			return ErrUnauthorized
+			return "", ErrUnauthorized
 		}
 		if wait, busy := a.inflight[hash]; busy {
 			// Another connection is looking this key up: use its answer.
@@ -193,20 +200,20 @@ func (a *Authenticator) Verify(ctx context.Context, rawKey string) error {
 			case <-wait:
 				continue
 			case <-ctx.Done():
-				return ctx.Err()
+				return "", ctx.Err()
 			}
 		}
 		done := make(chan struct{})
 		a.inflight[hash] = done
 		a.mu.Unlock()
 
-		err := a.refresh(ctx, hash, rawKey, k, cached)
+		keyID, err := a.refresh(ctx, hash, rawKey, k, cached)
 
 		a.mu.Lock()
 		delete(a.inflight, hash)
 		close(done)
 		a.mu.Unlock()
-		return err
+		return keyID, err
 	}
 }
 
@@ -237,7 +244,7 @@ func (a *Authenticator) lookup(ctx context.Context, hash, rawKey string) (cloud.
 // sameHash compares hashes in constant time.
 func sameHash(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
 
-func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old cachedKey, cached bool) error {
+func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old cachedKey, cached bool) (string, error) {
 	info, found, err := a.lookup(ctx, hash, rawKey)
 	now := a.now()
 	if err != nil {
@@ -255,7 +262,7 @@ func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old ca
 		}
 		a.logger.Warn("API key cannot be verified: not cached and the api_keys table is unreachable", "err", err)
 		a.outcomes.WithLabelValues("unavailable").Inc()
-		return fmt.Errorf("%w: %v", ErrAuthUnavailable, err)
+		return "", fmt.Errorf("%w: %v", ErrAuthUnavailable, err)
 	}
 	a.mu.Lock()
 	if !found {
@@ -282,14 +289,14 @@ func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old ca
 	return a.result(cachedKey{KeyID: info.KeyID, Active: found && info.Active}, "ok")
 }
 
-func (a *Authenticator) result(k cachedKey, okLabel string) error {
+func (a *Authenticator) result(k cachedKey, okLabel string) (string, error) {
 	if !k.Active {
 		a.outcomes.WithLabelValues("unauthorized").Inc()
-		return ErrUnauthorized
+		return "", ErrUnauthorized
 	}
 	a.outcomes.WithLabelValues(okLabel).Inc()
 	a.touch(k.KeyID)
-	return nil
+	return k.KeyID, nil
 }
 
 // touch writes the key's last_used_at, at most once per LastUsedInterval,

@@ -132,3 +132,34 @@ func TestLastUsedIsWrittenAtMostOncePerInterval(t *testing.T) {
 	defer keys.mu.Unlock()
 	require.Equal(t, 1, keys.touched["k1"], "fifty uses within five minutes write last_used_at once")
 }
+
+// TestAuthenticatorIdentify checks that Identify names the key by its ID,
+// fresh, cached and while the table is unreachable, and names no key it
+// refuses.
+func TestAuthenticatorIdentify(t *testing.T) {
+	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
+	require.NoError(t, err)
+	defer buf.Close()
+	keys := newFakeKeys()
+	auth, err := gateway.NewAuthenticator(gateway.AuthConfig{RefreshInterval: time.Nanosecond}, gateway.Peppers{Current: pepper},
+		keys, buf, nil, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	for _, down := range []bool{false, true} {
+		keys.mu.Lock()
+		keys.down = down
+		keys.mu.Unlock()
+		id, err := auth.Identify(ctx, goodKey)
+		require.NoError(t, err)
+		require.Equal(t, "k1", id, "table down: %v", down)
+	}
+	id, err := auth.Identify(ctx, otherKey)
+	require.ErrorIs(t, err, gateway.ErrAuthUnavailable)
+	require.Empty(t, id)
+	keys.mu.Lock()
+	keys.down = false
+	keys.mu.Unlock()
+	id, err = auth.Identify(ctx, otherKey)
+	require.ErrorIs(t, err, gateway.ErrUnauthorized)
+	require.Empty(t, id)
+}

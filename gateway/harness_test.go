@@ -38,6 +38,8 @@ type fakeKeys struct {
 	down    bool
 	hits    int
 	touched map[string]int
+	wait    chan struct{} // when set, lookups wait for it to close
+	waiting int           // lookups that waited
 }
 
 func newFakeKeys() *fakeKeys {
@@ -48,6 +50,12 @@ func newFakeKeys() *fakeKeys {
 
 func (f *fakeKeys) LookupHash(ctx context.Context, hash string) (cloud.KeyInfo, bool, error) {
 	f.mu.Lock()
+	if wait := f.wait; wait != nil {
+		f.waiting++
+		f.mu.Unlock()
+		<-wait
+		f.mu.Lock()
+	}
 	defer f.mu.Unlock()
 	f.hits++
 	if f.down {

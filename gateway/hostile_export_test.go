@@ -17,21 +17,19 @@ const MaxConnectPacketSize = maxConnectPacketSize
 // MinBatchBytes bounds the batches of one HTTP request.
 const MinBatchBytes = minBatchBytes
 
-// SetConnectLimits shortens the broker's bounds on connections before their
-// CONNECT; call it before Listen.
-func SetConnectLimits(b *Broker, timeout time.Duration, maxPending int64) {
-	b.connectTimeout = timeout
-	b.maxPending = maxPending
+// SetConnectLimits sets the broker's connect timeout and its cap on
+// unauthenticated connections in total; call it before Listen.
+func SetConnectLimits(b *Broker, timeout time.Duration, maxUnauthenticated int64) {
+	b.cfg.ConnectTimeout = timeout
+	b.cfg.MaxUnauthenticated = int(maxUnauthenticated)
+	b.adm = newMQTTAdmission(b.cfg.MaxUnauthenticated, b.cfg.MaxUnauthenticatedPerAddress)
 }
 
 // ServeMQTTConn serves one client connection (a net.Pipe, say) as the
 // broker's listener would, through the connection guard, and returns when
 // mochi is done with it. The broker must be running.
 func ServeMQTTConn(b *Broker, c net.Conn) error {
-	l := &guardListener{timeout: b.connectTimeout, maxPending: 1, maxPacket: b.cfg.MaxPacketSize,
-		logger: b.logger, refused: func(string) {}}
-	l.pending.Add(1)
-	return b.server.EstablishConnection("tcp", l.guard(c))
+	return b.server.EstablishConnection("tcp", b.guardListener(nil).guard(c))
 }
 
 // SetHTTPTimeouts shortens the HTTP server's ReadHeaderTimeout and

@@ -34,7 +34,7 @@ type hostileOptions struct {
 	mqtt              gateway.MQTTConfig
 	http              gateway.HTTPConfig
 	connectTimeout    time.Duration     // before CONNECT; default 1s
-	maxPending        int64             // connections before CONNECT; default 1024
+	maxPending        int64             // unauthenticated connections; default 1024
 	readHeaderTimeout time.Duration     // default 1s
 	readTimeout       time.Duration     // default 2s
 	store             gateway.Committer // replaces the buffer for commits
@@ -62,6 +62,10 @@ func startHostileBroker(tb testing.TB, o hostileOptions) (*harness, *gateway.Bro
 	}
 	if o.readTimeout == 0 {
 		o.readTimeout = 2 * time.Second
+	}
+	if o.mqtt.MaxUnauthenticatedPerAddress == 0 {
+		// Every connection of these tests comes from 127.0.0.1.
+		o.mqtt.MaxUnauthenticatedPerAddress = int(o.maxPending)
 	}
 	o.mqtt.Addr = "127.0.0.1:0"
 	o.http.Addr = "127.0.0.1:0"
@@ -880,14 +884,25 @@ func heapInUse() int64 {
 // openConns opens n connections to addr and writes data on each.
 func openConns(t *testing.T, addr string, n int, data []byte) []net.Conn {
 	t.Helper()
+	return openConnsFrom(t, "", addr, n, data)
+}
+
+// openConnsFrom is openConns from the loopback address src ("127.0.0.2",
+// say; "" is the default source).
+func openConnsFrom(t *testing.T, src, addr string, n int, data []byte) []net.Conn {
+	t.Helper()
 	conns := make([]net.Conn, 0, n)
 	t.Cleanup(func() {
 		for _, c := range conns {
 			_ = c.Close()
 		}
 	})
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if src != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
+	}
 	for range n {
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		c, err := d.Dial("tcp", addr)
 		require.NoError(t, err)
 		conns = append(conns, c)
 		if len(data) > 0 {
@@ -994,22 +1009,26 @@ func TestHostileFloods(t *testing.T) {
 	requireServes(t, h)
 }
 
-// TestHostileConnectionCaps checks the caps on connections: pending ones
-// (before CONNECT) beyond the cap are closed at once, and mqtt.max_clients
-// caps authenticated clients.
+// TestHostileConnectionCaps checks the caps on connections: beyond the cap
+// on unauthenticated connections the oldest are shed at once, the newest
+// are kept until their connect timeout, and mqtt.max_clients caps
+// authenticated clients.
 func TestHostileConnectionCaps(t *testing.T) {
-	h := startHostile(t, hostileOptions{maxPending: 64, mqtt: gateway.MQTTConfig{MaxClients: 3}})
+	h := startHostile(t, hostileOptions{maxPending: 64, connectTimeout: 3 * time.Second,
+		mqtt: gateway.MQTTConfig{MaxClients: 3, MaxClientsPerKeyPercent: 100}})
 	mqttAddr := strings.TrimPrefix(h.mqttAddr, "tcp://")
 
-	t.Run("connections over the pending cap", func(t *testing.T) {
+	t.Run("connections over the unauthenticated cap", func(t *testing.T) {
+		opened := time.Now()
 		conns := openConns(t, mqttAddr, 300, nil)
-		closedWithin(t, conns, time.Time{}, 5*time.Second)
-		// Each connection was either over the cap (closed at accept) or
-		// pending until its connect timeout; at most 64 at a time pend.
-		over, timeouts := refusedCount(t, h, "too_many_pending"), refusedCount(t, h, "connect_timeout")
-		require.Equal(t, 300.0, over+timeouts)
-		require.GreaterOrEqual(t, over, 300.0-64)
-		require.Positive(t, timeouts)
+		require.Equal(t, 300-64, closedWithin(t, conns[:300-64], opened.Add(2500*time.Millisecond), 10*time.Second),
+			"the oldest are shed as newer ones arrive")
+		require.Zero(t, closedWithin(t, conns[300-64:], opened.Add(2500*time.Millisecond), 10*time.Second),
+			"the 64 newest are kept until the connect timeout (3s)")
+		// The cap per address is the total cap here: both shed reasons
+		// are possible, the address cap first.
+		require.Equal(t, 300.0-64, refusedCount(t, h, "shed_address_cap")+refusedCount(t, h, "shed_total_cap"))
+		require.Equal(t, 64.0, refusedCount(t, h, "connect_timeout"))
 		requireServes(t, h)
 	})
 
@@ -1035,7 +1054,15 @@ func TestHostileConnectionCaps(t *testing.T) {
 		}
 		require.Equal(t, 3, ok, "mqtt.max_clients is 3")
 		require.Equal(t, 7, busy)
-		_, err := connectDevice(t, h, "AA:BB:CC:DD:EE:68", goodKey)
+		require.Equal(t, 7.0, refusedCount(t, h, "max_clients"))
+		// A takeover on a full broker keeps its client ID's slot.
+		c := dialMQTT(t, h)
+		_, err := c.Write(connectPacket(5, hostileHW+"-0", hostileHW, goodKey))
+		require.NoError(t, err)
+		first, body, err := readPacket(c, 5*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, []byte{0x20, 0}, []byte{first, body[1]}, "CONNACK success")
+		_, err = connectDevice(t, h, "AA:BB:CC:DD:EE:68", goodKey)
 		require.ErrorContains(t, err, "server Unavailable", "a fourth device waits for a free slot")
 	})
 }

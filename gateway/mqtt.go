@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -36,6 +37,23 @@ type MQTTConfig struct {
 	MaxPacketSize uint32 `yaml:"max_packet_size"`
 	// MaxClients caps simultaneous connections. Default 10000.
 	MaxClients int64 `yaml:"max_clients"`
+	// ConnectTimeout is how long a new connection has to deliver its
+	// CONNECT (TLS handshake included). Default 10s.
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// MaxUnauthenticated caps connections that have not authenticated
+	// yet; a new one beyond it sheds the oldest. Default 1024.
+	MaxUnauthenticated int `yaml:"max_unauthenticated"`
+	// MaxUnauthenticatedPerAddress caps them per source address (IPv4
+	// address, IPv6 /64); a new one beyond it sheds the oldest of the
+	// address. Default 64.
+	MaxUnauthenticatedPerAddress int `yaml:"max_unauthenticated_per_address"`
+	// MaxSessionsPerDevice caps the client IDs (HW, HW-suffix) one
+	// hardware_id has connected at once. Default 8.
+	MaxSessionsPerDevice int `yaml:"max_sessions_per_device"`
+	// MaxClientsPerKeyPercent caps the share of MaxClients the connections
+	// of one API key hold, in percent; 100 sets no cap of its own.
+	// Default 90.
+	MaxClientsPerKeyPercent int `yaml:"max_clients_per_key_percent"`
 	// TLSCertFile and TLSKeyFile, when both set, make the listener speak
 	// MQTT over TLS (TLS 1.2 or later) with this PEM certificate and key.
 	TLSCertFile string `yaml:"tls_cert_file"`
@@ -52,6 +70,11 @@ func (c MQTTConfig) withDefaults() MQTTConfig {
 	if c.MaxClients == 0 {
 		c.MaxClients = 10000
 	}
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, defaultConnectTimeout)
+	c.MaxUnauthenticated = cmp.Or(c.MaxUnauthenticated, defaultMaxUnauthenticated)
+	c.MaxUnauthenticatedPerAddress = cmp.Or(c.MaxUnauthenticatedPerAddress, defaultMaxUnauthenticatedPerAddress)
+	c.MaxSessionsPerDevice = cmp.Or(c.MaxSessionsPerDevice, defaultMaxSessionsPerDevice)
+	c.MaxClientsPerKeyPercent = cmp.Or(c.MaxClientsPerKeyPercent, defaultMaxClientsPerKeyPercent)
 	return c
 }
 
@@ -69,11 +92,41 @@ func (c MQTTConfig) Validate() error {
 	if c.MaxClients < 0 {
 		return errors.New("mqtt.max_clients: must not be negative")
 	}
+	if err := c.validateAdmission(); err != nil {
+		return err
+	}
 	if c.MaxPacketSize != 0 && c.MaxPacketSize < 1024 {
 		return errors.New("mqtt.max_packet_size: must be at least 1024 bytes")
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		return errors.New("mqtt.tls_cert_file and mqtt.tls_key_file: set both or neither")
+	}
+	return nil
+}
+
+// validateAdmission checks the limits on connections before and after
+// they authenticate.
+func (c MQTTConfig) validateAdmission() error {
+	if c.ConnectTimeout < 0 {
+		return errors.New("mqtt.connect_timeout: must not be negative")
+	}
+	for _, v := range []struct {
+		setting string
+		value   int
+	}{
+		{"mqtt.max_unauthenticated", c.MaxUnauthenticated},
+		{"mqtt.max_unauthenticated_per_address", c.MaxUnauthenticatedPerAddress},
+		{"mqtt.max_sessions_per_device", c.MaxSessionsPerDevice},
+	} {
+		if v.value < 0 {
+			return fmt.Errorf("%s: must not be negative", v.setting)
+		}
+	}
+	if c.MaxClientsPerKeyPercent < 0 {
+		return errors.New("mqtt.max_clients_per_key_percent: must not be negative")
+	}
+	if c.MaxClientsPerKeyPercent > 100 {
+		return errors.New("mqtt.max_clients_per_key_percent: must be at most 100")
 	}
 	return nil
 }
@@ -87,10 +140,10 @@ type Broker struct {
 	auth     *Authenticator
 	logger   *slog.Logger
 	refused  *prometheus.CounterVec
-	// connectTimeout and maxPending bound connections before their
-	// CONNECT (see guardListener).
-	connectTimeout time.Duration
-	maxPending     int64
+	// adm admits connections until they authenticate (mqttguard.go);
+	// slots shares the client slots among devices and keys (mqttslots.go).
+	adm   *mqttAdmission
+	slots *sessionSlots
 }
 
 // NewBroker returns a broker; it does not listen yet.
@@ -108,7 +161,6 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 	logger = logger.With("component", "mqtt")
 	caps := mqtt.NewDefaultServerCapabilities()
 	caps.MaximumPacketSize = cfg.MaxPacketSize
-	caps.MaximumClients = cfg.MaxClients
 	// QoS 2: mochi sends PUBREC after the OnPublish hook, which stores the
 	// batch first (or withholds the PUBREC), and keeps the message's state
 	// until PUBREL, at most receiveMaximum messages a client.
@@ -143,13 +195,27 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 	})
 	b := &Broker{
 		cfg: cfg, server: server, ingest: ingest, auth: auth, logger: logger,
-		connectTimeout: defaultConnectTimeout, maxPending: defaultMaxPendingConnects,
+		adm:   newMQTTAdmission(cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerAddress),
+		slots: newSessionSlots(cfg.MaxSessionsPerDevice, cfg.MaxClients, cfg.MaxClientsPerKeyPercent),
 		refused: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "mqtt", Name: "connections_refused_total",
-			Help: "MQTT connections refused or ended, by reason (bad_identity, unauthorized, unavailable, bad_will, " +
-				"connect_timeout, too_many_pending, malformed, protocol_error, bad_auth_method).",
+			Help: "MQTT connections refused or ended, by reason: bad_identity, unauthorized, unavailable, bad_will " +
+				"(CONNECT refused); max_clients, device_sessions, key_share (over mqtt.max_clients, " +
+				"mqtt.max_sessions_per_device, mqtt.max_clients_per_key_percent); connect_timeout (no CONNECT within " +
+				"mqtt.connect_timeout); shed_address_cap, shed_total_cap (unauthenticated, shed for a newer connection " +
+				"over mqtt.max_unauthenticated_per_address, mqtt.max_unauthenticated); malformed, protocol_error, " +
+				"bad_auth_method.",
 		}, []string{"reason"}),
 	}
+	for _, r := range []string{"bad_identity", "unauthorized", "unavailable", "bad_will", reasonMaxClients,
+		reasonDeviceSessions, reasonKeyShare, "connect_timeout", reasonShedAddress, reasonShedTotal, refusedMalformed,
+		refusedProtocolError, refusedAuthMethod} {
+		b.refused.WithLabelValues(r) // every series from the start
+	}
+	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "gateway", Subsystem: "mqtt", Name: "unauthenticated_connections",
+		Help: "MQTT connections accepted that have not authenticated yet.",
+	}, func() float64 { n, _ := b.adm.counts(); return float64(n) })
 	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "gateway", Subsystem: "mqtt", Name: "clients_connected",
 		Help: "MQTT clients connected to the embedded broker.",
@@ -178,14 +244,18 @@ func (b *Broker) Listen() error {
 	if tlsConfig != nil {
 		l = tls.NewListener(l, tlsConfig)
 	}
-	b.listener = listeners.NewNet("tcp", &guardListener{Listener: l, timeout: b.connectTimeout,
-		maxPending: b.maxPending, maxPacket: b.cfg.MaxPacketSize, logger: b.logger,
-		refused: func(reason string) { b.refused.WithLabelValues(reason).Inc() }})
+	b.listener = listeners.NewNet("tcp", b.guardListener(l))
 	if err := b.server.AddListener(b.listener); err != nil {
 		_ = l.Close()
 		return fmt.Errorf("listening for MQTT on %s: %w", b.cfg.Addr, err)
 	}
 	return nil
+}
+
+// guardListener wraps l in the connection guard and the admission.
+func (b *Broker) guardListener(l net.Listener) *guardListener {
+	return &guardListener{Listener: l, timeout: b.cfg.ConnectTimeout, adm: b.adm, maxPacket: b.cfg.MaxPacketSize,
+		logger: b.logger, refused: func(reason string) { b.refused.WithLabelValues(reason).Inc() }}
 }
 
 // Addr returns the bound address (after Listen).
@@ -256,7 +326,11 @@ func (h *hook) Provides(b byte) bool {
 // OnConnect authenticates: username = hardware_id, password = API key, and
 // the client ID is the hardware_id, optionally followed by "-" and a suffix.
 // Refusals answer CONNACK "not authorized" (or "server unavailable" when the
-// key cannot be checked now) and end the connection.
+// key cannot be checked now, "quota exceeded" when the device or the key
+// holds its share of slots, "server busy" when every slot is taken; the
+// last two are "server unavailable" in MQTT 3.1.1) and end the connection.
+// An accepted connection leaves the admission and holds its slot until it
+// closes.
 func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	hw := string(pk.Connect.Username)
 	refuse := func(reason string, code packets.Code) error {
@@ -265,6 +339,9 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		if code == packets.ErrNotAuthorized && cl.Properties.ProtocolVersion < 5 {
 			// mochi maps this one to MQTT 3's return code 5, "not authorized".
 			code = packets.ErrBadUsernameOrPassword
+		}
+		if (code == packets.ErrQuotaExceeded || code == packets.ErrServerBusy) && cl.Properties.ProtocolVersion < 5 {
+			code = packets.ErrServerUnavailable // MQTT 3's return code 3
 		}
 		if err := h.b.server.SendConnack(cl, code, false, nil); err != nil {
 			return fmt.Errorf("refusing %s: %w", cl.ID, err)
@@ -279,13 +356,28 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	if pk.Connect.WillFlag && !aclAllows(hw, pk.Connect.WillTopic, true) {
 		return refuse("bad_will", packets.ErrNotAuthorized)
 	}
-	switch err := h.b.auth.Verify(context.Background(), string(pk.Connect.Password)); {
+	keyID, err := h.b.auth.Identify(context.Background(), string(pk.Connect.Password))
+	switch {
 	case errors.Is(err, ErrAuthUnavailable):
 		return refuse("unavailable", packets.ErrServerUnavailable)
 	case err != nil:
 		return refuse("unauthorized", packets.ErrNotAuthorized)
 	}
-	return nil
+	lease, over := h.b.slots.acquire(hw, cl.ID, keyID)
+	if over != nil {
+		if log, suppressed := h.b.slots.logRefusal(over.reason, time.Now()); log {
+			h.b.logger.Warn("MQTT connection refused: "+over.Error(), "reason", over.reason, "setting", over.setting,
+				"limit", over.limit, "hardware_id", hw, "client_id", cl.ID, "key_id", keyID, "remote", cl.Net.Remote,
+				"not_logged_since_last", suppressed)
+		}
+		return refuse(over.reason, over.code())
+	}
+	g, ok := cl.Net.Conn.(*guardConn)
+	if !ok {
+		lease()
+		return errors.New("gateway: MQTT connection outside the guard") // unreachable: every listener is guarded
+	}
+	return g.authenticated(lease)
 }
 
 // OnConnectAuthenticate is reached only by clients OnConnect accepted.

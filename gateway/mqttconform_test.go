@@ -253,8 +253,9 @@ func TestMQTTQoS2StateNotResumed(t *testing.T) {
 // the PUBLISH's properties (here a 4 KiB user property on each, which
 // acks would otherwise copy and keep).
 func TestMQTTQoS2StateMemory(t *testing.T) {
-	h := startHostile(t, hostileOptions{})
 	const clients = 100
+	// One hardware_id holds all 2×clients client IDs.
+	h := startHostile(t, hostileOptions{mqtt: gateway.MQTTConfig{MaxSessionsPerDevice: 2 * clients}})
 	user := append(propString(0x26, "k"), mqttString(strings.Repeat("v", 4<<10))...)
 	publish := func(id uint16) []byte {
 		body := append(mqttString(contract.ReadingsTopic(hostileHW)), byte(id>>8), byte(id))

@@ -2,22 +2,23 @@ package gateway
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 
-// Limits on connections that have not completed their CONNECT packet yet.
-// mochi itself sets no deadline before CONNECT, allocates a packet's
-// declared remaining length before reading it, and keeps such connections
-// forever (mochi-mqtt/server issue 502); the guard below bounds them.
+// Limits on connections that have not authenticated yet. mochi itself
+// sets no deadline before CONNECT, allocates a packet's declared remaining
+// length before reading it, and keeps such connections forever
+// (mochi-mqtt/server issue 502); the guard below bounds them, and the
+// admission (mqttadmission.go) caps how many there are.
 const (
 	// defaultConnectTimeout is how long a new connection has to deliver its
 	// whole CONNECT packet (TLS handshake included).
@@ -26,47 +27,75 @@ const (
 	// A device's CONNECT (client ID, hardware_id, API key) is well under
 	// 1 KiB.
 	maxConnectPacketSize = 16 << 10
-	// defaultMaxPendingConnects caps connections that have not completed
-	// their CONNECT yet; further ones are closed at once.
-	defaultMaxPendingConnects = 1024
+	// defaultMaxUnauthenticated caps unauthenticated connections in total.
+	defaultMaxUnauthenticated = 1024
+	// defaultMaxUnauthenticatedPerAddress caps them per source address.
+	defaultMaxUnauthenticatedPerAddress = 64
+)
+
+// Accept retries after an error other than a closed listener (too many
+// open files, say) after a pause that doubles up to maxAcceptBackoff: mochi
+// stops serving the listener for good at the first error Accept returns.
+const (
+	minAcceptBackoff = 5 * time.Millisecond
+	maxAcceptBackoff = time.Second
 )
 
 // errMalformedStream ends a connection whose byte stream the guard refuses.
 var errMalformedStream = errors.New("gateway: malformed MQTT stream")
 
-// guardListener hands mochi connections wrapped in a guardConn.
+// errShed ends a connection shed by the admission while it authenticated.
+var errShed = errors.New("gateway: connection shed before it authenticated")
+
+// guardListener hands mochi connections wrapped in a guardConn, each
+// admitted as unauthenticated until OnConnect accepts it.
 type guardListener struct {
 	net.Listener
-	timeout    time.Duration
-	maxPending int64
-	maxPacket  uint32
-	pending    atomic.Int64
-	refused    func(reason string)
-	logger     *slog.Logger
+	timeout   time.Duration
+	adm       *mqttAdmission
+	maxPacket uint32
+	refused   func(reason string)
+	logger    *slog.Logger
 }
 
-// Accept returns the next connection, closing those beyond the cap on
-// pending connections.
+// Accept returns the next connection, shedding the connections its
+// admission displaces.
 func (l *guardListener) Accept() (net.Conn, error) {
+	backoff := time.Duration(0)
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
-			return nil, err
-		}
-		if l.pending.Add(1) > l.maxPending {
-			l.pending.Add(-1)
-			l.refused("too_many_pending")
-			_ = c.Close()
+			if errors.Is(err, net.ErrClosed) {
+				return nil, err
+			}
+			backoff = min(max(2*backoff, minAcceptBackoff), maxAcceptBackoff)
+			l.logger.Warn("accepting an MQTT connection failed; retrying", "err", err, "retry_in", backoff.String())
+			time.Sleep(backoff)
 			continue
 		}
 		return l.guard(c), nil
 	}
 }
 
-// guard wraps a new connection, which holds a pending slot.
+// guard wraps a new connection and admits it as unauthenticated.
 func (l *guardListener) guard(c net.Conn) *guardConn {
 	_ = c.SetReadDeadline(time.Now().Add(l.timeout)) // mochi resets it after CONNECT (keepalive)
-	return &guardConn{Conn: c, l: l, r: bufio.NewReaderSize(c, 1024), version: 4}
+	g := &guardConn{Conn: c, l: l, r: bufio.NewReaderSize(c, 1024), version: 4}
+	g.entry = admEntry{conn: rawConn(c), addr: sourceOf(c.RemoteAddr())}
+	for _, v := range l.adm.add(&g.entry) {
+		l.refused(v.reason)
+		_ = v.entry.conn.Close() // its reader fails and mochi ends it
+	}
+	return g
+}
+
+// rawConn returns the TCP connection under a TLS one: closing it ends a
+// handshake at once, without a close_notify to a peer that may not read.
+func rawConn(c net.Conn) net.Conn {
+	if tc, ok := c.(*tls.Conn); ok {
+		return tc.NetConn()
+	}
+	return c
 }
 
 // guardConn frames the MQTT packets of one connection before mochi reads
@@ -100,7 +129,11 @@ type guardConn struct {
 	connectRule *violation
 	// disconnect is the reason code of the packet conform replaced.
 	disconnect *packets.Code
-	done       sync.Once
+	entry      admEntry
+
+	mu     sync.Mutex
+	closed bool
+	lease  func() // releases the session slots of an authenticated connection
 }
 
 func (c *guardConn) Read(p []byte) (int, error) {
@@ -118,15 +151,38 @@ func (c *guardConn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Close closes the connection and releases its pending slot if the
-// CONNECT never passed.
+// Close closes the connection and releases what it holds: its place in
+// the admission, or its session slots.
 func (c *guardConn) Close() error {
-	c.connectDone()
+	c.mu.Lock()
+	c.closed = true
+	lease := c.lease
+	c.lease = nil
+	c.mu.Unlock()
+	c.l.adm.remove(&c.entry)
+	if lease != nil {
+		lease()
+	}
 	return c.Conn.Close()
 }
 
-func (c *guardConn) connectDone() {
-	c.done.Do(func() { c.l.pending.Add(-1) })
+// authenticated takes the connection out of the admission once its
+// credentials are accepted, and holds lease until it closes. It returns
+// errShed, and releases lease, when the connection was shed or closed
+// meanwhile.
+func (c *guardConn) authenticated(lease func()) error {
+	if !c.l.adm.remove(&c.entry) {
+		lease()
+		return errShed
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		lease()
+		return errShed
+	}
+	c.lease = lease
+	return nil
 }
 
 // next reads one packet and returns its bytes for mochi, or what to hand
@@ -199,7 +255,7 @@ func (c *guardConn) rest(first byte) ([]byte, error) {
 	if !c.connected {
 		c.noteConnect(fh, buf[len(header):])
 		c.connected = true
-		c.connectDone()
+		c.l.adm.connecting(&c.entry)
 	} else if pk := c.conform(fh.Type, decodeErr); pk != nil {
 		return pk, nil
 	}

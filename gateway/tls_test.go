@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"net"
 	"net/http"
@@ -66,6 +67,7 @@ func TestTLSListeners(t *testing.T) {
 	require.NoError(t, err)
 	broker, err := gateway.NewBroker(gateway.MQTTConfig{Addr: "127.0.0.1:0", TLSCertFile: certFile, TLSKeyFile: keyFile}, ingest, auth, nil, reg)
 	require.NoError(t, err)
+	gateway.SetConnectLimits(broker, 10*time.Second, 1) // one unauthenticated connection at a time
 	require.NoError(t, broker.Listen())
 	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0", TLSCertFile: certFile, TLSKeyFile: keyFile},
 		gateway.HTTPDeps{Ingest: ingest, Auth: auth, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return nil }}, nil)
@@ -75,6 +77,13 @@ func TestTLSListeners(t *testing.T) {
 	defer cancel()
 	go func() { _ = broker.Run(ctx) }()
 	go func() { _ = api.Run(ctx) }()
+
+	// A TLS connection that sends no CONNECT holds the one place before
+	// authentication, and is shed for the device below.
+	silent, err := tls.Dial("tcp", broker.Addr(), &tls.Config{RootCAs: pool})
+	require.NoError(t, err)
+	defer silent.Close()
+	require.Eventually(t, func() bool { return gaugeValue(t, reg, unauthenticatedGauge) == 1 }, 10*time.Second, 10*time.Millisecond)
 
 	hw := "AA:BB:CC:DD:EE:30"
 	c := paho.NewClient(paho.NewClientOptions().AddBroker("ssl://" + broker.Addr()).SetClientID(hw).
@@ -86,6 +95,11 @@ func TestTLSListeners(t *testing.T) {
 	require.True(t, pub.WaitTimeout(20*time.Second))
 	require.NoError(t, pub.Error())
 	c.Disconnect(10)
+	_ = silent.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = silent.Read(make([]byte, 1))
+	require.Error(t, err)
+	require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "the silent connection was shed: %v", err)
+	require.Zero(t, gaugeValue(t, reg, unauthenticatedGauge), "the device left the admission once authenticated")
 
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	resp, err := client.Get("https://" + api.Addr() + "/healthz")

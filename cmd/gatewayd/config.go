@@ -84,7 +84,8 @@ func defaultConfig() Config {
 
 		MemoryReleaseInterval: defaultMemoryReleaseInterval,
 		MQTT: gateway.MQTTConfig{Mode: "embedded", External: gateway.DefaultExternalConfig(), Addr: ":1883",
-			MaxPacketSize: 256 << 10, MaxClients: 10000},
+			MaxPacketSize: 256 << 10, MaxClients: 10000, ConnectTimeout: 10 * time.Second, MaxUnauthenticated: 1024,
+			MaxUnauthenticatedPerAddress: 64, MaxSessionsPerDevice: 8, MaxClientsPerKeyPercent: 90},
 		HTTP:   gateway.DefaultHTTPConfig(),
 		Auth:   gateway.AuthConfig{RefreshInterval: time.Minute, NegativeTTL: 30 * time.Second, LookupTimeout: 5 * time.Second},
 		Ingest: gateway.DefaultIngestConfig(),

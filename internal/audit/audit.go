@@ -110,6 +110,9 @@ const (
 	ReasonOversize = "oversize"
 	// ReasonBadRequest: an HTTP request body that holds no batches.
 	ReasonBadRequest = "bad_request"
+	// ReasonQuotaExceeded: an MQTT connection over the device's or the
+	// key's share of the broker's client slots, or with every slot taken.
+	ReasonQuotaExceeded = "quota_exceeded"
 )
 
 // Reasons lists every reason, the label values of
@@ -117,7 +120,7 @@ const (
 // "other").
 var Reasons = []string{ReasonValidation, ReasonClockNotSynced, ReasonConflict, ReasonTimestampConflict,
 	ReasonUnknownDevice, ReasonBufferFull, ReasonDuplicate, ReasonUnauthorized, ReasonAuthUnavailable,
-	ReasonBadIdentity, ReasonClientIDRefused, ReasonACLDenied, ReasonOversize, ReasonBadRequest}
+	ReasonBadIdentity, ReasonClientIDRefused, ReasonACLDenied, ReasonOversize, ReasonBadRequest, ReasonQuotaExceeded}
 
 // Transports.
 const (
