@@ -314,13 +314,13 @@ type externalRun struct {
 // metric returns gateway_mqtt_external_messages_total{result}.
 func (r *externalRun) metric(t *testing.T, result string) float64 {
 	t.Helper()
-	return gatherValue(t, r.reg, "gateway_mqtt_external_messages_total", result)
+	return gatherValue(t, r.reg, "gateway_mqtt_external_messages_total", "result", result)
 }
 
 // connected returns gateway_mqtt_external_connected.
 func (r *externalRun) connected(t *testing.T) float64 {
 	t.Helper()
-	return gatherValue(t, r.reg, "gateway_mqtt_external_connected", "")
+	return gatherValue(t, r.reg, "gateway_mqtt_external_connected", "", "")
 }
 
 // runExternal starts cfg's External over ingest and waits until it is
@@ -356,9 +356,9 @@ func runExternal(t *testing.T, cfg gateway.ExternalConfig, ingest *gateway.Inges
 	return r
 }
 
-// gatherValue returns the value of the series of name whose result label
-// is result ("": the only series), 0 when there is none.
-func gatherValue(t *testing.T, reg *prometheus.Registry, name, result string) float64 {
+// gatherValue returns the value of the series of name whose label is value
+// (label "": the only series), 0 when there is none.
+func gatherValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
 	families, err := reg.Gather()
 	require.NoError(t, err)
@@ -367,9 +367,9 @@ func gatherValue(t *testing.T, reg *prometheus.Registry, name, result string) fl
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			match := result == ""
+			match := label == ""
 			for _, l := range m.GetLabel() {
-				match = match || (l.GetName() == "result" && l.GetValue() == result)
+				match = match || (l.GetName() == label && l.GetValue() == value)
 			}
 			if !match {
 				continue
