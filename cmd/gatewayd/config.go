@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"time"
 
 	"greenhouse-gateway/buffer"
@@ -84,7 +85,8 @@ func defaultConfig() Config {
 
 		MemoryReleaseInterval: defaultMemoryReleaseInterval,
 		MQTT: gateway.MQTTConfig{Mode: "embedded", External: gateway.DefaultExternalConfig(), Addr: ":1883",
-			MaxPacketSize: 256 << 10, MaxClients: 10000},
+			MaxPacketSize: 256 << 10, MaxClients: 10000, SessionExpiry: time.Hour, MaxQueuedPerClient: 100,
+			MaxOfflineSessions: 1000, MaxOfflineSessionsPerDevice: 4},
 		HTTP:   gateway.DefaultHTTPConfig(),
 		Auth:   gateway.AuthConfig{RefreshInterval: time.Minute, NegativeTTL: 30 * time.Second, LookupTimeout: 5 * time.Second},
 		Ingest: gateway.DefaultIngestConfig(),
@@ -95,6 +97,20 @@ func defaultConfig() Config {
 		Push:   pushmetrics.DefaultConfig(),
 		Audit:  audit.DefaultConfig(),
 	}
+}
+
+// sessionMemoryShare is the part of the memory limit that mqtt.session_memory
+// defaults to: an eighth (24 MiB of the default 192 MiB) leaves the rest to
+// the buffer, the connections and the garbage collector's headroom.
+const sessionMemoryShare = 8
+
+// sessionMemory returns mqtt.session_memory when set, else its share of the
+// memory limit in force (0, the broker's own default, without one).
+func sessionMemory(set, limit int64) int64 {
+	if set != 0 || limit <= 0 || limit == math.MaxInt64 {
+		return set
+	}
+	return max(limit/sessionMemoryShare, 1<<20)
 }
 
 func (c Config) cloud() cloud.Config {
