@@ -112,10 +112,10 @@ func (c MQTTConfig) validateSessions() error {
 	switch {
 	case c.SessionExpiry < 0:
 		return errors.New("mqtt.session_expiry: must not be negative")
-	case c.SessionExpiry != 0 && (c.SessionExpiry < time.Second || c.SessionExpiry%time.Second != 0):
-		return fmt.Errorf("mqtt.session_expiry: %s is not a whole number of seconds, at least 1s", c.SessionExpiry)
 	case c.SessionExpiry/time.Second > math.MaxUint32:
 		return fmt.Errorf("mqtt.session_expiry: %s is over MQTT's limit of %d seconds", c.SessionExpiry, uint32(math.MaxUint32))
+	case c.SessionExpiry != 0 && (c.SessionExpiry < time.Second || c.SessionExpiry%time.Second != 0):
+		return fmt.Errorf("mqtt.session_expiry: %s is not a whole number of seconds, at least 1s", c.SessionExpiry)
 	case c.MaxQueuedPerClient < 0 || c.MaxQueuedPerClient > maxQueuedPerClientLimit:
 		return fmt.Errorf("mqtt.max_queued_per_client: must be between 1 and %d (0 means the default)", maxQueuedPerClientLimit)
 	case c.MaxOfflineSessions < 0:
