@@ -143,17 +143,17 @@ const sweepInterval = time.Second
 
 var (
 	// messageOverhead is what mochi and sessions hold per queued message
-	// besides its payload and topic: the packet struct (a map value of
-	// that size is stored out of line), its in-flight map slot, and the
-	// tracking here (queued, two list elements, a map slot).
-	messageOverhead = int64(reflect.TypeFor[packets.Packet]().Size()) + 16 +
-		int64(reflect.TypeFor[queued]().Size()+2*reflect.TypeFor[list.Element]().Size()) + 16
+	// besides its payload and topic: the packet struct, rounded up to the
+	// allocator's size class, plus its in-flight map slot and the tracking
+	// here (queued, two list elements, a map slot), about 450 bytes in
+	// all. TestOfflineSessionOverhead checks it against the heap.
+	messageOverhead = int64(reflect.TypeFor[packets.Packet]().Size()) + 448
 	// sessionOverhead is what an offline session holds besides its queued
-	// messages: mochi's client (with its in-flight map, subscriptions,
-	// topic aliases, read buffer, closed connection and topic-index
-	// entry) and the tracking here; the write queue is added per broker
-	// (see newSessions). Measured by TestOfflineSessionOverhead.
-	sessionOverhead = int64(reflect.TypeFor[mqtt.Client]().Size()+reflect.TypeFor[session]().Size()) + 2048
+	// messages and its write queue (added per broker, see offlineBytes):
+	// mochi's client with its in-flight map, subscriptions, topic aliases,
+	// read buffer, closed connection and topic-index entry, and the
+	// tracking here. TestOfflineSessionOverhead checks it against the heap.
+	sessionOverhead = int64(reflect.TypeFor[mqtt.Client]().Size()+reflect.TypeFor[session]().Size()) + 5632
 )
 
 func newSessions(server *mqtt.Server, limits sessionLimits, logger *slog.Logger, reg prometheus.Registerer) *sessions {

@@ -332,3 +332,55 @@ func TestSessionBoundsSettings(t *testing.T) {
 	}
 	require.NoError(t, gateway.MQTTConfig{SessionExpiry: time.Hour, MaxQueuedPerClient: 65000, SessionMemory: 1 << 20}.Validate())
 }
+
+// rawPersistentSession opens an MQTT 3.1.1 session with clean session
+// false under clientID, subscribes to hw's ack topic and disconnects.
+func rawPersistentSession(t testing.TB, h *harness, clientID, hw string) {
+	t.Helper()
+	c := dialMQTT(t, h)
+	body := append(mqttString("MQTT"), 4, 0xC0, 0, 60)
+	body = append(body, mqttString(clientID)...)
+	body = append(body, mqttString(hw)...)
+	body = append(body, mqttString(goodKey)...)
+	_, err := c.Write(mqttPacket(0x10, body))
+	require.NoError(t, err)
+	first, ack, err := readPacket(c, 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []byte{0x20, 0}, []byte{first, ack[1]}, "CONNACK success")
+	_, err = c.Write(mqttPacket(0x82, append(append([]byte{0, 1}, mqttString(contract.AckTopic(hw))...), 1)))
+	require.NoError(t, err)
+	first, _, err = readPacket(c, 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, byte(0x90), first, "SUBACK")
+	_, err = c.Write([]byte{0xE0, 0})
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+}
+
+// TestOfflineSessionOverhead measures the heap an offline session and a
+// queued ack hold and compares it with what the accounting charges.
+func TestOfflineSessionOverhead(t *testing.T) {
+	const sessions, batches = 300, 10
+	const hw = "5E:55:00:00:00:08"
+	h, b := startHostileBroker(t, hostileOptions{mqtt: gateway.MQTTConfig{MaxOfflineSessionsPerDevice: sessions}})
+	sendBatches(t, h, hw, 1) // the device's first batch registers it
+	before := heapInUse()
+	for i := range sessions {
+		rawPersistentSession(t, h, fmt.Sprintf("%s-%d", hw, i), hw)
+	}
+	requireMetric(t, h, "offline_sessions", "", sessions)
+	perSession := (heapInUse() - before) / sessions
+	ids := sendBatches(t, h, hw, batches)
+	requireMetric(t, h, "queued_messages", "", sessions*batches)
+	afterMessages := heapInUse()
+	perMessage := (afterMessages - before - perSession*sessions) / (sessions * batches)
+	charged := gateway.QueuedMessageBytes(contract.AckTopic(hw), contract.EncodeAck(contract.Ack{
+		Type: contract.AckTypeReadings, BatchID: ids[0], Status: contract.StatusAccepted}))
+	t.Logf("offline session: %d bytes on the heap, %d charged; queued ack: %d bytes on the heap, %d charged",
+		perSession, gateway.OfflineSessionBytes(b), perMessage, charged)
+	// The charge is an upper bound, and not a loose one.
+	require.LessOrEqual(t, perSession, gateway.OfflineSessionBytes(b))
+	require.LessOrEqual(t, perMessage, charged)
+	require.Less(t, gateway.OfflineSessionBytes(b), 2*perSession)
+	require.Less(t, charged, 2*perMessage)
+}
