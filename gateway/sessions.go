@@ -570,21 +570,22 @@ func (s *sessions) sweep() {
 }
 
 // reconcile makes a session's queued messages those mochi holds for its
-// client. Called with the lock held.
+// client. Mochi's in-flight map also holds the client's own QoS 1 flows (a
+// PUBACK being sent), so a count that matches means nothing to add; only
+// then is the whole map copied (GetAll copies every packet). Called with
+// the lock held.
 func (s *sessions) reconcile(ss *session) {
-	held := map[uint16]bool{}
-	for _, pk := range ss.cl.State.Inflight.GetAll(false) {
-		if pk.FixedHeader.Type != packets.Publish {
-			continue
-		}
-		held[pk.PacketID] = true
-		if _, ok := ss.byPID[pk.PacketID]; !ok {
-			s.add(ss, pk.PacketID, messageBytes(pk))
+	for pid, q := range ss.byPID {
+		if pk, ok := ss.cl.State.Inflight.Get(pid); !ok || pk.FixedHeader.Type != packets.Publish {
+			s.remove(q)
 		}
 	}
-	for pid, q := range ss.byPID {
-		if !held[pid] {
-			s.remove(q)
+	if ss.cl.State.Inflight.Len() == len(ss.byPID) {
+		return
+	}
+	for _, pk := range ss.cl.State.Inflight.GetAll(false) {
+		if _, ok := ss.byPID[pk.PacketID]; !ok && pk.FixedHeader.Type == packets.Publish {
+			s.add(ss, pk.PacketID, messageBytes(pk))
 		}
 	}
 }
