@@ -58,7 +58,7 @@ type MQTTConfig struct {
 	MaxOfflineSessionsPerDevice int `yaml:"max_offline_sessions_per_device"`
 	// SessionMemory bounds the bytes of queued messages and offline
 	// sessions; beyond it the oldest messages queued for offline clients
-	// are shed, then the sessions offline longest end. Default 24 MiB
+	// are shed, then the sessions offline longest end. Default 12 MiB
 	// (gatewayd derives it from memory_limit).
 	SessionMemory int64 `yaml:"session_memory"`
 }

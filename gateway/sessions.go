@@ -97,7 +97,7 @@ const (
 	defaultMaxQueuedPerClient          = 100
 	defaultMaxOfflineSessions          = 1000
 	defaultMaxOfflineSessionsPerDevice = 4
-	DefaultSessionMemory               = 24 << 20
+	DefaultSessionMemory               = 12 << 20
 	// maxQueuedPerClientLimit keeps the cap, plus inflightSlack, within
 	// MQTT's 16-bit packet identifiers.
 	maxQueuedPerClientLimit = 65000

@@ -100,9 +100,11 @@ func defaultConfig() Config {
 }
 
 // sessionMemoryShare is the part of the memory limit that mqtt.session_memory
-// defaults to: an eighth (24 MiB of the default 192 MiB) leaves the rest to
-// the buffer, the connections and the garbage collector's headroom.
-const sessionMemoryShare = 8
+// defaults to: a sixteenth (12 MiB of the default 192 MiB). The garbage
+// collector lets the heap grow to about twice what is live, and mochi
+// copies each queued message again for every fan-out and every second's
+// expiry scan, so the state costs about three times its size in RSS.
+const sessionMemoryShare = 16
 
 // sessionMemory returns mqtt.session_memory when set, else its share of the
 // memory limit in force (0, the broker's own default, without one).
