@@ -80,6 +80,7 @@ type session struct {
 	bytes   int64              // the bytes of the queued messages
 	order   list.List          // the session's queued messages, oldest first
 	offElem *list.Element      // in sessions.offline while offline
+	ending  bool               // picked to end (see pick)
 }
 
 // queued is one message waiting for its client's PUBACK.
@@ -334,22 +335,27 @@ func (s *sessions) release(cl *mqtt.Client) {
 	cl.ClearInflights()
 }
 
-// end ends offline sessions early: removes each from mochi's clients if it
-// is still there and offline, then frees its state.
+// end ends offline sessions picked early: removes each from mochi's
+// clients if it is still there and offline, then frees its state.
 func (s *sessions) end(victims []*mqtt.Client, reason string) {
 	for _, cl := range victims {
-		if cur, ok := s.server.Clients.Get(cl.ID); !ok || cur != cl || !cl.Closed() || cl.IsTakenOver() {
-			continue
+		cur, ok := s.server.Clients.Get(cl.ID)
+		ended := ok && cur == cl && cl.Closed() && !cl.IsTakenOver()
+		if ended {
+			s.server.Clients.Delete(cl.ID)
+			s.release(cl)
 		}
-		s.server.Clients.Delete(cl.ID)
-		s.release(cl)
 		s.mu.Lock()
-		if ss := s.byID[cl.ID]; ss != nil && ss.cl == cl {
+		if ss := s.byID[cl.ID]; ss != nil && ended && ss.cl == cl {
 			s.drop(ss)
+		} else if ss != nil {
+			ss.ending = false // it came back; the next sweep counts it again if offline
 		}
 		s.mu.Unlock()
-		s.expired.WithLabelValues(reason).Inc()
-		s.logger.Debug("ended an offline MQTT session", "client", cl.ID, "reason", reason)
+		if ended {
+			s.expired.WithLabelValues(reason).Inc()
+			s.logger.Debug("ended an offline MQTT session", "client", cl.ID, "reason", reason)
+		}
 	}
 }
 
@@ -403,7 +409,7 @@ func (s *sessions) shedMessage(q *queued, reason string) {
 
 // setOffline marks a session offline. Called with the lock held.
 func (s *sessions) setOffline(ss *session) {
-	if ss.offElem != nil {
+	if ss.offElem != nil || ss.ending {
 		return
 	}
 	ss.offElem = s.offline.PushBack(ss)
@@ -451,35 +457,25 @@ func (s *sessions) dropIfIdle(ss *session) {
 // overBudget sheds the oldest messages queued for offline clients until the
 // state is within the budget, then picks the sessions offline longest to
 // end (returned, to be ended without the lock). Called with the lock held.
-func (s *sessions) overBudget() []*mqtt.Client { return s.overBudgetBeyond(nil) }
-
-// overBudgetBeyond is overBudget when the sessions picked are about to
-// end. Called with the lock held.
-func (s *sessions) overBudgetBeyond(picked map[*session]bool) []*mqtt.Client {
-	freed := int64(0)
-	for ss := range picked {
-		freed += ss.bytes + s.offlineBytes()
-	}
-	if s.stBytes-freed <= s.limits.budget {
+func (s *sessions) overBudget() []*mqtt.Client {
+	if s.stBytes <= s.limits.budget {
 		return nil
 	}
 	// Shed down to 15/16 of the budget so that a full state does not pay a
 	// scan per message.
 	low := s.limits.budget - s.limits.budget/16
-	for e := s.queue.Front(); e != nil && s.stBytes-freed > low; {
+	for e := s.queue.Front(); e != nil && s.stBytes > low; {
 		q := e.Value.(*queued)
 		e = e.Next()
-		if q.s.offElem != nil && !picked[q.s] {
+		if q.s.offElem != nil {
 			s.shedMessage(q, shedBudget)
 		}
 	}
 	var victims []*mqtt.Client
-	over := s.stBytes - freed - s.limits.budget
-	for e := s.offline.Front(); e != nil && over > 0; e = e.Next() {
-		if ss := e.Value.(*session); !picked[ss] {
-			victims = append(victims, ss.cl)
-			over -= ss.bytes + s.offlineBytes()
-		}
+	for over := s.stBytes - s.limits.budget; over > 0 && s.offline.Len() > 0; {
+		ss := s.offline.Front().Value.(*session)
+		over -= ss.bytes + s.offlineBytes()
+		victims = append(victims, s.pick(ss))
 	}
 	return victims
 }
@@ -488,31 +484,25 @@ func (s *sessions) overBudgetBeyond(picked map[*session]bool) []*mqtt.Client {
 // caps and for the budget, the ones offline longest first. Called with the
 // lock held.
 func (s *sessions) overCaps() (byDevice, total, budget []*mqtt.Client) {
-	picked := map[*session]bool{}
-	over := map[string]int{}
-	for hw, n := range s.byDevice {
-		if n > s.limits.maxOfflinePerDevice {
-			over[hw] = n - s.limits.maxOfflinePerDevice
-		}
-	}
-	excess := s.offline.Len() - s.limits.maxOffline
-	for e := s.offline.Front(); e != nil && (len(over) > 0 || excess > 0); e = e.Next() {
+	for e := s.offline.Front(); e != nil; {
 		ss := e.Value.(*session)
+		e = e.Next()
 		switch {
-		case over[ss.hw] > 0:
-			byDevice = append(byDevice, ss.cl)
-			if over[ss.hw]--; over[ss.hw] == 0 {
-				delete(over, ss.hw)
-			}
-		case excess > 0:
-			total = append(total, ss.cl)
-		default:
-			continue
+		case s.byDevice[ss.hw] > s.limits.maxOfflinePerDevice:
+			byDevice = append(byDevice, s.pick(ss))
+		case s.offline.Len() > s.limits.maxOffline:
+			total = append(total, s.pick(ss))
 		}
-		picked[ss] = true
-		excess--
 	}
-	return byDevice, total, s.overBudgetBeyond(picked)
+	return byDevice, total, s.overBudget()
+}
+
+// pick takes an offline session out of the count as it is about to be
+// ended, so that no one else picks it. Called with the lock held.
+func (s *sessions) pick(ss *session) *mqtt.Client {
+	s.setOnline(ss)
+	ss.ending = true
+	return ss.cl
 }
 
 // run reconciles with mochi's state every interval until ctx is done.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -389,4 +390,86 @@ func TestOfflineSessionOverhead(t *testing.T) {
 	require.LessOrEqual(t, perMessage, charged)
 	require.Less(t, gateway.OfflineSessionBytes(b), 2*perSession)
 	require.Less(t, charged, 2*perMessage)
+}
+
+// leaveRaw is rawPersistentSession returning its error, for goroutines.
+func leaveRaw(addr, clientID, hw string) error {
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	body := append(mqttString("MQTT"), 4, 0xC0, 0, 60)
+	body = append(append(append(body, mqttString(clientID)...), mqttString(hw)...), mqttString(goodKey)...)
+	subscribe := append(append([]byte{0, 1}, mqttString(contract.AckTopic(hw))...), 1)
+	for _, p := range [][]byte{mqttPacket(0x10, body), mqttPacket(0x82, subscribe)} {
+		if _, err := c.Write(p); err != nil {
+			return err
+		}
+		if _, _, err := readPacket(c, 10*time.Second); err != nil {
+			return err
+		}
+	}
+	_, err = c.Write([]byte{0xE0, 0})
+	return err
+}
+
+func TestSessionCountsExactUnderConcurrency(t *testing.T) {
+	const hw, sessions, cap, batches = "5E:55:00:00:00:09", 40, 4, 30
+	h := startHostile(t, hostileOptions{mqtt: gateway.MQTTConfig{MaxOfflineSessionsPerDevice: cap, MaxQueuedPerClient: 10}})
+	addr := strings.TrimPrefix(h.mqttAddr, "tcp://")
+	var wg sync.WaitGroup
+	errs := make(chan error, sessions)
+	for i := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- leaveRaw(addr, fmt.Sprintf("%s-%d", hw, i), hw)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	requireMetric(t, h, "offline_sessions", "", cap)
+	requireMetric(t, h, "sessions_expired_total", "device_cap", sessions-cap)
+
+	// Acks published from two connections at once, to the sessions left.
+	wg.Add(2)
+	for _, id := range []string{hw, hw + "-pub"} {
+		go func() {
+			defer wg.Done()
+			c := paho.NewClient(paho.NewClientOptions().AddBroker(h.mqttAddr).SetClientID(id).SetUsername(hw).
+				SetPassword(goodKey).SetAutoReconnect(false))
+			if tok := c.Connect(); !tok.WaitTimeout(20*time.Second) || tok.Error() != nil {
+				t.Errorf("connect %s: %v", id, tok.Error())
+				return
+			}
+			defer c.Disconnect(50)
+			boot := newBoot()
+			for i := range batches {
+				if tok := c.Publish(contract.ReadingsTopic(hw), 1, false, batchJSON(hw, boot, i, 1)); !tok.WaitTimeout(20 * time.Second) {
+					t.Errorf("%s: no PUBACK", id)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	requireMetric(t, h, "queued_messages", "", cap*10)
+	require.Equal(t, float64(cap*(2*batches-10)), sessionMetric(t, h, "messages_shed_total", "client_cap"))
+
+	// Each session ends (a clean session takes it over): nothing is left.
+	for i := range sessions {
+		d := paho.NewClient(paho.NewClientOptions().AddBroker(h.mqttAddr).SetClientID(fmt.Sprintf("%s-%d", hw, i)).
+			SetUsername(hw).SetPassword(goodKey).SetCleanSession(true).SetAutoReconnect(false))
+		tok := d.Connect()
+		require.True(t, tok.WaitTimeout(20*time.Second))
+		require.NoError(t, tok.Error())
+		d.Disconnect(50)
+	}
+	for _, name := range []string{"offline_sessions", "queued_messages", "queued_bytes", "session_state_bytes"} {
+		requireMetric(t, h, name, "", 0)
+	}
 }
