@@ -317,8 +317,8 @@ func (s *sessions) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
 // removes it from its clients but leaves its subscription in the topic
 // index and its messages in memory.
 func (s *sessions) OnClientExpired(cl *mqtt.Client) {
-	if cl.IsTakenOver() {
-		return
+	if cur, ok := s.server.Clients.Get(cl.ID); cl.IsTakenOver() || ok && cur != cl {
+		return // a new connection holds the client ID (and its subscription)
 	}
 	s.release(cl)
 	s.mu.Lock()
