@@ -99,11 +99,21 @@ func (l *listener) collect(quiet time.Duration) []string {
 }
 
 // persistentSessions leaves n offline persistent sessions HW-1 ... HW-n
-// subscribed to hw's ack topic.
+// subscribed to hw's ack topic, one after the other: each is offline (or
+// ended by a cap) before the next leaves.
 func persistentSessions(t *testing.T, h *harness, hw string, n int) {
 	t.Helper()
+	gone := func() float64 {
+		n := sessionMetric(t, h, "offline_sessions", "")
+		for _, r := range []string{"expiry", "device_cap", "session_cap", "budget"} {
+			n += sessionMetric(t, h, "sessions_expired_total", r)
+		}
+		return n
+	}
 	for i := 1; i <= n; i++ {
+		before := gone()
 		connectListener(t, h, fmt.Sprintf("%s-%d", hw, i), hw, true).leave()
+		require.Eventually(t, func() bool { return gone() == before+1 }, 10*time.Second, 5*time.Millisecond)
 	}
 }
 
