@@ -349,6 +349,20 @@ func TestAttackOfflineSessions(t *testing.T) {
 		require.Less(t, l.peakRSS, bound, "gatewayd's peak RSS")
 	})
 
+	t.Run("one device, per-device cap lifted", func(t *testing.T) {
+		// An operator who lifts mqtt.max_offline_sessions_per_device lets
+		// one batch's ack fan out to every session: the budget holds the
+		// state, but mochi copies each ack for each session before it is
+		// shed, and the garbage raises the RSS. Bounded by memory_limit.
+		d := startPlainDaemon(t, t.TempDir(), local.Endpoint, prefix,
+			"GATEWAY_MQTT_MAX_OFFLINE_SESSIONS_PER_DEVICE="+strconv.Itoa(sessions))
+		l := runLoad(t, d, key, attackHWs(1), sessions, acks, 1)
+		require.Eventually(t, func() bool { return metricValue(t, d, "gateway_mqtt_offline_sessions") == float64(sessions) },
+			10*time.Second, 20*time.Millisecond)
+		requireWithinCaps(t, readSessionFigures(t, d), sessions, sessions*acks)
+		require.Less(t, l.peakRSS, int64(defaultMemoryLimit), "gatewayd's peak RSS")
+	})
+
 	t.Run("many devices", func(t *testing.T) {
 		// The same load on two fresh gatewayds, without and with the
 		// offline sessions; four well-behaved devices send alongside.
