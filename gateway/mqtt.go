@@ -58,6 +58,26 @@ type MQTTConfig struct {
 	// MQTT over TLS (TLS 1.2 or later) with this PEM certificate and key.
 	TLSCertFile string `yaml:"tls_cert_file"`
 	TLSKeyFile  string `yaml:"tls_key_file"`
+	// SessionExpiry is how long the broker keeps the persistent session of
+	// a client that disconnected (its subscription and the acks queued
+	// for it); an MQTT 5 client's Session Expiry Interval is capped by it.
+	// Whole seconds, at least 1s. Default 1h.
+	SessionExpiry time.Duration `yaml:"session_expiry"`
+	// MaxQueuedPerClient caps the messages (acks) queued for one client,
+	// connected or not; a new one sheds the oldest. Default 100.
+	MaxQueuedPerClient int `yaml:"max_queued_per_client"`
+	// MaxOfflineSessions caps the persistent sessions kept for clients
+	// that are not connected; beyond it the one offline longest ends.
+	// Default 1000.
+	MaxOfflineSessions int `yaml:"max_offline_sessions"`
+	// MaxOfflineSessionsPerDevice is MaxOfflineSessions for the client IDs
+	// of one hardware_id. Default 4.
+	MaxOfflineSessionsPerDevice int `yaml:"max_offline_sessions_per_device"`
+	// SessionMemory bounds the bytes of queued messages and offline
+	// sessions; beyond it the oldest messages queued for offline clients
+	// are shed, then the sessions offline longest end. Default 12 MiB
+	// (gatewayd derives it from memory_limit).
+	SessionMemory int64 `yaml:"session_memory"`
 }
 
 func (c MQTTConfig) withDefaults() MQTTConfig {
@@ -75,6 +95,11 @@ func (c MQTTConfig) withDefaults() MQTTConfig {
 	c.MaxUnauthenticatedPerAddress = cmp.Or(c.MaxUnauthenticatedPerAddress, defaultMaxUnauthenticatedPerAddress)
 	c.MaxSessionsPerDevice = cmp.Or(c.MaxSessionsPerDevice, defaultMaxSessionsPerDevice)
 	c.MaxClientsPerKeyPercent = cmp.Or(c.MaxClientsPerKeyPercent, defaultMaxClientsPerKeyPercent)
+	c.SessionExpiry = cmp.Or(c.SessionExpiry, defaultSessionExpiry)
+	c.MaxQueuedPerClient = cmp.Or(c.MaxQueuedPerClient, defaultMaxQueuedPerClient)
+	c.MaxOfflineSessions = cmp.Or(c.MaxOfflineSessions, defaultMaxOfflineSessions)
+	c.MaxOfflineSessionsPerDevice = cmp.Or(c.MaxOfflineSessionsPerDevice, defaultMaxOfflineSessionsPerDevice)
+	c.SessionMemory = cmp.Or(c.SessionMemory, DefaultSessionMemory)
 	return c
 }
 
@@ -101,7 +126,7 @@ func (c MQTTConfig) Validate() error {
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		return errors.New("mqtt.tls_cert_file and mqtt.tls_key_file: set both or neither")
 	}
-	return nil
+	return c.validateSessions()
 }
 
 // validateAdmission checks the limits on connections before and after
@@ -144,6 +169,9 @@ type Broker struct {
 	// slots shares the client slots among devices and keys (mqttslots.go).
 	adm   *mqttAdmission
 	slots *sessionSlots
+	// sessions bounds offline persistent sessions and queued acks
+	// (sessions.go).
+	sessions *sessions
 }
 
 // NewBroker returns a broker; it does not listen yet.
@@ -172,7 +200,8 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 	caps.RetainAvailable = 0
 	caps.WildcardSubAvailable = 0
 	caps.SharedSubAvailable = 0
-	caps.MaximumSessionExpiryInterval = 24 * 60 * 60
+	caps.MaximumSessionExpiryInterval = uint32(cfg.SessionExpiry / time.Second)
+	caps.MaximumInflight = uint16(cfg.MaxQueuedPerClient + inflightSlack)
 	// mochi allocates each connection's write queue up front (8192 slots,
 	// 64 KiB, by default), before CONNECT. A device's queue holds the
 	// messages of its ack topic not yet written to its socket, one per
@@ -228,6 +257,11 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 	if err := server.AddHook(&hook{b: b}, nil); err != nil {
 		return nil, fmt.Errorf("adding the gateway hook: %w", err)
 	}
+	b.sessions = newSessions(server, sessionLimits{maxQueued: cfg.MaxQueuedPerClient, maxOffline: cfg.MaxOfflineSessions,
+		maxOfflinePerDevice: cfg.MaxOfflineSessionsPerDevice, budget: cfg.SessionMemory}, logger, reg)
+	if err := server.AddHook(b.sessions, nil); err != nil {
+		return nil, fmt.Errorf("adding the session hook: %w", err)
+	}
 	return b, nil
 }
 
@@ -273,7 +307,13 @@ func (b *Broker) Run(ctx context.Context) error {
 		return fmt.Errorf("serving MQTT: %w", err)
 	}
 	b.logger.Info("MQTT broker listening", "addr", b.Addr())
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		b.sessions.run(ctx, sweepInterval)
+	}()
 	<-ctx.Done()
+	<-swept
 	// mochi's Close can deadlock when a client disconnects while the
 	// listener closes (Clients.GetByListener takes its read lock twice;
 	// mochi-mqtt/server issue 488). Do not let that hold the shutdown: the

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"time"
 
 	"greenhouse-gateway/buffer"
@@ -85,7 +86,8 @@ func defaultConfig() Config {
 		MemoryReleaseInterval: defaultMemoryReleaseInterval,
 		MQTT: gateway.MQTTConfig{Mode: "embedded", External: gateway.DefaultExternalConfig(), Addr: ":1883",
 			MaxPacketSize: 256 << 10, MaxClients: 10000, ConnectTimeout: 10 * time.Second, MaxUnauthenticated: 1024,
-			MaxUnauthenticatedPerAddress: 64, MaxSessionsPerDevice: 8, MaxClientsPerKeyPercent: 90},
+			MaxUnauthenticatedPerAddress: 64, MaxSessionsPerDevice: 8, MaxClientsPerKeyPercent: 90,
+			SessionExpiry: time.Hour, MaxQueuedPerClient: 100, MaxOfflineSessions: 1000, MaxOfflineSessionsPerDevice: 4},
 		HTTP:   gateway.DefaultHTTPConfig(),
 		Auth:   gateway.AuthConfig{RefreshInterval: time.Minute, NegativeTTL: 30 * time.Second, LookupTimeout: 5 * time.Second},
 		Ingest: gateway.DefaultIngestConfig(),
@@ -96,6 +98,22 @@ func defaultConfig() Config {
 		Push:   pushmetrics.DefaultConfig(),
 		Audit:  audit.DefaultConfig(),
 	}
+}
+
+// sessionMemoryShare is the part of the memory limit that mqtt.session_memory
+// defaults to: a sixteenth (12 MiB of the default 192 MiB). The garbage
+// collector lets the heap grow to about twice what is live, and mochi
+// copies each queued message again for every fan-out and every second's
+// expiry scan, so the state costs about three times its size in RSS.
+const sessionMemoryShare = 16
+
+// sessionMemory returns mqtt.session_memory when set, else its share of the
+// memory limit in force (0, the broker's own default, without one).
+func sessionMemory(set, limit int64) int64 {
+	if set != 0 || limit <= 0 || limit == math.MaxInt64 {
+		return set
+	}
+	return max(limit/sessionMemoryShare, 1<<20)
 }
 
 func (c Config) cloud() cloud.Config {

@@ -195,6 +195,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		}
 		mqttRun, mqttWhere = ext.Run, "external "+cfg.MQTT.External.URL
 	} else {
+		cfg.MQTT.SessionMemory = sessionMemory(cfg.MQTT.SessionMemory, limit)
 		broker, err := gateway.NewBroker(cfg.MQTT, ingest, auth, logger, reg)
 		if err != nil {
 			return err
