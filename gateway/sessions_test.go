@@ -426,7 +426,9 @@ func leaveRaw(addr, clientID, hw string) error {
 
 func TestSessionCountsExactUnderConcurrency(t *testing.T) {
 	const hw, sessions, cap, batches = "5E:55:00:00:00:09", 40, 4, 30
-	h := startHostile(t, hostileOptions{mqtt: gateway.MQTTConfig{MaxOfflineSessionsPerDevice: cap, MaxQueuedPerClient: 10}})
+	h := startHostile(t, hostileOptions{mqtt: gateway.MQTTConfig{MaxOfflineSessionsPerDevice: cap, MaxQueuedPerClient: 10,
+		// All connect at once: the connected-slot cap is not under test.
+		MaxSessionsPerDevice: sessions}})
 	addr := strings.TrimPrefix(h.mqttAddr, "tcp://")
 	var wg sync.WaitGroup
 	errs := make(chan error, sessions)

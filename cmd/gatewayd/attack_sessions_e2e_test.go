@@ -330,6 +330,18 @@ func peakRSS(t *testing.T, pid int) (stop func() int64) {
 	return stop
 }
 
+// startSessionsDaemon starts a production-build gatewayd for the session
+// attacks. The attacker leaves its sessions eight at a time, and a client
+// that just sent DISCONNECT may still hold its connected slot, so the cap
+// on connected client IDs per hardware_id (tested in the admission attack
+// tests) is raised above the parallelism: here only offline sessions are
+// under test.
+func startSessionsDaemon(t *testing.T, endpoint, prefix string, extraEnv ...string) *daemon {
+	t.Helper()
+	return startPlainDaemon(t, t.TempDir(), endpoint, prefix,
+		append([]string{"GATEWAY_MQTT_MAX_SESSIONS_PER_DEVICE=64"}, extraEnv...)...)
+}
+
 func TestAttackOfflineSessions(t *testing.T) {
 	sessions, acks := attackSize(40, 400), attackSize(150, 500)
 	// The full variant's bound is the issue's; the small one has a tenth
@@ -338,7 +350,7 @@ func TestAttackOfflineSessions(t *testing.T) {
 	local, _, key, prefix := setup(t)
 
 	t.Run("one device, many client IDs", func(t *testing.T) {
-		d := startPlainDaemon(t, t.TempDir(), local.Endpoint, prefix)
+		d := startSessionsDaemon(t, local.Endpoint, prefix)
 		l := runLoad(t, d, key, attackHWs(1), sessions, acks, 1)
 		require.Eventually(t, func() bool { return metricValue(t, d, "gateway_mqtt_offline_sessions") == maxOfflinePerDeviceDefault },
 			10*time.Second, 20*time.Millisecond)
@@ -354,7 +366,7 @@ func TestAttackOfflineSessions(t *testing.T) {
 		// one batch's ack fan out to every session: the budget holds the
 		// state, but mochi copies each ack for each session before it is
 		// shed, and the garbage raises the RSS. Bounded by memory_limit.
-		d := startPlainDaemon(t, t.TempDir(), local.Endpoint, prefix,
+		d := startSessionsDaemon(t, local.Endpoint, prefix,
 			"GATEWAY_MQTT_MAX_OFFLINE_SESSIONS_PER_DEVICE="+strconv.Itoa(sessions))
 		l := runLoad(t, d, key, attackHWs(1), sessions, acks, 1)
 		require.Eventually(t, func() bool { return metricValue(t, d, "gateway_mqtt_offline_sessions") == float64(sessions) },
@@ -367,8 +379,8 @@ func TestAttackOfflineSessions(t *testing.T) {
 		// The same load on two fresh gatewayds, without and with the
 		// offline sessions; four well-behaved devices send alongside.
 		hws := attackHWs(sessions / maxOfflinePerDeviceDefault)
-		without := runLoad(t, startPlainDaemon(t, t.TempDir(), local.Endpoint, prefix), key, hws, 0, acks, 4)
-		d := startPlainDaemon(t, t.TempDir(), local.Endpoint, prefix)
+		without := runLoad(t, startSessionsDaemon(t, local.Endpoint, prefix), key, hws, 0, acks, 4)
+		d := startSessionsDaemon(t, local.Endpoint, prefix)
 		with := runLoad(t, d, key, hws, maxOfflinePerDeviceDefault, acks, 4)
 		f := readSessionFigures(t, d)
 		t.Logf("with the sessions: peak RSS %.1f MiB (%.1f MiB without; bound %d MiB); ingest %.2f of the rate without them "+
