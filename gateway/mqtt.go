@@ -288,8 +288,31 @@ func (b *Broker) Listen() error {
 
 // guardListener wraps l in the connection guard and the admission.
 func (b *Broker) guardListener(l net.Listener) *guardListener {
+	admitted := newCountLog(admissionLogInterval)
 	return &guardListener{Listener: l, timeout: b.cfg.ConnectTimeout, adm: b.adm, maxPacket: b.cfg.MaxPacketSize,
-		logger: b.logger, refused: func(reason string) { b.refused.WithLabelValues(reason).Inc() }}
+		logger: b.logger, refused: func(reason string) {
+			b.refused.WithLabelValues(reason).Inc()
+			switch reason {
+			case reasonShedTotal, reasonShedAddress, "connect_timeout":
+				if counts := admitted.add(reason); counts != nil {
+					b.logAdmission(counts)
+				}
+			}
+		}}
+}
+
+// admissionLogInterval is the least time between two log lines about
+// unauthenticated connections shed or timed out.
+const admissionLogInterval = time.Minute
+
+// logAdmission reports unauthenticated connections ended by the admission
+// since its last line.
+func (b *Broker) logAdmission(counts map[string]int) {
+	b.logger.Warn("MQTT connections that did not authenticate were ended (see gateway_mqtt_connections_refused_total)",
+		"shed_total_cap", counts[reasonShedTotal], "shed_address_cap", counts[reasonShedAddress],
+		"connect_timeout", counts["connect_timeout"], "max_unauthenticated", b.cfg.MaxUnauthenticated,
+		"max_unauthenticated_per_address", b.cfg.MaxUnauthenticatedPerAddress,
+		"connect_timeout_setting", b.cfg.ConnectTimeout.String())
 }
 
 // Addr returns the bound address (after Listen).

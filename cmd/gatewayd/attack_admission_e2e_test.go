@@ -414,6 +414,8 @@ func TestAttackSilentSockets(t *testing.T) {
 			require.Positive(t, closed, "the attacker's sockets were closed")
 			require.Positive(t, sheds)
 			require.GreaterOrEqual(t, counted, float64(closed), "every close the attacker saw is counted")
+			require.Contains(t, d.logs.String(), "MQTT connections that did not authenticate were ended",
+				"the operator is told, in one line a minute")
 			if attackFull() {
 				require.Less(t, peak, int64(128<<20), "gatewayd RSS under the attack")
 			}
