@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"gopkg.in/yaml.v3"
 
 	"greenhouse-gateway/internal/config"
 )
@@ -23,7 +22,7 @@ var settingName = regexp.MustCompile(`^[a-z0-9_.]+`)
 // back to the same configuration.
 func FuzzLoadConfig(f *testing.F) {
 	def := defaultConfig()
-	printed, err := yaml.Marshal(def)
+	printed, err := config.Encode(def)
 	require.NoError(f, err)
 	vars := config.Vars(envPrefix, &def)
 	f.Add(printed, uint8(0), "")
@@ -75,7 +74,7 @@ func FuzzLoadConfig(f *testing.F) {
 			return
 		}
 		require.NoError(t, cfg.Validate())
-		out, err := yaml.Marshal(cfg)
+		out, err := config.Encode(cfg)
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(again, out, 0o600))
 		reloaded, _, _, err := loadConfig([]string{"--config", again}, []string{envPepper + "=p"})

@@ -20,13 +20,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
-	"gopkg.in/yaml.v3"
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/gateway"
 	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
+	"greenhouse-gateway/internal/config"
 	"greenhouse-gateway/internal/pushmetrics"
 	"greenhouse-gateway/internal/sdnotify"
 	"greenhouse-gateway/uplink"
@@ -53,7 +53,11 @@ func run(args, environ []string) int {
 		return 0
 	}
 	if fl.printConfig {
-		out, _ := yaml.Marshal(cfg)
+		out, err := config.Encode(cfg)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "gatewayd: printing the configuration:", err)
+			return 1
+		}
 		os.Stdout.Write(out)
 		return 0
 	}

@@ -10,6 +10,7 @@ package config
 
 import (
 	"bytes"
+	"encoding"
 	"errors"
 	"fmt"
 	"io"
@@ -44,6 +45,73 @@ func Decode(data []byte, dst any) error {
 		return err
 	}
 	return nil
+}
+
+// Encode prints v (a pointer to, or a struct of settings) as YAML that
+// Decode reads back to the same settings. Strings holding a line break are
+// printed double-quoted: yaml.v3 prints some of them (a lone "\n") as block
+// scalars that read back as "".
+func Encode(v any) ([]byte, error) {
+	n, err := encodeNode(reflect.ValueOf(v))
+	if err != nil {
+		return nil, err
+	}
+	return yaml.Marshal(n)
+}
+
+// encodeNode builds the YAML of v: structs field by field (by their yaml
+// names, "-" left out), strings with a line break double-quoted, anything
+// else as yaml.v3 encodes it.
+func encodeNode(v reflect.Value) (*yaml.Node, error) {
+	if v.Kind() == reflect.Pointer && !v.IsNil() {
+		return encodeNode(v.Elem())
+	}
+	_, custom := v.Interface().(yaml.Marshaler)
+	_, text := v.Interface().(encoding.TextMarshaler)
+	if !custom && !text {
+		switch {
+		case v.Kind() == reflect.String && strings.ContainsAny(v.String(), "\r\n"):
+			return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: v.String(), Style: yaml.DoubleQuotedStyle}, nil
+		case v.Kind() == reflect.Struct:
+			return encodeStruct(v)
+		case v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.String && !v.IsNil():
+			seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
+			for i := range v.Len() {
+				item, err := encodeNode(v.Index(i))
+				if err != nil {
+					return nil, err
+				}
+				seq.Content = append(seq.Content, item)
+			}
+			return seq, nil
+		}
+	}
+	var n yaml.Node
+	if err := n.Encode(v.Interface()); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
+func encodeStruct(v reflect.Value) (*yaml.Node, error) {
+	m := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+	t := v.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if !f.IsExported() || name == "-" {
+			continue
+		}
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		val, err := encodeNode(v.Field(i))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: name}, val)
+	}
+	return m, nil
 }
 
 // Var is one setting's environment variable.

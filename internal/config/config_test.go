@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
 )
 
 type inner struct {
@@ -75,4 +76,25 @@ func TestDecodeIsStrict(t *testing.T) {
 	require.Equal(t, "default", o.Name, "absent keys keep their defaults")
 	require.ErrorContains(t, Decode([]byte("inner:\n  wiat: 2m\n"), &o), "field wiat not found")
 	require.NoError(t, Decode(nil, &o), "an empty file is allowed")
+}
+
+func TestEncodePrintsWhatYAMLPrintsAndReadsBack(t *testing.T) {
+	o := outer{Name: "gw", Count: 3, Skip: "not printed",
+		Inner: inner{Addr: ":1883", Wait: 90 * time.Second, Size: 7, Enabled: true, Ratio: 0.5, Tags: []string{"a", "b"}}}
+	plain, err := yaml.Marshal(&o)
+	require.NoError(t, err)
+	out, err := Encode(&o)
+	require.NoError(t, err)
+	require.Equal(t, string(plain), string(out), "without line breaks, yaml.v3's own output")
+	require.NotContains(t, string(out), "not printed")
+
+	for _, s := range []string{"\n", "\n\n", "a\n", "\na", "a\r\nb", " \n "} {
+		o.Name, o.Inner.Tags = s, []string{s}
+		out, err := Encode(&o)
+		require.NoError(t, err)
+		var again outer
+		require.NoError(t, Decode(out, &again), "%s", out)
+		require.Equal(t, s, again.Name, "printed:\n%s", out)
+		require.Equal(t, []string{s}, again.Inner.Tags, "printed:\n%s", out)
+	}
 }

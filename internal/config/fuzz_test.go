@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"gopkg.in/yaml.v3"
 )
 
 // fuzzSection and fuzzConfig have a setting of every kind Vars knows, and
@@ -44,7 +43,7 @@ var yamlTypeError = regexp.MustCompile(`^  line \d+: \S`)
 
 func FuzzDecode(f *testing.F) {
 	def := fuzzDefaults()
-	printed, err := yaml.Marshal(def)
+	printed, err := Encode(def)
 	require.NoError(f, err)
 	for _, s := range []string{
 		string(printed), "", "---\n", "inner:\n  wait: 2m\n  tags: [a, b]\n", "inner:\n  wiat: 2m\n",
@@ -68,7 +67,7 @@ func FuzzDecode(f *testing.F) {
 		}
 		// What decodes prints back (as gatewayd --print-config does) to a
 		// file that decodes to the same settings.
-		out, err := yaml.Marshal(cfg)
+		out, err := Encode(cfg)
 		require.NoError(t, err)
 		again := fuzzDefaults()
 		require.NoError(t, Decode(out, &again), "printed:\n%s", out)
