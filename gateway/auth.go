@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"container/list"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -63,6 +64,12 @@ type AuthConfig struct {
 	// LastUsedInterval is the most often a key's last_used_at is written.
 	// Default 5m.
 	LastUsedInterval time.Duration `yaml:"last_used_interval"`
+	// MaxLookupsPerSecond caps the api_keys lookups of keys the gateway
+	// does not know yet (a burst of twice as many is allowed); beyond it
+	// such keys are answered "unavailable" (MQTT server unavailable, HTTP
+	// 503) and the device retries. Known keys are never held back. Bounds
+	// what a flood of made-up keys costs the table. Default 20.
+	MaxLookupsPerSecond int `yaml:"max_lookups_per_second"`
 }
 
 func (c AuthConfig) withDefaults() AuthConfig {
@@ -77,6 +84,9 @@ func (c AuthConfig) withDefaults() AuthConfig {
 	}
 	if c.LastUsedInterval == 0 {
 		c.LastUsedInterval = 5 * time.Minute
+	}
+	if c.MaxLookupsPerSecond == 0 {
+		c.MaxLookupsPerSecond = defaultMaxLookupsPerSecond
 	}
 	return c
 }
@@ -94,11 +104,30 @@ func (c AuthConfig) Validate() error {
 			return fmt.Errorf("%s: must not be negative", d.setting)
 		}
 	}
+	if c.MaxLookupsPerSecond < 0 {
+		return errors.New("auth.max_lookups_per_second: must not be negative")
+	}
 	return nil
 }
 
+const (
+	// defaultMaxLookupsPerSecond is AuthConfig.MaxLookupsPerSecond's
+	// default.
+	defaultMaxLookupsPerSecond = 20
+	// maxUnknownKeys caps the unknown keys remembered; beyond it the
+	// oldest is forgotten (and looked up again if it comes back).
+	maxUnknownKeys = 16384
+)
+
 // authStateName is the state record holding the key cache.
 const authStateName = "api_key_cache"
+
+// unknownKey is a key hash that api_keys does not hold, remembered until
+// until; elem is its place in Authenticator.unknownQ.
+type unknownKey struct {
+	until time.Time
+	elem  *list.Element
+}
 
 type cachedKey struct {
 	KeyID     string    `json:"key_id"`
@@ -119,8 +148,10 @@ type Authenticator struct {
 	now     func() time.Time
 
 	mu       sync.Mutex
-	cache    map[string]cachedKey // by hash
-	unknown  map[string]time.Time // hash → until
+	cache    map[string]cachedKey  // by hash
+	unknown  map[string]unknownKey // by hash
+	unknownQ list.List             // the hashes of unknown, oldest first (one TTL: also soonest to expire)
+	lookups  *tokenBucket          // lookups of keys not cached
 	inflight map[string]chan struct{}
 	touched  map[string]time.Time // key_id → last_used_at written
 
@@ -144,11 +175,12 @@ func NewAuthenticator(cfg AuthConfig, peppers Peppers, keys KeyStore, state Stat
 	a := &Authenticator{
 		cfg: cfg.withDefaults(), peppers: peppers, keys: keys, state: state,
 		logger: logger.With("component", "auth"), now: time.Now,
-		cache: map[string]cachedKey{}, unknown: map[string]time.Time{}, inflight: map[string]chan struct{}{},
+		cache: map[string]cachedKey{}, unknown: map[string]unknownKey{}, inflight: map[string]chan struct{}{},
 		touched: map[string]time.Time{},
+		lookups: newTokenBucket(float64(cfg.withDefaults().MaxLookupsPerSecond)),
 		outcomes: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "auth", Name: "verifications_total",
-			Help: "API key verifications, by result (ok, ok_cached_offline, unauthorized, unavailable).",
+			Help: "API key verifications, by result (ok, ok_cached_offline, unauthorized, unavailable, throttled: a lookup of an unknown key over auth.max_lookups_per_second).",
 		}, []string{"result"}),
 	}
 	raw, err := state.LoadState(authStateName)
@@ -188,10 +220,16 @@ func (a *Authenticator) Identify(ctx context.Context, rawKey string) (keyID stri
 			a.mu.Unlock()
 			return a.result(k, "ok")
 		}
-		if until, ok := a.unknown[hash]; ok && now.Before(until) {
+		if u, ok := a.unknown[hash]; ok && now.Before(u.until) {
 			a.mu.Unlock()
 			a.outcomes.WithLabelValues("unauthorized").Inc()
 			return "", ErrUnauthorized
+		}
+		if !cached && !a.lookups.take(now) {
+			a.mu.Unlock()
+			a.outcomes.WithLabelValues("throttled").Inc()
+			return "", fmt.Errorf("%w: more than auth.max_lookups_per_second (%d) lookups of unknown keys",
+				ErrAuthUnavailable, a.cfg.MaxLookupsPerSecond)
 		}
 		if wait, busy := a.inflight[hash]; busy {
 			// Another connection is looking this key up: use its answer.
@@ -241,6 +279,24 @@ func (a *Authenticator) lookup(ctx context.Context, hash, rawKey string) (cloud.
 	return info, true, nil
 }
 
+// rememberUnknown records hash as unknown until NegativeTTL from now,
+// forgetting the expired ones and, at maxUnknownKeys, the oldest. The
+// caller holds a.mu.
+func (a *Authenticator) rememberUnknown(hash string, now time.Time) {
+	if k, ok := a.unknown[hash]; ok {
+		a.unknownQ.Remove(k.elem)
+	}
+	for e := a.unknownQ.Front(); e != nil; e = a.unknownQ.Front() {
+		h := e.Value.(string)
+		if now.Before(a.unknown[h].until) && a.unknownQ.Len() < maxUnknownKeys {
+			break
+		}
+		a.unknownQ.Remove(e)
+		delete(a.unknown, h)
+	}
+	a.unknown[hash] = unknownKey{until: now.Add(a.cfg.NegativeTTL), elem: a.unknownQ.PushBack(hash)}
+}
+
 // sameHash compares hashes in constant time.
 func sameHash(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
 
@@ -265,20 +321,20 @@ func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old ca
 		return "", fmt.Errorf("%w: %v", ErrAuthUnavailable, err)
 	}
 	a.mu.Lock()
+	changed := found || cached // a key unknown before and now adds nothing to save
 	if !found {
 		delete(a.cache, hash)
-		a.unknown[hash] = now.Add(a.cfg.NegativeTTL)
-		for h, until := range a.unknown {
-			if now.After(until) {
-				delete(a.unknown, h)
-			}
-		}
+		a.rememberUnknown(hash, now)
 	} else {
 		a.cache[hash] = cachedKey{KeyID: info.KeyID, Active: info.Active, CheckedAt: now}
 	}
-	snapshot, merr := json.Marshal(a.cache)
+	var snapshot []byte
+	var merr error
+	if changed {
+		snapshot, merr = json.Marshal(a.cache)
+	}
 	a.mu.Unlock()
-	if merr == nil {
+	if changed && merr == nil {
 		if err := a.state.SaveState(authStateName, snapshot); err != nil {
 			a.logger.Warn("saving the API key cache", "err", err)
 		}
