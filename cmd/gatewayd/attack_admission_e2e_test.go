@@ -320,30 +320,6 @@ func sources(n int) []string {
 	return out
 }
 
-// maxRSS samples a process's resident set until stop, returning the peak.
-func maxRSS(t *testing.T, pid int) (stop func() int64) {
-	t.Helper()
-	var peak atomic.Int64
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		for {
-			peak.Store(max(peak.Load(), rssBytes(t, pid)))
-			select {
-			case <-done:
-				return
-			case <-time.After(200 * time.Millisecond):
-			}
-		}
-	}()
-	return func() int64 {
-		close(done)
-		<-finished
-		return peak.Load()
-	}
-}
-
 // attackDaemon starts gatewayd for an attack test: the production build
 // at full size (its RSS is what a device sees), the race build otherwise.
 func attackDaemon(t *testing.T, env ...string) (*daemon, string) {
@@ -386,7 +362,7 @@ func TestAttackSilentSockets(t *testing.T) {
 	} {
 		t.Run(variant.name, func(t *testing.T) {
 			shedBefore, closesBefore := refused(t, d, variant.reason), closes()
-			rss := maxRSS(t, d.cmd.Process.Pid)
+			rss := peakRSS(t, d.cmd.Process.Pid)
 			a := startSilentAttack(d.mqttAddr, n, variant.srcs)
 			defer a.stop()
 			require.Eventually(t, func() bool {

@@ -92,6 +92,47 @@ func dialFrom(src, addr string, timeout time.Duration) (net.Conn, error) {
 	return d.Dial("tcp", addr)
 }
 
+// peakRSS samples pid's resident set every 50 ms until stop is called and
+// returns the largest sample.
+func peakRSS(t *testing.T, pid int) (stop func() int64) {
+	done, out := make(chan struct{}), make(chan int64, 1)
+	go func() {
+		var peak int64
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				out <- peak
+				return
+			case <-tick.C:
+				peak = max(peak, rssBytes(t, pid))
+			}
+		}
+	}()
+	var once sync.Once
+	var peak int64
+	stop = func() int64 {
+		once.Do(func() {
+			close(done)
+			peak = <-out
+		})
+		return peak
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+// metricFloat reads a series of gatewayd's /metrics as a number.
+func metricFloat(t *testing.T, d *daemon, series string) float64 {
+	t.Helper()
+	v := d.metric(t, series)
+	require.NotEmpty(t, v, "no series %s", series)
+	f, err := strconv.ParseFloat(v, 64)
+	require.NoError(t, err)
+	return f
+}
+
 func TestRSSBytesReadsThisProcess(t *testing.T) {
 	rss := rssBytes(t, os.Getpid())
 	require.Greater(t, rss, int64(1<<20), "a Go test binary holds more than 1 MiB")

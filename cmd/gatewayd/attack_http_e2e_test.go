@@ -150,15 +150,6 @@ func postReadings(url, key, hw, boot string, i int) deviceTry {
 	return deviceTry{code: resp.StatusCode, took: time.Since(start)}
 }
 
-func metricFloat(t *testing.T, d *daemon, series string) float64 {
-	t.Helper()
-	v := d.metric(t, series)
-	require.NotEmpty(t, v, "no series %s", series)
-	f, err := strconv.ParseFloat(v, 64)
-	require.NoError(t, err)
-	return f
-}
-
 // TestAttackIdleHTTP: hosts on the LAN open N connections that each send
 // half a request and wait (the full size is the 19,000), while a
 // device from another address posts a batch 10 times on new connections:

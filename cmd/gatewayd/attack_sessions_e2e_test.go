@@ -222,12 +222,12 @@ type sessionFigures struct {
 func readSessionFigures(t *testing.T, d *daemon) sessionFigures {
 	t.Helper()
 	f := sessionFigures{
-		offline:    metricValue(t, d, "gateway_mqtt_offline_sessions"),
-		queued:     metricValue(t, d, "gateway_mqtt_queued_messages"),
-		stateBytes: metricValue(t, d, "gateway_mqtt_session_state_bytes"),
-		budget:     metricValue(t, d, "gateway_mqtt_session_state_budget_bytes"),
-		shedCap:    metricValue(t, d, `gateway_mqtt_messages_shed_total{reason="client_cap"}`),
-		shedBudget: metricValue(t, d, `gateway_mqtt_messages_shed_total{reason="budget"}`),
+		offline:    metricFloat(t, d, "gateway_mqtt_offline_sessions"),
+		queued:     metricFloat(t, d, "gateway_mqtt_queued_messages"),
+		stateBytes: metricFloat(t, d, "gateway_mqtt_session_state_bytes"),
+		budget:     metricFloat(t, d, "gateway_mqtt_session_state_budget_bytes"),
+		shedCap:    metricFloat(t, d, `gateway_mqtt_messages_shed_total{reason="client_cap"}`),
+		shedBudget: metricFloat(t, d, `gateway_mqtt_messages_shed_total{reason="budget"}`),
 	}
 	t.Logf("%.0f offline sessions, %.0f acks queued (%.1f MiB of a %.1f MiB budget), shed %.0f by the per-client cap and %.0f by the budget",
 		f.offline, f.queued, f.stateBytes/(1<<20), f.budget/(1<<20), f.shedCap, f.shedBudget)
@@ -291,45 +291,6 @@ func ingestRate(t *testing.T, addr, key, phase string, devices int, stop <-chan 
 	}
 }
 
-// metricValue reads a series of gatewayd's /metrics as a number.
-func metricValue(t *testing.T, d *daemon, series string) float64 {
-	t.Helper()
-	v, err := strconv.ParseFloat(d.metric(t, series), 64)
-	require.NoError(t, err, series)
-	return v
-}
-
-// peakRSS samples pid's resident set every 50 ms until stop is called and
-// returns the largest sample.
-func peakRSS(t *testing.T, pid int) (stop func() int64) {
-	done, out := make(chan struct{}), make(chan int64, 1)
-	go func() {
-		var peak int64
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				out <- peak
-				return
-			case <-tick.C:
-				peak = max(peak, rssBytes(t, pid))
-			}
-		}
-	}()
-	var once sync.Once
-	var peak int64
-	stop = func() int64 {
-		once.Do(func() {
-			close(done)
-			peak = <-out
-		})
-		return peak
-	}
-	t.Cleanup(func() { stop() })
-	return stop
-}
-
 // startSessionsDaemon starts a production-build gatewayd for the session
 // attacks. The attacker leaves its sessions eight at a time, and a client
 // that just sent DISCONNECT may still hold its connected slot, so the cap
@@ -352,11 +313,11 @@ func TestAttackOfflineSessions(t *testing.T) {
 	t.Run("one device, many client IDs", func(t *testing.T) {
 		d := startSessionsDaemon(t, local.Endpoint, prefix)
 		l := runLoad(t, d, key, attackHWs(1), sessions, acks, 1)
-		require.Eventually(t, func() bool { return metricValue(t, d, "gateway_mqtt_offline_sessions") == maxOfflinePerDeviceDefault },
+		require.Eventually(t, func() bool { return metricFloat(t, d, "gateway_mqtt_offline_sessions") == maxOfflinePerDeviceDefault },
 			10*time.Second, 20*time.Millisecond)
 		f := readSessionFigures(t, d)
 		require.Equal(t, float64(sessions-maxOfflinePerDeviceDefault),
-			metricValue(t, d, `gateway_mqtt_sessions_expired_total{reason="device_cap"}`))
+			metricFloat(t, d, `gateway_mqtt_sessions_expired_total{reason="device_cap"}`))
 		requireWithinCaps(t, f, maxOfflinePerDeviceDefault, maxOfflinePerDeviceDefault*acks)
 		require.Less(t, l.peakRSS, bound, "gatewayd's peak RSS")
 	})
@@ -369,7 +330,7 @@ func TestAttackOfflineSessions(t *testing.T) {
 		d := startSessionsDaemon(t, local.Endpoint, prefix,
 			"GATEWAY_MQTT_MAX_OFFLINE_SESSIONS_PER_DEVICE="+strconv.Itoa(sessions))
 		l := runLoad(t, d, key, attackHWs(1), sessions, acks, 1)
-		require.Eventually(t, func() bool { return metricValue(t, d, "gateway_mqtt_offline_sessions") == float64(sessions) },
+		require.Eventually(t, func() bool { return metricFloat(t, d, "gateway_mqtt_offline_sessions") == float64(sessions) },
 			10*time.Second, 20*time.Millisecond)
 		requireWithinCaps(t, readSessionFigures(t, d), sessions, sessions*acks)
 		require.Less(t, l.peakRSS, int64(defaultMemoryLimit), "gatewayd's peak RSS")
