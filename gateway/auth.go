@@ -183,6 +183,9 @@ func NewAuthenticator(cfg AuthConfig, peppers Peppers, keys KeyStore, state Stat
 			Help: "API key verifications, by result (ok, ok_cached_offline, unauthorized, unavailable, throttled: a lookup of an unknown key over auth.max_lookups_per_second).",
 		}, []string{"result"}),
 	}
+	for _, r := range []string{"ok", "ok_cached_offline", "unauthorized", "unavailable", "throttled"} {
+		a.outcomes.WithLabelValues(r) // every series from the start
+	}
 	raw, err := state.LoadState(authStateName)
 	if err != nil {
 		return nil, err
