@@ -500,7 +500,13 @@ func TestMQTTConformanceMalformed(t *testing.T) {
 				5*time.Second, 20*time.Millisecond)
 		})
 		if !tt.v5only {
-			t.Run("v3 "+tt.name, func(t *testing.T) { mqttClosedCase(4, tt.packet(4))(t, h) })
+			t.Run("v3 "+tt.name, func(t *testing.T) {
+				before := refusedCount(t, h, tt.reason)
+				mqttClosedCase(4, tt.packet(4))(t, h)
+				// Counted too, before the next case reads the count.
+				require.Eventually(t, func() bool { return refusedCount(t, h, tt.reason) == before+1 },
+					5*time.Second, 20*time.Millisecond)
+			})
 		}
 	}
 }
