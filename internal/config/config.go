@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 )
@@ -50,7 +51,8 @@ func Decode(data []byte, dst any) error {
 // Encode prints v (a pointer to, or a struct of settings) as YAML that
 // Decode reads back to the same settings. Strings holding a line break are
 // printed double-quoted: yaml.v3 prints some of them (a lone "\n") as block
-// scalars that read back as "".
+// scalars that read back as "". Strings that are not UTF-8 are left to
+// yaml.v3, which prints them as !!binary.
 func Encode(v any) ([]byte, error) {
 	n, err := encodeNode(reflect.ValueOf(v))
 	if err != nil {
@@ -70,7 +72,7 @@ func encodeNode(v reflect.Value) (*yaml.Node, error) {
 	_, text := v.Interface().(encoding.TextMarshaler)
 	if !custom && !text {
 		switch {
-		case v.Kind() == reflect.String && strings.ContainsAny(v.String(), "\r\n"):
+		case v.Kind() == reflect.String && strings.ContainsAny(v.String(), "\r\n") && utf8.ValidString(v.String()):
 			return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: v.String(), Style: yaml.DoubleQuotedStyle}, nil
 		case v.Kind() == reflect.Struct:
 			return encodeStruct(v)

@@ -88,7 +88,7 @@ func TestEncodePrintsWhatYAMLPrintsAndReadsBack(t *testing.T) {
 	require.Equal(t, string(plain), string(out), "without line breaks, yaml.v3's own output")
 	require.NotContains(t, string(out), "not printed")
 
-	for _, s := range []string{"\n", "\n\n", "a\n", "\na", "a\r\nb", " \n "} {
+	for _, s := range []string{"\n", "\n\n", "a\n", "\na", "a\r\nb", " \n ", "\xff\n", "\n\xfe"} {
 		o.Name, o.Inner.Tags = s, []string{s}
 		out, err := Encode(&o)
 		require.NoError(t, err)
