@@ -22,4 +22,11 @@ func TestCountLogOneLinePerInterval(t *testing.T) {
 	require.Nil(t, l.add("b"))
 	now = now.Add(time.Hour)
 	require.Equal(t, map[string]int{"b": 2}, l.add("b"))
+
+	l.count("c") // counted under another lock, logged later
+	l.count("c")
+	require.Nil(t, l.take())
+	now = now.Add(time.Minute)
+	require.Equal(t, map[string]int{"c": 2}, l.take())
+	require.Nil(t, l.take())
 }

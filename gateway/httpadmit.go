@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -32,10 +31,6 @@ const (
 	admitAddressCap = "address_cap"
 )
 
-// admitLogInterval is the least time between two log lines about shed and
-// refused connections.
-const admitLogInterval = time.Minute
-
 // admission tracks open connections; it is safe for concurrent use.
 type admission struct {
 	maxConns, maxPerAddr int
@@ -45,10 +40,9 @@ type admission struct {
 	open    int
 	waiting list.List // of *admitConn, longest waiting first
 	sources map[netip.Addr]*admitSource
-	// Shed and refused connections not logged yet, and when the last log
-	// line was written.
-	unlogged map[string]int
-	loggedAt time.Time
+	// logged gathers shed and refused connections for one log line a
+	// minute.
+	logged *countLog
 
 	shed, refused *prometheus.CounterVec
 	openGauge     prometheus.Gauge
@@ -74,7 +68,7 @@ type admitConn struct {
 func newAdmission(maxConns, maxPerAddr int, logger *slog.Logger, reg prometheus.Registerer) *admission {
 	a := &admission{
 		maxConns: maxConns, maxPerAddr: maxPerAddr, logger: logger, sources: map[netip.Addr]*admitSource{},
-		unlogged: map[string]int{},
+		logged: newCountLog(admissionLogInterval),
 		shed: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "http", Name: "connections_shed_total",
 			Help: "HTTP connections not inside a handler closed to make room for a new one, by the cap reached " +
@@ -133,16 +127,12 @@ func (a *admission) admit(c net.Conn) *admitConn {
 }
 
 // logNow writes what was shed and refused since the last log line, at
-// most once per admitLogInterval; addr is the newest connection's.
+// most once per admissionLogInterval; addr is the newest connection's.
 func (a *admission) logNow(addr net.Addr) {
-	a.mu.Lock()
-	if time.Since(a.loggedAt) < admitLogInterval {
-		a.mu.Unlock()
+	counts := a.logged.take()
+	if counts == nil {
 		return
 	}
-	counts := a.unlogged
-	a.unlogged, a.loggedAt = map[string]int{}, time.Now()
-	a.mu.Unlock()
 	a.logger.Warn("HTTP connection caps reached: waiting connections shed for new ones (see gateway_http_connections_shed_total)",
 		"shed_total_cap", counts["shed_"+admitTotalCap], "shed_address_cap", counts["shed_"+admitAddressCap],
 		"refused_total_cap", counts["refused_"+admitTotalCap], "refused_address_cap", counts["refused_"+admitAddressCap],
@@ -194,7 +184,7 @@ func (a *admission) makeRoom(ac *admitConn) (victims []*admitConn, refused strin
 // refuse counts a refused newcomer; a.mu is held.
 func (a *admission) refuse(reason string) string {
 	a.refused.WithLabelValues(reason).Inc()
-	a.unlogged["refused_"+reason]++
+	a.logged.count("refused_" + reason)
 	return reason
 }
 
@@ -202,7 +192,7 @@ func (a *admission) refuse(reason string) string {
 func (a *admission) shedConn(ac *admitConn, reason string) *admitConn {
 	a.untrack(ac)
 	a.shed.WithLabelValues(reason).Inc()
-	a.unlogged["shed_"+reason]++
+	a.logged.count("shed_" + reason)
 	return ac
 }
 

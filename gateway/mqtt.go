@@ -302,7 +302,8 @@ func (b *Broker) guardListener(l net.Listener) *guardListener {
 }
 
 // admissionLogInterval is the least time between two log lines about
-// unauthenticated connections shed or timed out.
+// connections shed, refused or timed out before they authenticated (MQTT)
+// or outside a handler (HTTP).
 const admissionLogInterval = time.Minute
 
 // logAdmission reports unauthenticated connections ended by the admission
