@@ -11,3 +11,13 @@ func OfflineSessionBytes(b *Broker) int64 { return b.sessions.offlineBytes() }
 func QueuedMessageBytes(topic string, payload []byte) int64 {
 	return messageBytes(packets.Packet{TopicName: topic, Payload: payload})
 }
+
+// TopicSubscribers returns the client IDs the broker's topic index holds a
+// subscription of topic for.
+func TopicSubscribers(b *Broker, topic string) []string {
+	var ids []string
+	for id := range b.server.Topics.Subscribers(topic).Subscriptions {
+		ids = append(ids, id)
+	}
+	return ids
+}

@@ -138,17 +138,20 @@ func sendBatches(t *testing.T, h *harness, hw string, n int) []string {
 }
 
 func TestOfflineSessionExpires(t *testing.T) {
-	h := startHostile(t, hostileOptions{mqtt: gateway.MQTTConfig{SessionExpiry: time.Second}})
+	h, broker := startHostileBroker(t, hostileOptions{mqtt: gateway.MQTTConfig{SessionExpiry: time.Second}})
 	persistentSessions(t, h, "5E:55:00:00:00:01", 1)
 	requireMetric(t, h, "offline_sessions", "", 1)
 	sendBatches(t, h, "5E:55:00:00:00:01", 3)
 	requireMetric(t, h, "queued_messages", "", 3)
+	ackTopic := contract.AckTopic("5E:55:00:00:00:01")
+	require.Equal(t, []string{"5E:55:00:00:00:01-1"}, gateway.TopicSubscribers(broker, ackTopic))
 
 	requireMetric(t, h, "offline_sessions", "", 0)
 	requireMetric(t, h, "queued_messages", "", 0)
 	requireMetric(t, h, "queued_bytes", "", 0)
 	requireMetric(t, h, "session_state_bytes", "", 0)
 	require.Equal(t, 1.0, sessionMetric(t, h, "sessions_expired_total", "expiry"))
+	require.Empty(t, gateway.TopicSubscribers(broker, ackTopic), "the expired session's subscription is gone")
 	l := connectListener(t, h, "5E:55:00:00:00:01-1", "5E:55:00:00:00:01", false)
 	require.False(t, l.present, "the session expired")
 	require.Empty(t, l.collect(500*time.Millisecond), "nothing of the expired session is delivered")
