@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"slices"
 	"strings"
@@ -68,23 +67,7 @@ func (m *deviceConn) next(deadline time.Time) (byte, []byte, error) {
 	if err := m.c.SetReadDeadline(deadline); err != nil {
 		return 0, nil, err
 	}
-	first, err := m.r.ReadByte()
-	if err != nil {
-		return 0, nil, err
-	}
-	n := 0
-	for i := 0; ; i++ {
-		b, err := m.r.ReadByte()
-		if err != nil {
-			return 0, nil, err
-		}
-		n |= int(b&0x7f) << (7 * i)
-		if b&0x80 == 0 || i == 3 {
-			break
-		}
-	}
-	body := make([]byte, n)
-	_, err = io.ReadFull(m.r, body)
+	first, body, err := readMQTTPacket(m.r)
 	return first >> 4, body, err
 }
 

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -99,8 +98,7 @@ func dialRaw(t *testing.T, src, addr string) *rawMQTT {
 // remaining length.
 func (r *rawMQTT) send(first byte, body []byte) {
 	r.t.Helper()
-	length := binary.AppendUvarint(nil, uint64(len(body))) // MQTT's variable byte integer is the same encoding
-	_, err := r.c.Write(append(append([]byte{first}, length...), body...))
+	_, err := r.c.Write(mqttFrame(first, body))
 	require.NoError(r.t, err)
 }
 
@@ -108,13 +106,7 @@ func (r *rawMQTT) send(first byte, body []byte) {
 func (r *rawMQTT) next() (byte, []byte) {
 	r.t.Helper()
 	require.NoError(r.t, r.c.SetReadDeadline(time.Now().Add(10*time.Second)))
-	br := &byteReader{r: r.c}
-	first, err := br.ReadByte()
-	require.NoError(r.t, err)
-	n, err := binary.ReadUvarint(br)
-	require.NoError(r.t, err)
-	body := make([]byte, n)
-	_, err = io.ReadFull(r.c, body)
+	first, body, err := readMQTTPacket(r.c)
 	require.NoError(r.t, err)
 	return first, body
 }
@@ -127,22 +119,12 @@ func (r *rawMQTT) requireClosed() {
 	require.NoError(r.t, err, "closed by the gateway (EOF), not by the deadline")
 }
 
-type byteReader struct{ r io.Reader }
-
-func (b *byteReader) ReadByte() (byte, error) {
-	var one [1]byte
-	_, err := io.ReadFull(b.r, one[:])
-	return one[0], err
-}
-
-func str(s string) []byte { return append(binary.BigEndian.AppendUint16(nil, uint16(len(s))), s...) }
-
 // v5ConnectBody is an MQTT 5 CONNECT body with the properties props (their
 // bytes, without the length).
 func v5ConnectBody(hw, key string, props []byte) []byte {
-	body := append(append(str("MQTT"), 5, 0xC2, 0, 60), byte(len(props)))
-	body = append(append(body, props...), str(hw)...)
-	return append(append(body, str(hw)...), str(key)...)
+	body := append(append(mqttString("MQTT"), 5, 0xC2, 0, 60), byte(len(props)))
+	body = append(append(body, props...), mqttString(hw)...)
+	return append(append(body, mqttString(hw)...), mqttString(key)...)
 }
 
 // TestAttackMQTTProtocolErrors sends, from another loopback address, the
@@ -164,7 +146,7 @@ func TestAttackMQTTProtocolErrors(t *testing.T) {
 		r.requireClosed()
 
 		r = dialRaw(t, "127.0.0.2", d.mqttAddr)
-		r.send(0x10, v5ConnectBody(hw, key, append([]byte{0x15}, str("SCRAM-SHA-256")...)))
+		r.send(0x10, v5ConnectBody(hw, key, append([]byte{0x15}, mqttString("SCRAM-SHA-256")...)))
 		first, body = r.next()
 		require.Equal(t, []byte{0x20, 0x8C}, []byte{first, body[1]}, "CONNACK bad authentication method")
 		r.requireClosed()

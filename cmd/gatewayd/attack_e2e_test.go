@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -131,6 +133,50 @@ func metricFloat(t *testing.T, d *daemon, series string) float64 {
 	f, err := strconv.ParseFloat(v, 64)
 	require.NoError(t, err)
 	return f
+}
+
+// mqttFrame frames an MQTT packet: the first header byte, the remaining
+// length and the body.
+func mqttFrame(first byte, body []byte) []byte {
+	out := []byte{first}
+	for n := len(body); ; {
+		d := byte(n % 128)
+		if n /= 128; n > 0 {
+			d |= 0x80
+		}
+		out = append(out, d)
+		if n == 0 {
+			break
+		}
+	}
+	return append(out, body...)
+}
+
+// mqttString encodes an MQTT string: its length in two bytes, then s.
+func mqttString(s string) []byte {
+	return append(binary.BigEndian.AppendUint16(nil, uint16(len(s))), s...)
+}
+
+// readMQTTPacket reads one MQTT packet from r: its first header byte and
+// its body.
+func readMQTTPacket(r io.Reader) (byte, []byte, error) {
+	var one [1]byte
+	if _, err := io.ReadFull(r, one[:]); err != nil {
+		return 0, nil, err
+	}
+	first, n := one[0], 0
+	for i := 0; i < 4; i++ {
+		if _, err := io.ReadFull(r, one[:]); err != nil {
+			return 0, nil, err
+		}
+		n |= int(one[0]&0x7f) << (7 * i)
+		if one[0]&0x80 == 0 {
+			break
+		}
+	}
+	body := make([]byte, n)
+	_, err := io.ReadFull(r, body)
+	return first, body, err
 }
 
 func TestRSSBytesReadsThisProcess(t *testing.T) {

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"encoding/binary"
 	"fmt"
-	"io"
-	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -27,50 +24,6 @@ import (
 // keeps as many sessions, and meets the per-client cap
 // (mqtt.max_queued_per_client) and the byte budget (mqtt.session_memory).
 
-// mqttFrame frames an MQTT packet: the first header byte, the remaining
-// length and the body.
-func mqttFrame(first byte, body []byte) []byte {
-	out := []byte{first}
-	for n := len(body); ; {
-		d := byte(n % 128)
-		if n /= 128; n > 0 {
-			d |= 0x80
-		}
-		out = append(out, d)
-		if n == 0 {
-			break
-		}
-	}
-	return append(out, body...)
-}
-
-func mqttStr(s string) []byte {
-	return append(binary.BigEndian.AppendUint16(nil, uint16(len(s))), s...)
-}
-
-// readFrame reads one MQTT packet and returns its first byte and body.
-func readFrame(c net.Conn) (byte, []byte, error) {
-	var hdr [1]byte
-	if _, err := io.ReadFull(c, hdr[:]); err != nil {
-		return 0, nil, err
-	}
-	n, shift := 0, 0
-	for {
-		var b [1]byte
-		if _, err := io.ReadFull(c, b[:]); err != nil {
-			return 0, nil, err
-		}
-		n |= int(b[0]&0x7f) << shift
-		shift += 7
-		if b[0]&0x80 == 0 {
-			break
-		}
-	}
-	body := make([]byte, n)
-	_, err := io.ReadFull(c, body)
-	return hdr[0], body, err
-}
-
 // leaveSession opens a persistent session (clean session false) as
 // clientID from the loopback address src, subscribes it to hw's ack topic
 // at QoS 1 and disconnects, leaving the session on the broker.
@@ -83,8 +36,8 @@ func leaveSession(addr, src, clientID, hw, key string) error {
 	if err := c.SetDeadline(time.Now().Add(20 * time.Second)); err != nil {
 		return err
 	}
-	connect := append(append(append(append(mqttStr("MQTT"), 4, 0xC0, 0, 60), mqttStr(clientID)...), mqttStr(hw)...), mqttStr(key)...)
-	subscribe := append(append([]byte{0, 1}, mqttStr(contract.AckTopic(hw))...), 1)
+	connect := append(append(append(append(mqttString("MQTT"), 4, 0xC0, 0, 60), mqttString(clientID)...), mqttString(hw)...), mqttString(key)...)
+	subscribe := append(append([]byte{0, 1}, mqttString(contract.AckTopic(hw))...), 1)
 	for _, step := range []struct {
 		packet []byte
 		want   byte
@@ -92,7 +45,7 @@ func leaveSession(addr, src, clientID, hw, key string) error {
 		if _, err := c.Write(step.packet); err != nil {
 			return err
 		}
-		first, body, err := readFrame(c)
+		first, body, err := readMQTTPacket(c)
 		if err != nil {
 			return err
 		}
