@@ -311,3 +311,78 @@ func TestProbeTransactionLimit(t *testing.T) {
 	var notFound *types.ResourceNotFoundException
 	require.ErrorAs(t, err, &notFound, "other errors are returned, not taken as a limit")
 }
+
+func TestDeviceKeys(t *testing.T) {
+	t.Parallel()
+	db := dynamotest.Shared(t)
+	client := db.Client(t)
+	tables := db.NewTables(t)
+	ctx := testContext(t)
+	keys := cloud.NewKeys(client, tables.APIKeys, "pepper")
+	const hw, other = "AA:BB:CC:DD:EE:01", "AA:BB:CC:DD:EE:02"
+
+	// An operator's bound key carries the binding, and the lookup returns it.
+	raw, info, err := keys.CreateBound(ctx, "sensor 1", hw)
+	require.NoError(t, err)
+	got, found, err := keys.Lookup(ctx, raw)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, hw, got.HardwareID)
+	require.Equal(t, info, got)
+
+	// A key minted by a gateway is written later, and writing it again
+	// (a replay after a lost answer) is harmless.
+	minted, mintedInfo, err := cloud.NewKey("pepper", time.Now())
+	require.NoError(t, err)
+	mintedInfo.HardwareID, mintedInfo.Description = other, "enrolled"
+	_, found, err = keys.Lookup(ctx, minted)
+	require.NoError(t, err)
+	require.False(t, found, "NewKey stores nothing")
+	require.NoError(t, keys.PutDeviceKey(ctx, mintedInfo))
+	require.NoError(t, keys.PutDeviceKey(ctx, mintedInfo), "a replay counts as written")
+	got, found, err = keys.Lookup(ctx, minted)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.True(t, got.Active)
+	require.Equal(t, other, got.HardwareID)
+
+	// A gateway revokes only a key bound to the device it names.
+	other2 := mintedInfo
+	other2.HardwareID = hw
+	require.ErrorContains(t, keys.RevokeDeviceKey(ctx, other2), "not bound to "+hw)
+	_, fleetInfo, err := keys.Create(ctx, "fleet")
+	require.NoError(t, err)
+	fleetInfo.HardwareID = other
+	require.ErrorContains(t, keys.RevokeDeviceKey(ctx, fleetInfo), "not bound to "+other)
+	require.NoError(t, keys.RevokeDeviceKey(ctx, mintedInfo))
+	got, found, err = keys.Lookup(ctx, minted)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.False(t, got.Active)
+	require.NoError(t, keys.PutDeviceKey(ctx, mintedInfo), "a late write")
+	got, _, err = keys.Lookup(ctx, minted)
+	require.NoError(t, err)
+	require.False(t, got.Active, "a late write does not bring a revoked key back")
+
+	// A key revoked before it was ever written is written revoked, and
+	// stays so.
+	late, lateInfo, err := cloud.NewKey("pepper", time.Now())
+	require.NoError(t, err)
+	lateInfo.HardwareID = other
+	require.NoError(t, keys.RevokeDeviceKey(ctx, lateInfo))
+	require.NoError(t, keys.PutDeviceKey(ctx, lateInfo))
+	got, found, err = keys.Lookup(ctx, late)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.False(t, got.Active)
+	require.Equal(t, other, got.HardwareID)
+
+	list, err := keys.List(ctx)
+	require.NoError(t, err)
+	bindings := map[string]string{}
+	for _, k := range list {
+		bindings[k.KeyID] = k.HardwareID
+	}
+	require.Equal(t, map[string]string{info.KeyID: hw, mintedInfo.KeyID: other, fleetInfo.KeyID: "",
+		lateInfo.KeyID: other}, bindings)
+}

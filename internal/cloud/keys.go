@@ -34,6 +34,7 @@ const (
 	attrLastUsedAt  = "last_used_at"
 	attrIsActive    = "is_active"
 	attrDescription = "description"
+	attrHardwareID  = "hardware_id"
 	attrGSI1PK      = "gsi1pk"
 	attrGSI1SK      = "gsi1sk"
 )
@@ -65,6 +66,10 @@ type KeyInfo struct {
 	LastUsedAt time.Time
 	// Active is false once the key has been revoked.
 	Active bool
+	// HardwareID, when set, binds the key to one device: it authenticates
+	// that hardware_id only (the optional hardware_id attribute). Empty: a
+	// fleet key, which any device may use.
+	HardwareID string
 }
 
 // Keys manages API keys in the api_keys table. It is safe for concurrent use.
@@ -80,9 +85,30 @@ func NewKeys(client *dynamodb.Client, table string, pepper string) *Keys {
 	return &Keys{client: client, table: table, pepper: pepper, now: time.Now}
 }
 
-// Create makes a new active key and returns the raw key (64 lowercase hex characters from
-// 32 random bytes; shown once, never stored) and its stored description.
+// Create makes a new active fleet key (see CreateBound).
 func (k *Keys) Create(ctx context.Context, description string) (raw string, info KeyInfo, err error) {
+	return k.CreateBound(ctx, description, "")
+}
+
+// CreateBound makes a new active key, bound to hardwareID when it is not
+// empty, and returns the raw key (64 lowercase hex characters from 32
+// random bytes; shown once, never stored) and what is stored of it.
+func (k *Keys) CreateBound(ctx context.Context, description, hardwareID string) (raw string, info KeyInfo, err error) {
+	raw, info, err = NewKey(k.pepper, k.now())
+	if err != nil {
+		return "", KeyInfo{}, err
+	}
+	info.Description, info.HardwareID = description, hardwareID
+	if err := k.put(ctx, info); err != nil {
+		return "", KeyInfo{}, fmt.Errorf("creating api key %s: %w", info.KeyID, err)
+	}
+	return raw, info, nil
+}
+
+// NewKey mints a raw key and its KeyInfo (active, created at now, hashed
+// with pepper) without storing it: a gateway enrolling a device keeps the
+// hash and writes it with PutDeviceKey later.
+func NewKey(pepper string, now time.Time) (raw string, info KeyInfo, err error) {
 	buf := make([]byte, rawKeyBytes)
 	if _, err := rand.Read(buf); err != nil {
 		return "", KeyInfo{}, fmt.Errorf("generating api key: %w", err)
@@ -92,35 +118,85 @@ func (k *Keys) Create(ctx context.Context, description string) (raw string, info
 	if err != nil {
 		return "", KeyInfo{}, fmt.Errorf("generating api key id: %w", err)
 	}
-	created := k.now().UTC().Truncate(time.Second)
-	info = KeyInfo{
-		KeyID:       id.String(),
-		Hash:        HashKey(k.pepper, raw),
-		Description: description,
-		CreatedAt:   created,
-		Active:      true,
-	}
-	createdAt := FormatTime(created)
+	return raw, KeyInfo{KeyID: id.String(), Hash: HashKey(pepper, raw), CreatedAt: now.UTC().Truncate(time.Second),
+		Active: true}, nil
+}
+
+// put writes a new key item; it fails if the key_id exists.
+func (k *Keys) put(ctx context.Context, info KeyInfo) error {
+	createdAt := FormatTime(info.CreatedAt)
 	item := map[string]types.AttributeValue{
 		attrKeyID:     &types.AttributeValueMemberS{Value: info.KeyID},
 		attrKeyHash:   &types.AttributeValueMemberS{Value: info.Hash},
 		attrCreatedAt: &types.AttributeValueMemberS{Value: createdAt},
-		attrIsActive:  &types.AttributeValueMemberBOOL{Value: true},
+		attrIsActive:  &types.AttributeValueMemberBOOL{Value: info.Active},
 		attrGSI1PK:    &types.AttributeValueMemberS{Value: apiKeysPartition},
 		attrGSI1SK:    &types.AttributeValueMemberS{Value: createdAt},
 	}
-	if description != "" {
-		item[attrDescription] = &types.AttributeValueMemberS{Value: description}
+	if info.Description != "" {
+		item[attrDescription] = &types.AttributeValueMemberS{Value: info.Description}
 	}
-	_, err = k.client.PutItem(ctx, &dynamodb.PutItemInput{
+	if info.HardwareID != "" {
+		item[attrHardwareID] = &types.AttributeValueMemberS{Value: info.HardwareID}
+	}
+	_, err := k.client.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:           aws.String(k.table),
 		Item:                item,
 		ConditionExpression: aws.String("attribute_not_exists(key_id)"),
 	})
-	if err != nil {
-		return "", KeyInfo{}, fmt.Errorf("creating api key %s: %w", info.KeyID, err)
+	return err
+}
+
+// PutDeviceKey writes a device key a gateway minted (NewKey, bound to a
+// hardware_id) to api_keys, unless its key_id is there already: key_ids
+// are random UUIDs, so an item with this one is this key's own earlier
+// write (a replay after a lost answer), or its revocation
+// (RevokeDeviceKey), which must not be undone.
+func (k *Keys) PutDeviceKey(ctx context.Context, info KeyInfo) error {
+	if info.HardwareID == "" {
+		return fmt.Errorf("writing device key %s: no hardware_id", info.KeyID)
 	}
-	return raw, info, nil
+	err := k.put(ctx, info)
+	var ccf *types.ConditionalCheckFailedException
+	if err != nil && !errors.As(err, &ccf) {
+		return fmt.Errorf("writing device key %s: %w", info.KeyID, err)
+	}
+	return nil
+}
+
+// RevokeDeviceKey marks a device key inactive, on the condition that it
+// is bound to its hardware_id: a gateway revokes the key of a device an
+// operator reset, never a fleet key. A key not written yet (PutDeviceKey
+// not done, or its answer lost) is written revoked, so that a late write
+// of it does not bring it back.
+func (k *Keys) RevokeDeviceKey(ctx context.Context, info KeyInfo) error {
+	if info.HardwareID == "" {
+		return fmt.Errorf("revoking device key %s: no hardware_id", info.KeyID)
+	}
+	createdAt := FormatTime(info.CreatedAt)
+	_, err := k.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName: aws.String(k.table),
+		Key:       keyIDKey(info.KeyID),
+		UpdateExpression: aws.String("SET is_active = :inactive, hardware_id = :hw, " +
+			"api_key_hash = if_not_exists(api_key_hash, :hash), created_at = if_not_exists(created_at, :created), " +
+			"gsi1pk = :pk, gsi1sk = if_not_exists(gsi1sk, :created)"),
+		ConditionExpression: aws.String("attribute_not_exists(key_id) OR hardware_id = :hw"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":inactive": &types.AttributeValueMemberBOOL{Value: false},
+			":hw":       &types.AttributeValueMemberS{Value: info.HardwareID},
+			":hash":     &types.AttributeValueMemberS{Value: info.Hash},
+			":created":  &types.AttributeValueMemberS{Value: createdAt},
+			":pk":       &types.AttributeValueMemberS{Value: apiKeysPartition},
+		},
+	})
+	var ccf *types.ConditionalCheckFailedException
+	switch {
+	case errors.As(err, &ccf):
+		return fmt.Errorf("revoking device key %s: it is not bound to %s", info.KeyID, info.HardwareID)
+	case err != nil:
+		return fmt.Errorf("revoking device key %s: %w", info.KeyID, err)
+	}
+	return nil
 }
 
 // Revoke marks the key inactive. Revoking a revoked key succeeds; an unknown keyID returns
@@ -260,6 +336,7 @@ func keyInfoFromItem(item map[string]types.AttributeValue) (KeyInfo, error) {
 	}
 	info.Hash, _ = stringAttr(item, attrKeyHash)
 	info.Description, _ = stringAttr(item, attrDescription)
+	info.HardwareID, _ = stringAttr(item, attrHardwareID)
 	if b, ok := item[attrIsActive].(*types.AttributeValueMemberBOOL); ok {
 		info.Active = b.Value
 	}
