@@ -113,6 +113,14 @@ const (
 	// ReasonQuotaExceeded: an MQTT connection over the device's or the
 	// key's share of the broker's client slots, or with every slot taken.
 	ReasonQuotaExceeded = "quota_exceeded"
+	// ReasonForbidden: a device key used for another device's hardware_id.
+	ReasonForbidden = "forbidden"
+	// ReasonDeviceKeyRequired: a fleet key used for a device that holds
+	// its own device key, or for data while auth.device_keys is required.
+	ReasonDeviceKeyRequired = "device_key_required"
+	// ReasonSessionTakeover: an MQTT connection took over the connected
+	// session of the same client ID (recorded, not refused).
+	ReasonSessionTakeover = "session_takeover"
 )
 
 // Reasons lists every reason, the label values of
@@ -120,7 +128,8 @@ const (
 // "other").
 var Reasons = []string{ReasonValidation, ReasonClockNotSynced, ReasonConflict, ReasonTimestampConflict,
 	ReasonUnknownDevice, ReasonBufferFull, ReasonDuplicate, ReasonUnauthorized, ReasonAuthUnavailable,
-	ReasonBadIdentity, ReasonClientIDRefused, ReasonACLDenied, ReasonOversize, ReasonBadRequest, ReasonQuotaExceeded}
+	ReasonBadIdentity, ReasonClientIDRefused, ReasonACLDenied, ReasonOversize, ReasonBadRequest, ReasonQuotaExceeded,
+	ReasonForbidden, ReasonDeviceKeyRequired, ReasonSessionTakeover}
 
 // Transports.
 const (

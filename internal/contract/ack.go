@@ -40,6 +40,10 @@ const (
 // only when rejected:
 //
 //	{"type":"register","status":"registered","confirmation_id":"550e8400-e29b-41d4-a716-446655440000"}
+//
+// The register ack that enrolls a device also carries its device key, once:
+//
+//	{"type":"register","status":"registered","confirmation_id":"...","device_key":"<64 hex>","device_key_id":"<uuid>"}
 type Ack struct {
 	// Type is AckTypeReadings or AckTypeRegister.
 	Type string `json:"type"`
@@ -56,6 +60,11 @@ type Ack struct {
 	// ConfirmationID is the device's UUID v4 confirmation_id (register
 	// only, when registered).
 	ConfirmationID string `json:"confirmation_id,omitempty"`
+	// DeviceKey is the device's own API key, bound to its hardware_id, and
+	// DeviceKeyID its key_id: in the register ack that enrolls the device
+	// (its first registration with a fleet key), once; omitted otherwise.
+	DeviceKey   string `json:"device_key,omitempty"`
+	DeviceKeyID string `json:"device_key_id,omitempty"`
 }
 
 // MarshalJSON writes the ack in the shape of its type (see [Ack]).
@@ -67,7 +76,9 @@ func (a Ack) MarshalJSON() ([]byte, error) {
 			Reason         *Reason `json:"reason,omitempty"`
 			Message        *string `json:"message,omitempty"`
 			ConfirmationID string  `json:"confirmation_id,omitempty"`
-		}{a.Type, a.Status, a.Reason, a.Message, a.ConfirmationID})
+			DeviceKey      string  `json:"device_key,omitempty"`
+			DeviceKeyID    string  `json:"device_key_id,omitempty"`
+		}{a.Type, a.Status, a.Reason, a.Message, a.ConfirmationID, a.DeviceKey, a.DeviceKeyID})
 	}
 	return json.Marshal(struct {
 		Type    string  `json:"type"`
@@ -195,8 +206,9 @@ func RequestErrorResponse(message string) ReadingsResponse {
 //   - 207 when some were stored and some rejected;
 //   - when none was stored: 507 if any was rejected with buffer_full (so
 //     firmware keeps and resends it; the other results say which batches
-//     are invalid), 409 if all were conflicts, 400 otherwise (also for a
-//     request with no results).
+//     are invalid), else 403 if any was refused for its identity
+//     (forbidden, device_key_required), 409 if all were conflicts, 400
+//     otherwise (also for a request with no results).
 //
 // 401, 413, 429 and 503 concern the request as a whole and are decided by
 // the HTTP handler before any batch is looked at.
@@ -208,7 +220,7 @@ func (r ReadingsResponse) HTTPStatus() int {
 	case s.Rejected < s.Received:
 		return http.StatusMultiStatus
 	}
-	conflicts := 0
+	conflicts, identity := 0, false
 	for _, res := range r.Results {
 		if res.Reason == nil {
 			continue
@@ -218,7 +230,12 @@ func (r ReadingsResponse) HTTPStatus() int {
 			return http.StatusInsufficientStorage
 		case ReasonConflict:
 			conflicts++
+		case ReasonForbidden, ReasonDeviceKeyRequired:
+			identity = true
 		}
+	}
+	if identity {
+		return http.StatusForbidden
 	}
 	if conflicts > 0 && conflicts == len(r.Results) {
 		return http.StatusConflict

@@ -52,6 +52,8 @@ func TestReadingsResponse(t *testing.T) {
 	clk := NewResult("c", "", NewError(ReasonClockNotSynced, "x", "unsynced"))
 	con := NewResult("k", "", NewError(ReasonConflict, "", "batch_id reused"))
 	full := NewResult("f", "", NewError(ReasonBufferFull, "", "full"))
+	forb := NewResult("o", "", NewError(ReasonForbidden, "hardware_id", "bound elsewhere"))
+	dkr := NewResult("r", "", NewError(ReasonDeviceKeyRequired, "hardware_id", "device key required"))
 	tests := []struct {
 		name    string
 		results []Result
@@ -67,6 +69,10 @@ func TestReadingsResponse(t *testing.T) {
 		{"conflict and invalid", []Result{con, inv}, ResponseError, http.StatusBadRequest, Summary{2, 0, 0, 2}},
 		{"buffer full", []Result{full}, ResponseError, http.StatusInsufficientStorage, Summary{1, 0, 0, 1}},
 		{"buffer full and invalid", []Result{inv, full}, ResponseError, http.StatusInsufficientStorage, Summary{2, 0, 0, 2}},
+		{"forbidden", []Result{forb}, ResponseError, http.StatusForbidden, Summary{1, 0, 0, 1}},
+		{"device key required and invalid", []Result{inv, dkr}, ResponseError, http.StatusForbidden, Summary{2, 0, 0, 2}},
+		{"forbidden and stored", []Result{acc, forb}, ResponsePartial, http.StatusMultiStatus, Summary{2, 1, 0, 1}},
+		{"forbidden and buffer full", []Result{forb, full}, ResponseError, http.StatusInsufficientStorage, Summary{2, 0, 0, 2}},
 		{"nothing", nil, ResponseError, http.StatusBadRequest, Summary{}},
 	}
 	for _, tt := range tests {

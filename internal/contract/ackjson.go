@@ -21,6 +21,14 @@ func AppendAck(dst []byte, a Ack) []byte {
 			dst = append(dst, `,"confirmation_id":`...)
 			dst = appendString(dst, a.ConfirmationID)
 		}
+		if a.DeviceKey != "" {
+			dst = append(dst, `,"device_key":`...)
+			dst = appendString(dst, a.DeviceKey)
+		}
+		if a.DeviceKeyID != "" {
+			dst = append(dst, `,"device_key_id":`...)
+			dst = appendString(dst, a.DeviceKeyID)
+		}
 		return append(dst, '}')
 	}
 	dst = append(dst, `,"batch_id":`...)
@@ -47,7 +55,8 @@ const ackSize = len(`{"type":"","batch_id":"","status":"","reason":null,"message
 
 // EncodeAck returns AppendAck(nil, a) in a buffer of the right size.
 func EncodeAck(a Ack) []byte {
-	n := ackSize + len(a.Type) + len(a.BatchID) + len(a.Status) + len(a.ConfirmationID) + len(`,"confirmation_id":""`)
+	n := ackSize + len(a.Type) + len(a.BatchID) + len(a.Status) + len(a.ConfirmationID) + len(`,"confirmation_id":""`) +
+		len(a.DeviceKey) + len(a.DeviceKeyID) + len(`,"device_key":"","device_key_id":""`)
 	if a.Reason != nil {
 		n += len(*a.Reason)
 	}

@@ -25,6 +25,8 @@ func TestAppendAckMatchesEncodingJSON(t *testing.T) {
 		{"empty message", Ack{Type: AckTypeReadings, BatchID: "x", Status: StatusRejected, Reason: &reason, Message: &empty}},
 		{"odd batch_id", Ack{Type: AckTypeReadings, BatchID: odd, Status: StatusAccepted}},
 		{"registered", Ack{Type: AckTypeRegister, Status: StatusRegistered, ConfirmationID: "550e8400-e29b-41d4-a716-446655440000"}},
+		{"enrolled", Ack{Type: AckTypeRegister, Status: StatusRegistered, ConfirmationID: "550e8400-e29b-41d4-a716-446655440000",
+			DeviceKey: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", DeviceKeyID: "7c9e6679-7425-40de-944b-e07fc1f90ae7"}},
 		{"register rejected", Ack{Type: AckTypeRegister, Status: StatusRejected, Reason: &reason, Message: &odd}},
 		{"register with stray batch_id", Ack{Type: AckTypeRegister, BatchID: "ignored", Status: StatusRegistered}},
 		{"zero", Ack{}},
@@ -57,7 +59,7 @@ func TestAppendAckRandomStrings(t *testing.T) {
 	for range 2000 {
 		reason, msg := Reason(str()), str()
 		a := Ack{Type: []string{AckTypeReadings, AckTypeRegister, str()}[rng.IntN(3)], BatchID: str(),
-			Status: Status(str()), ConfirmationID: str()}
+			Status: Status(str()), ConfirmationID: str(), DeviceKey: str(), DeviceKeyID: str()}
 		if rng.IntN(2) == 0 {
 			a.Reason, a.Message = &reason, &msg
 		}

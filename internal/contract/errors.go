@@ -24,6 +24,13 @@ const (
 	ReasonUnknownDevice Reason = "unknown_device"
 	// ReasonBufferFull: nothing was stored; retry later.
 	ReasonBufferFull Reason = "buffer_full"
+	// ReasonForbidden: the API key may not act for this hardware_id (a
+	// device key bound to another device).
+	ReasonForbidden Reason = "forbidden"
+	// ReasonDeviceKeyRequired: the device holds its own device key, or the
+	// gateway requires one (auth.device_keys), and the message came with a
+	// fleet key. Firmware sends it with its device key.
+	ReasonDeviceKeyRequired Reason = "device_key_required"
 )
 
 // Retryable reports whether a message rejected for r may succeed when resent
