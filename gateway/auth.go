@@ -70,6 +70,12 @@ type AuthConfig struct {
 	// 503) and the device retries. Known keys are never held back. Bounds
 	// what a flood of made-up keys costs the table. Default 20.
 	MaxLookupsPerSecond int `yaml:"max_lookups_per_second"`
+	// DeviceKeys is the device key policy: off, preferred or required
+	// (see DeviceKeysOff and the others). Default preferred: devices that
+	// register with a fleet key are issued their own key, and once they
+	// use it nobody else's fleet key acts for them, while firmware that
+	// ignores the key keeps working with the fleet key.
+	DeviceKeys string `yaml:"device_keys"`
 }
 
 func (c AuthConfig) withDefaults() AuthConfig {
@@ -87,6 +93,9 @@ func (c AuthConfig) withDefaults() AuthConfig {
 	}
 	if c.MaxLookupsPerSecond == 0 {
 		c.MaxLookupsPerSecond = defaultMaxLookupsPerSecond
+	}
+	if c.DeviceKeys == "" {
+		c.DeviceKeys = DeviceKeysPreferred
 	}
 	return c
 }
@@ -106,6 +115,9 @@ func (c AuthConfig) Validate() error {
 	}
 	if c.MaxLookupsPerSecond < 0 {
 		return errors.New("auth.max_lookups_per_second: must not be negative")
+	}
+	if c.DeviceKeys != "" {
+		return validDeviceKeyPolicy(c.DeviceKeys)
 	}
 	return nil
 }
@@ -130,9 +142,10 @@ type unknownKey struct {
 }
 
 type cachedKey struct {
-	KeyID     string    `json:"key_id"`
-	Active    bool      `json:"active"`
-	CheckedAt time.Time `json:"checked_at"`
+	KeyID      string    `json:"key_id"`
+	HardwareID string    `json:"hardware_id,omitempty"` // a device key's binding
+	Active     bool      `json:"active"`
+	CheckedAt  time.Time `json:"checked_at"`
 }
 
 // Authenticator verifies device API keys against api_keys, through a cache
@@ -154,9 +167,17 @@ type Authenticator struct {
 	lookups  *tokenBucket          // lookups of keys not cached
 	inflight map[string]chan struct{}
 	touched  map[string]time.Time // key_id → last_used_at written
+	// local knows the device keys issued here, before api_keys does, and
+	// those an operator reset (nil: none; see UseDeviceKeys).
+	local *DeviceKeys
 
 	outcomes *prometheus.CounterVec
 }
+
+// UseDeviceKeys makes the authenticator accept the device keys k issued
+// before they reach api_keys, and refuse those reset. Call it before the
+// authenticator is used.
+func (a *Authenticator) UseDeviceKeys(k *DeviceKeys) { a.local = k }
 
 // NewAuthenticator returns an authenticator and loads its saved cache.
 func NewAuthenticator(cfg AuthConfig, peppers Peppers, keys KeyStore, state StateStore, logger *slog.Logger, reg prometheus.Registerer) (*Authenticator, error) {
@@ -207,14 +228,33 @@ func (a *Authenticator) Verify(ctx context.Context, rawKey string) error {
 	return err
 }
 
-// Identify is Verify, returning the key's ID (the api_keys key_id, which
-// names a key without revealing it) when the key is active.
-func (a *Authenticator) Identify(ctx context.Context, rawKey string) (keyID string, err error) {
+// Identify is Verify, returning who the key is when it is active: its ID
+// (the api_keys key_id, which names a key without revealing it) and, for
+// a device key, the hardware_id it is bound to.
+func (a *Authenticator) Identify(ctx context.Context, rawKey string) (Principal, error) {
 	if rawKey == "" {
 		a.outcomes.WithLabelValues("unauthorized").Inc()
-		return "", ErrUnauthorized
+		return Principal{}, ErrUnauthorized
 	}
 	hash := cloud.HashKey(a.peppers.Current, rawKey)
+	var local localKey
+	var known bool
+	if a.local != nil {
+		prev := ""
+		if a.peppers.Previous != "" {
+			prev = cloud.HashKey(a.peppers.Previous, rawKey)
+		}
+		local, known = a.local.local(hash, prev)
+		switch {
+		case known && local.reset:
+			a.outcomes.WithLabelValues("unauthorized").Inc()
+			return Principal{}, ErrUnauthorized
+		case known && local.pending:
+			// Issued here and not in api_keys yet: nothing to ask.
+			a.outcomes.WithLabelValues("ok").Inc()
+			return local.p, nil
+		}
+	}
 	for {
 		a.mu.Lock()
 		now := a.now()
@@ -223,15 +263,15 @@ func (a *Authenticator) Identify(ctx context.Context, rawKey string) (keyID stri
 			a.mu.Unlock()
 			return a.result(k, "ok")
 		}
-		if u, ok := a.unknown[hash]; ok && now.Before(u.until) {
+		if u, ok := a.unknown[hash]; ok && now.Before(u.until) && !known {
 			a.mu.Unlock()
 			a.outcomes.WithLabelValues("unauthorized").Inc()
-			return "", ErrUnauthorized
+			return Principal{}, ErrUnauthorized
 		}
-		if !cached && !a.lookups.take(now) {
+		if !cached && !known && !a.lookups.take(now) {
 			a.mu.Unlock()
 			a.outcomes.WithLabelValues("throttled").Inc()
-			return "", fmt.Errorf("%w: more than auth.max_lookups_per_second (%d) lookups of unknown keys",
+			return Principal{}, fmt.Errorf("%w: more than auth.max_lookups_per_second (%d) lookups of unknown keys",
 				ErrAuthUnavailable, a.cfg.MaxLookupsPerSecond)
 		}
 		if wait, busy := a.inflight[hash]; busy {
@@ -241,20 +281,24 @@ func (a *Authenticator) Identify(ctx context.Context, rawKey string) (keyID stri
 			case <-wait:
 				continue
 			case <-ctx.Done():
-				return "", ctx.Err()
+				return Principal{}, ctx.Err()
 			}
 		}
 		done := make(chan struct{})
 		a.inflight[hash] = done
 		a.mu.Unlock()
 
-		keyID, err := a.refresh(ctx, hash, rawKey, k, cached)
+		var fallback *localKey
+		if known {
+			fallback = &local
+		}
+		p, err := a.refresh(ctx, hash, rawKey, k, cached, fallback)
 
 		a.mu.Lock()
 		delete(a.inflight, hash)
 		close(done)
 		a.mu.Unlock()
-		return keyID, err
+		return p, err
 	}
 }
 
@@ -303,7 +347,11 @@ func (a *Authenticator) rememberUnknown(hash string, now time.Time) {
 // sameHash compares hashes in constant time.
 func sameHash(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
 
-func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old cachedKey, cached bool) (string, error) {
+// refresh looks the key up in api_keys and caches the answer. local, when
+// not nil, is what the gateway knows of a key it issued and wrote there:
+// it stands in when the table cannot be reached, and shortly after the
+// write, when the table's index may not show the key yet.
+func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old cachedKey, cached bool, local *localKey) (Principal, error) {
 	info, found, err := a.lookup(ctx, hash, rawKey)
 	now := a.now()
 	if err != nil {
@@ -319,9 +367,15 @@ func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old ca
 			a.mu.Unlock()
 			return a.result(old, "ok_cached_offline")
 		}
+		if local != nil {
+			return a.result(cachedKey{KeyID: local.p.KeyID, HardwareID: local.p.HardwareID, Active: true}, "ok_cached_offline")
+		}
 		a.logger.Warn("API key cannot be verified: not cached and the api_keys table is unreachable", "err", err)
 		a.outcomes.WithLabelValues("unavailable").Inc()
-		return "", fmt.Errorf("%w: %v", ErrAuthUnavailable, err)
+		return Principal{}, fmt.Errorf("%w: %v", ErrAuthUnavailable, err)
+	}
+	if !found && local != nil && local.fresh {
+		return a.result(cachedKey{KeyID: local.p.KeyID, HardwareID: local.p.HardwareID, Active: true}, "ok")
 	}
 	a.mu.Lock()
 	changed := found || cached // a key unknown before and now adds nothing to save
@@ -329,7 +383,7 @@ func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old ca
 		delete(a.cache, hash)
 		a.rememberUnknown(hash, now)
 	} else {
-		a.cache[hash] = cachedKey{KeyID: info.KeyID, Active: info.Active, CheckedAt: now}
+		a.cache[hash] = cachedKey{KeyID: info.KeyID, HardwareID: info.HardwareID, Active: info.Active, CheckedAt: now}
 	}
 	var snapshot []byte
 	var merr error
@@ -345,17 +399,17 @@ func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old ca
 	if cached && old.Active && (!found || !info.Active) {
 		a.logger.Info("API key revoked; refusing it from now on", "key_id", old.KeyID)
 	}
-	return a.result(cachedKey{KeyID: info.KeyID, Active: found && info.Active}, "ok")
+	return a.result(cachedKey{KeyID: info.KeyID, HardwareID: info.HardwareID, Active: found && info.Active}, "ok")
 }
 
-func (a *Authenticator) result(k cachedKey, okLabel string) (string, error) {
-	if !k.Active {
+func (a *Authenticator) result(k cachedKey, okLabel string) (Principal, error) {
+	if !k.Active || (a.local != nil && a.local.isReset(k.KeyID)) {
 		a.outcomes.WithLabelValues("unauthorized").Inc()
-		return "", ErrUnauthorized
+		return Principal{}, ErrUnauthorized
 	}
 	a.outcomes.WithLabelValues(okLabel).Inc()
 	a.touch(k.KeyID)
-	return k.KeyID, nil
+	return Principal{KeyID: k.KeyID, HardwareID: k.HardwareID}, nil
 }
 
 // touch writes the key's last_used_at, at most once per LastUsedInterval,

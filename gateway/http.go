@@ -129,6 +129,9 @@ type HTTPDeps struct {
 	Auth   *Authenticator
 	// Devices backs the operator endpoints; nil disables them.
 	Devices *Registry
+	// DeviceKeys shows each device's keys and backs the operator's key
+	// reset; nil: no device keys (the reset answers 404).
+	DeviceKeys *DeviceKeys
 	// History backs the operator's reading queries; nil answers them 404.
 	History History
 	// DeadLetters backs /v1/dead-letters (the buffer).
@@ -194,6 +197,7 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 	mux.HandleFunc("GET /v1/devices/{hardware_id}", h.admin(h.getDevice))
 	mux.HandleFunc("GET /v1/devices/{hardware_id}/readings", h.admin(h.deviceReadings))
 	mux.HandleFunc("GET /v1/devices/{hardware_id}/summary", h.admin(h.deviceSummary))
+	mux.HandleFunc("POST /v1/devices/{hardware_id}/reset-key", h.admin(h.resetKey))
 	mux.HandleFunc("GET /v1/status", h.admin(h.statusJSON))
 	mux.HandleFunc("GET /{$}", h.statusPage)
 	mux.HandleFunc("GET /v1/dead-letters", h.admin(h.listDeadLetters))
@@ -284,51 +288,56 @@ func apiKey(r *http.Request) string {
 }
 
 // deviceRequest authenticates a device request and reads its body; it has
-// answered the request when ok is false.
-func (h *HTTPServer) deviceRequest(w http.ResponseWriter, r *http.Request) (body []byte, ok bool) {
+// answered the request when ok is false. ctx carries the principal and the
+// sender's address to the ingest path.
+func (h *HTTPServer) deviceRequest(w http.ResponseWriter, r *http.Request) (ctx context.Context, body []byte, ok bool) {
 	if h.ingest.stopping() {
 		h.unavailable(w, "the gateway is shutting down; retry later")
-		return nil, false
+		return nil, nil, false
 	}
-	switch err := h.auth.Verify(r.Context(), apiKey(r)); {
+	p, err := h.auth.Identify(r.Context(), apiKey(r))
+	switch {
 	case errors.Is(err, ErrAuthUnavailable):
 		h.ingest.auditRequest(r, audit.ReasonAuthUnavailable, "the API key cannot be verified now")
 		h.unavailable(w, "the API key cannot be verified now; retry later")
-		return nil, false
+		return nil, nil, false
 	case err != nil:
 		h.ingest.auditRequest(r, audit.ReasonUnauthorized, "missing, unknown or revoked API key")
 		writeJSON(w, http.StatusUnauthorized, errorBody("missing, unknown or revoked API key (Authorization: Bearer KEY)"))
-		return nil, false
+		return nil, nil, false
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooBig):
 		h.ingest.auditRequest(r, audit.ReasonOversize, fmt.Sprintf("body over %d bytes", h.cfg.MaxBodyBytes))
 		writeJSON(w, http.StatusRequestEntityTooLarge,
 			errorBody(fmt.Sprintf("request body is larger than %d bytes", h.cfg.MaxBodyBytes)))
-		return nil, false
+		return nil, nil, false
 	case err != nil:
 		writeJSON(w, http.StatusBadRequest, errorBody("reading the request body: "+err.Error()))
-		return nil, false
+		return nil, nil, false
 	}
-	return body, true
+	return withPrincipal(h.ingest.withRemoteAddr(r.Context(), r.RemoteAddr), p), body, true
 }
 
 // register answers 201 with the register ack at a device's first
-// registration, 200 at the next ones, 400 when invalid.
+// registration, 200 at the next ones, 400 when invalid, 403 when the key
+// may not register this device.
 func (h *HTTPServer) register(w http.ResponseWriter, r *http.Request) {
-	body, ok := h.deviceRequest(w, r)
+	ctx, body, ok := h.deviceRequest(w, r)
 	if !ok {
 		return
 	}
-	ack, first, err := h.ingest.Register(h.ingest.withRemoteAddr(r.Context(), r.RemoteAddr), "", body)
-	switch {
+	ack, first, err := h.ingest.Register(ctx, "", body)
+	switch reason := contract.AsError(err); {
 	case errors.Is(err, ErrShuttingDown):
 		h.unavailable(w, "the gateway is shutting down; retry later")
-	case err != nil && contract.AsError(err).Reason == contract.ReasonBufferFull:
+	case err != nil && reason.Reason == contract.ReasonBufferFull:
 		w.Header().Set("Retry-After", strconv.Itoa(int(h.cfg.RetryAfter.Seconds())))
 		writeJSON(w, http.StatusInsufficientStorage, ack)
+	case err != nil && (reason.Reason == contract.ReasonForbidden || reason.Reason == contract.ReasonDeviceKeyRequired):
+		writeJSON(w, http.StatusForbidden, ack)
 	case err != nil:
 		writeJSON(w, http.StatusBadRequest, ack)
 	case first:
@@ -408,9 +417,30 @@ func adminCredential(r *http.Request) string {
 	return apiKey(r)
 }
 
+// deviceView is a device as operators see it: the registry's record and
+// its device keys.
+type deviceView struct {
+	Device
+	DeviceKey *DeviceKeyState `json:"device_key,omitempty"`
+}
+
+func (h *HTTPServer) view(d Device) deviceView {
+	v := deviceView{Device: d}
+	if h.deps.DeviceKeys != nil {
+		if s, ok := h.deps.DeviceKeys.State(d.HardwareID); ok {
+			v.DeviceKey = &s
+		}
+	}
+	return v
+}
+
 func (h *HTTPServer) listDevices(w http.ResponseWriter, r *http.Request) {
 	devices := h.deps.Devices.Devices()
-	writeJSON(w, http.StatusOK, map[string]any{"count": len(devices), "devices": devices})
+	views := make([]deviceView, len(devices))
+	for i, d := range devices {
+		views[i] = h.view(d)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"count": len(views), "devices": views})
 }
 
 func (h *HTTPServer) getDevice(w http.ResponseWriter, r *http.Request) {
@@ -424,7 +454,46 @@ func (h *HTTPServer) getDevice(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"status": "error", "message": "no device " + hw})
 		return
 	}
-	writeJSON(w, http.StatusOK, d)
+	writeJSON(w, http.StatusOK, h.view(d))
+}
+
+// resetKeyAnswer is the answer of POST /v1/devices/{hardware_id}/reset-key.
+type resetKeyAnswer struct {
+	HardwareID string `json:"hardware_id"`
+	Status     string `json:"status"`
+	// RevokedKeyID is the device key revoked (null when the device had
+	// none); RevokedKeyIDs lists them all when it had several (a key an
+	// operator created for it besides the one it enrolled with).
+	RevokedKeyID  *string  `json:"revoked_key_id"`
+	RevokedKeyIDs []string `json:"revoked_key_ids"`
+}
+
+// resetKey revokes a device's keys so that it can enroll again: the
+// operator's answer to a device that lost its key.
+func (h *HTTPServer) resetKey(w http.ResponseWriter, r *http.Request) {
+	hw := r.PathValue("hardware_id")
+	if err := contract.ValidHardwareID(hw); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"status": "error", "message": err.Error()})
+		return
+	}
+	if h.deps.DeviceKeys == nil {
+		writeJSON(w, http.StatusNotFound, map[string]string{"status": "error", "message": errNoDeviceKeys.Error()})
+		return
+	}
+	ids, err := h.deps.DeviceKeys.Reset(hw)
+	if err != nil {
+		h.logger.Error("device key reset not saved", "hardware_id", hw, "err", err)
+		h.unavailable(w, "the reset could not be saved; retry later")
+		return
+	}
+	a := resetKeyAnswer{HardwareID: hw, Status: "reset", RevokedKeyIDs: ids}
+	if a.RevokedKeyIDs == nil {
+		a.RevokedKeyIDs = []string{}
+	}
+	if len(ids) > 0 {
+		a.RevokedKeyID = &ids[0]
+	}
+	writeJSON(w, http.StatusOK, a)
 }
 
 func (h *HTTPServer) uplinkReport(w http.ResponseWriter, r *http.Request) {
@@ -436,7 +505,7 @@ func (h *HTTPServer) uplinkReport(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
-	body, ok := h.deviceRequest(w, r)
+	ctx, body, ok := h.deviceRequest(w, r)
 	if !ok {
 		return
 	}
@@ -460,7 +529,7 @@ func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
 	for i, b := range batches {
 		payloads[i] = b
 	}
-	results, err := h.ingest.Readings(h.ingest.withRemoteAddr(r.Context(), r.RemoteAddr), TransportHTTP, "", payloads)
+	results, err := h.ingest.Readings(ctx, TransportHTTP, "", payloads)
 	if errors.Is(err, ErrShuttingDown) {
 		h.unavailable(w, "the gateway is shutting down; retry later")
 		return

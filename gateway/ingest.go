@@ -139,6 +139,10 @@ type Ingest struct {
 	took  [2]prometheus.Observer
 	stop  chan struct{}
 	audit *audit.Log // nil: nothing recorded (SetAudit)
+	// keys authorizes principals and enrolls devices (SetDeviceKeys);
+	// identityLog paces the log lines of identity refusals.
+	keys        *DeviceKeys
+	identityLog *countLog
 }
 
 // NewIngest returns the ingest path. devices may be nil (no registry:
@@ -159,13 +163,14 @@ func NewIngest(cfg IngestConfig, store Committer, devices *Registry, clock Clock
 		clock = systemClock{}
 	}
 	in := &Ingest{
-		cfg:     cfg,
-		limits:  cfg.limits(),
-		store:   store,
-		devices: devices,
-		clock:   clock,
-		logger:  logger.With("component", "ingest"),
-		stop:    make(chan struct{}),
+		cfg:         cfg,
+		limits:      cfg.limits(),
+		store:       store,
+		devices:     devices,
+		clock:       clock,
+		logger:      logger.With("component", "ingest"),
+		stop:        make(chan struct{}),
+		identityLog: newCountLog(admissionLogInterval),
 		results: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "ingest", Name: "batches_total",
 			Help: "Reading batches received, by transport and result (accepted, duplicate, or the rejection reason).",
@@ -182,7 +187,8 @@ func NewIngest(cfg IngestConfig, store Committer, devices *Registry, clock Clock
 		in.counted[k] = map[string]prometheus.Counter{}
 		for _, r := range []string{"accepted", "duplicate", string(contract.ReasonValidation),
 			string(contract.ReasonClockNotSynced), string(contract.ReasonConflict), string(contract.ReasonBufferFull),
-			string(contract.ReasonUnknownDevice), string(ReasonTimestampConflict)} {
+			string(contract.ReasonUnknownDevice), string(ReasonTimestampConflict), string(contract.ReasonForbidden),
+			string(contract.ReasonDeviceKeyRequired)} {
 			in.counted[k][r] = in.results.WithLabelValues(t, r)
 		}
 	}
@@ -274,6 +280,11 @@ func (in *Ingest) Register(ctx context.Context, sender string, payload []byte) (
 	if err == nil && in.devices == nil {
 		err = contract.NewError(contract.ReasonUnknownDevice, "", "this gateway keeps no device registry")
 	}
+	if err == nil {
+		if cerr := in.authorizeCtx(ctx, reg.HardwareID, actRegister, transportOf(sender)); cerr != nil {
+			err = cerr
+		}
+	}
 	if err != nil {
 		in.auditRegister(ctx, sender, payload, err)
 		return contract.RegisterAck("", err), false, err
@@ -289,7 +300,18 @@ func (in *Ingest) Register(ctx context.Context, sender string, payload []byte) (
 		in.logger.Info("device registered", "hardware_id", reg.HardwareID, "confirmation_id", id,
 			"firmware_version", reg.FirmwareVersion)
 	}
-	return contract.RegisterAck(id, nil), first, nil
+	ack := contract.RegisterAck(id, nil)
+	in.enroll(ctx, reg.HardwareID, &ack)
+	return ack, first, nil
+}
+
+// transportOf names the transport of a message from sender (the MQTT
+// topic's hardware_id, or "" over HTTP).
+func transportOf(sender string) string {
+	if sender == "" {
+		return TransportHTTP
+	}
+	return TransportMQTT
 }
 
 // Readings decodes, validates and commits reading batches, all from one
@@ -324,7 +346,7 @@ func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloa
 		sent = make([]committed, 0, 1)
 	}
 	for i, p := range payloads {
-		b, fixed, err := in.prepare(p, sender, now)
+		b, fixed, err := in.prepare(ctx, transport, p, sender, now)
 		if err != nil {
 			results[i] = rejected(batchIDOf(b, p, err), err)
 			in.auditBatch(ctx, transport, hardwareIDOf(sender, b), p, results[i], err)
@@ -378,10 +400,11 @@ type prepared struct {
 	hash      [32]byte
 }
 
-// prepare decodes and validates one batch and applies the registry's
-// rules: unknown devices, clock repair and ordering. It reports whether the
-// clock was repaired.
-func (in *Ingest) prepare(payload []byte, sender string, now time.Time) (prepared, bool, error) {
+// prepare decodes and validates one batch, authorizes its sender for the
+// batch's hardware_id (before anything of the device changes), and applies
+// the registry's rules: unknown devices, clock repair and ordering. It
+// reports whether the clock was repaired.
+func (in *Ingest) prepare(ctx context.Context, transport string, payload []byte, sender string, now time.Time) (prepared, bool, error) {
 	plausible := in.clock.Plausible()
 	check := now
 	if !plausible {
@@ -393,6 +416,9 @@ func (in *Ingest) prepare(payload []byte, sender string, now time.Time) (prepare
 			in.devices.NotSynced(sender)
 		}
 		return prepared{}, false, err
+	}
+	if cerr := in.authorizeCtx(ctx, b.HardwareID, actReadings, transport); cerr != nil {
+		return prepared{Batch: b}, false, cerr
 	}
 	// One encoding gives both, unless the clock is repaired below.
 	canonical, hash := b.CanonicalIdentity()

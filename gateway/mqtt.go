@@ -165,6 +165,8 @@ type Broker struct {
 	auth     *Authenticator
 	logger   *slog.Logger
 	refused  *prometheus.CounterVec
+	// takeovers counts connections that took over a connected session.
+	takeovers *prometheus.CounterVec
 	// adm admits connections until they authenticate (mqttguard.go);
 	// slots shares the client slots among devices and keys (mqttslots.go).
 	adm   *mqttAdmission
@@ -228,19 +230,28 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 		slots: newSessionSlots(cfg.MaxSessionsPerDevice, cfg.MaxClients, cfg.MaxClientsPerKeyPercent),
 		refused: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "mqtt", Name: "connections_refused_total",
-			Help: "MQTT connections refused or ended, by reason: bad_identity, unauthorized, unavailable, bad_will " +
-				"(CONNECT refused); max_clients, device_sessions, key_share (over mqtt.max_clients, " +
+			Help: "MQTT connections refused or ended, by reason: bad_identity, unauthorized, unavailable, bad_will, " +
+				"forbidden (a device key for another hardware_id), device_key_required (a fleet key for a device " +
+				"holding its own key) (CONNECT refused); max_clients, device_sessions, key_share (over mqtt.max_clients, " +
 				"mqtt.max_sessions_per_device, mqtt.max_clients_per_key_percent); connect_timeout (no CONNECT within " +
 				"mqtt.connect_timeout); shed_address_cap, shed_total_cap (unauthenticated, shed for a newer connection " +
 				"over mqtt.max_unauthenticated_per_address, mqtt.max_unauthenticated); malformed, protocol_error, " +
 				"bad_auth_method.",
 		}, []string{"reason"}),
 	}
-	for _, r := range []string{"bad_identity", "unauthorized", "unavailable", "bad_will", reasonMaxClients,
+	for _, r := range []string{"bad_identity", "unauthorized", "unavailable", "bad_will", string(contract.ReasonForbidden),
+		string(contract.ReasonDeviceKeyRequired), reasonMaxClients,
 		reasonDeviceSessions, reasonKeyShare, "connect_timeout", reasonShedAddress, reasonShedTotal, refusedMalformed,
 		refusedProtocolError, refusedAuthMethod} {
 		b.refused.WithLabelValues(r) // every series from the start
 	}
+	b.takeovers = promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+		Namespace: "gateway", Subsystem: "mqtt", Name: "session_takeovers_total",
+		Help: "MQTT connections that took over the connected session of their client ID (the earlier connection is " +
+			"closed), by the kind of key the new one used: device or fleet.",
+	}, []string{"key"})
+	b.takeovers.WithLabelValues("device")
+	b.takeovers.WithLabelValues("fleet")
 	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "gateway", Subsystem: "mqtt", Name: "unauthenticated_connections",
 		Help: "MQTT connections accepted that have not authenticated yet.",
@@ -397,9 +408,13 @@ func (h *hook) Provides(b byte) bool {
 // closes.
 func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	hw := string(pk.Connect.Username)
+	// refuse answers the CONNECT with code; reason, unless empty (the
+	// caller counted and recorded the refusal), is counted and recorded.
 	refuse := func(reason string, code packets.Code) error {
-		h.b.refused.WithLabelValues(reason).Inc()
-		h.b.ingest.auditConnectRefusal(cl, hw, reason, pk.Connect.WillTopic)
+		if reason != "" {
+			h.b.refused.WithLabelValues(reason).Inc()
+			h.b.ingest.auditConnectRefusal(cl, hw, reason, pk.Connect.WillTopic)
+		}
 		if code == packets.ErrNotAuthorized && cl.Properties.ProtocolVersion < 5 {
 			// mochi maps this one to MQTT 3's return code 5, "not authorized".
 			code = packets.ErrBadUsernameOrPassword
@@ -420,18 +435,23 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	if pk.Connect.WillFlag && !aclAllows(hw, pk.Connect.WillTopic, true) {
 		return refuse("bad_will", packets.ErrNotAuthorized)
 	}
-	keyID, err := h.b.auth.Identify(context.Background(), string(pk.Connect.Password))
+	p, err := h.b.auth.Identify(context.Background(), string(pk.Connect.Password))
 	switch {
 	case errors.Is(err, ErrAuthUnavailable):
 		return refuse("unavailable", packets.ErrServerUnavailable)
 	case err != nil:
 		return refuse("unauthorized", packets.ErrNotAuthorized)
 	}
-	lease, over := h.b.slots.acquire(hw, cl.ID, keyID)
+	if cerr := h.b.ingest.authorize(p, hw, actConnect, TransportMQTT); cerr != nil {
+		h.b.refused.WithLabelValues(string(cerr.Reason)).Inc()
+		h.b.ingest.auditMQTT(cl, "connect", hw, string(cerr.Reason), "", cerr.Rule)
+		return refuse("", packets.ErrNotAuthorized)
+	}
+	lease, over := h.b.slots.acquire(hw, cl.ID, p.KeyID)
 	if over != nil {
 		if log, suppressed := h.b.slots.logRefusal(over.reason, time.Now()); log {
 			h.b.logger.Warn("MQTT connection refused: "+over.Error(), "reason", over.reason, "setting", over.setting,
-				"limit", over.limit, "hardware_id", hw, "client_id", cl.ID, "key_id", keyID, "remote", cl.Net.Remote,
+				"limit", over.limit, "hardware_id", hw, "client_id", cl.ID, "key_id", p.KeyID, "remote", cl.Net.Remote,
 				"not_logged_since_last", suppressed)
 		}
 		return refuse(over.reason, over.code())
@@ -440,6 +460,10 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	if !ok {
 		lease()
 		return errors.New("gateway: MQTT connection outside the guard") // unreachable: every listener is guarded
+	}
+	g.principal = p
+	if old, ok := h.b.server.Clients.Get(cl.ID); ok && !old.Closed() {
+		h.b.takeover(cl, old, hw, p)
 	}
 	return g.authenticated(lease)
 }
@@ -478,7 +502,11 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if !ok {
 		return pk, packets.CodeSuccessIgnore // unreachable: the ACL admits only device topics
 	}
-	ack, ackMQTT := h.b.ingest.MQTTMessage(h.b.ingest.withRemoteAddr(context.Background(), cl.Net.Remote), hw, kind, pk.Payload)
+	ctx := h.b.ingest.withRemoteAddr(context.Background(), cl.Net.Remote)
+	if g, ok := cl.Net.Conn.(*guardConn); ok {
+		ctx = withPrincipal(ctx, g.principal)
+	}
+	ack, ackMQTT := h.b.ingest.MQTTMessage(ctx, hw, kind, pk.Payload)
 	if ack != nil {
 		h.b.publishAck(hw, *ack)
 	}

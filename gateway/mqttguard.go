@@ -130,6 +130,10 @@ type guardConn struct {
 	// disconnect is the reason code of the packet conform replaced.
 	disconnect *packets.Code
 	entry      admEntry
+	// principal is who the CONNECT authenticated as (set by the gateway
+	// hook's OnConnect, read by its OnPublish: both on the connection's
+	// own goroutine).
+	principal Principal
 
 	mu     sync.Mutex
 	closed bool

@@ -35,6 +35,10 @@ type DevicesConfig struct {
 	// saved locally. Registrations, boots and clock anchors are saved at
 	// once. Default 5s.
 	FlushInterval time.Duration `yaml:"flush_interval"`
+	// TakeoverFlagCount flags a device whose MQTT session is taken over
+	// (another connection with its client ID) more than this many times
+	// within an hour: someone may be impersonating it. Default 5.
+	TakeoverFlagCount int `yaml:"takeover_flag_count"`
 }
 
 func (c DevicesConfig) withDefaults() DevicesConfig {
@@ -49,6 +53,9 @@ func (c DevicesConfig) withDefaults() DevicesConfig {
 	}
 	if c.FlushInterval == 0 {
 		c.FlushInterval = 5 * time.Second
+	}
+	if c.TakeoverFlagCount == 0 {
+		c.TakeoverFlagCount = 5
 	}
 	return c
 }
@@ -68,6 +75,9 @@ func (c DevicesConfig) Validate() error {
 	}
 	if c.FlushInterval < 0 {
 		return errors.New("devices.flush_interval: must not be negative")
+	}
+	if c.TakeoverFlagCount < 0 {
+		return errors.New("devices.takeover_flag_count: must not be negative")
 	}
 	return nil
 }
@@ -114,6 +124,15 @@ type Device struct {
 	// OlderWindows counts accepted batches that started before it.
 	LastTimestampMS int64  `json:"last_timestamp_ms,omitempty"`
 	OlderWindows    uint64 `json:"older_windows"`
+
+	// Takeovers counts MQTT connections that took over the device's
+	// connected session; RecentTakeovers holds the latest within the last
+	// hour, and TakeoverFlagged is set while there are more of them than
+	// devices.takeover_flag_count (an impersonation attempt, or two
+	// devices with one hardware_id).
+	Takeovers       uint64      `json:"takeovers"`
+	RecentTakeovers []time.Time `json:"recent_takeovers,omitempty"`
+	TakeoverFlagged bool        `json:"takeover_flagged"`
 
 	// Version counts changes to what the devices table holds;
 	// CloudVersion is the version last written there.
@@ -227,6 +246,9 @@ func NewRegistry(cfg DevicesConfig, state deviceStore, clock Clock, logger *slog
 	gauge("registered", "Devices that registered.", func(d *Device) bool { return d.Registered })
 	gauge("reboot_loops", "Devices booting more than devices.reboot_loop_boots times within an hour.",
 		func(d *Device) bool { return d.RebootLoop })
+	gauge("takeover_flagged", "Devices whose MQTT session was taken over more than devices.takeover_flag_count times "+
+		"within an hour (an impersonation attempt, or two devices sharing a hardware_id).",
+		func(d *Device) bool { return d.TakeoverFlagged })
 	gauge("cloud_pending", "Devices whose record still has to be written to the devices table.",
 		func(d *Device) bool { return d.Registered && d.Version > d.CloudVersion })
 	return r, nil
@@ -341,6 +363,32 @@ func (r *Registry) boot(d *Device, bootID string, bootAt time.Time) bool {
 	d.RebootLoop = loop
 	d.Version++
 	return true
+}
+
+// Takeover records a takeover of hw's MQTT session and returns the
+// takeovers within the last hour (counted up to
+// devices.takeover_flag_count + 1) and whether that is more than the
+// setting allows. The record is saved with the next flush.
+func (r *Registry) Takeover(hw string) (recent int, flagged bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.clock.Now()
+	d := r.device(hw, now)
+	d.Takeovers++
+	kept := d.RecentTakeovers[:0]
+	for _, t := range d.RecentTakeovers {
+		if now.Sub(t) < time.Hour {
+			kept = append(kept, t)
+		}
+	}
+	kept = append(kept, now)
+	if over := len(kept) - (r.cfg.TakeoverFlagCount + 1); over > 0 {
+		kept = kept[over:] // enough to tell whether the setting is exceeded
+	}
+	d.RecentTakeovers = kept
+	d.TakeoverFlagged = len(kept) > r.cfg.TakeoverFlagCount
+	r.dirty[hw] = true
+	return len(kept), d.TakeoverFlagged
 }
 
 // Anchor returns the clock anchor of a boot, creating it from this batch

@@ -14,6 +14,7 @@ type metrics struct {
 	unprocessed    prometheus.Counter
 	requestItems   prometheus.Histogram
 	deviceUpserts  prometheus.Counter
+	keyWrites      *prometheus.CounterVec
 	up             prometheus.Gauge
 	txLimit        prometheus.Gauge
 	concurrency    prometheus.Gauge
@@ -90,6 +91,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: "gateway", Subsystem: "uplink", Name: "device_upserts_total",
 			Help: "Device records written to the devices table.",
 		}),
+		keyWrites: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "device_key_writes_total",
+			Help: "Device keys written to api_keys, by kind: issued (at a device's enrollment), revoked (at an operator's reset).",
+		}, []string{"kind"}),
 		up: f.NewGauge(prometheus.GaugeOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "up",
 			Help: "1 while the last forwarding round succeeded, 0 while the uplink is failing.",

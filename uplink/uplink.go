@@ -245,12 +245,17 @@ type Uplink struct {
 	cfg     Config
 	store   Store
 	devices DeviceSource
-	db      DynamoDB
-	probe   Prober
-	tables  cloud.Tables
-	logger  *slog.Logger
-	metrics *metrics
-	clock   Clock
+	// keys and keyWriter write device keys to api_keys (SetKeys; nil:
+	// none); keyLoggedAt is Run's last warning about them.
+	keys        KeySource
+	keyWriter   KeyWriter
+	keyLoggedAt time.Time
+	db          DynamoDB
+	probe       Prober
+	tables      cloud.Tables
+	logger      *slog.Logger
+	metrics     *metrics
+	clock       Clock
 
 	limiter  *aimd
 	marks    deliveryGroup
@@ -430,6 +435,7 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 	if err != nil {
 		return 0, false, err
 	}
+	u.writeKeys(ctx)
 	reserve := 0
 	if u.index != nil {
 		if err := u.index.extend(64); err != nil {

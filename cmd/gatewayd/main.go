@@ -171,10 +171,16 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		return fmt.Errorf("configuring DynamoDB: %w", err)
 	}
 
-	auth, err := gateway.NewAuthenticator(cfg.Auth, peppers, cloud.NewKeys(keysClient, tables.APIKeys, pepper), buf, logger, reg)
+	keyStore := cloud.NewKeys(keysClient, tables.APIKeys, pepper)
+	auth, err := gateway.NewAuthenticator(cfg.Auth, peppers, keyStore, buf, logger, reg)
 	if err != nil {
 		return err
 	}
+	deviceKeys, err := gateway.NewDeviceKeys(cfg.Auth.DeviceKeys, peppers, buf, logger, reg)
+	if err != nil {
+		return err
+	}
+	auth.UseDeviceKeys(deviceKeys)
 	devices, err := gateway.NewRegistry(cfg.Devices, buf, clk, logger, reg)
 	if err != nil {
 		return err
@@ -189,6 +195,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	}
 	defer auditLog.Close() // idempotent: its Run closes it on the way out
 	ingest.SetAudit(auditLog)
+	ingest.SetDeviceKeys(deviceKeys)
 	// The MQTT side: the embedded broker, or a consumer of an external one.
 	var mqttRun func(context.Context) error
 	mqttWhere := ""
@@ -216,6 +223,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	if err != nil {
 		return err
 	}
+	up.SetKeys(deviceKeys, keyStore)
 	ready := func() error {
 		if ctx.Err() != nil {
 			return errors.New("shutting down")
@@ -223,7 +231,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		return nil
 	}
 	api, err := gateway.NewHTTPServer(cfg.HTTP, gateway.HTTPDeps{
-		Ingest: ingest, Auth: auth, Devices: devices, History: buf, AdminToken: adminToken, DeadLetters: buf,
+		Ingest: ingest, Auth: auth, Devices: devices, DeviceKeys: deviceKeys, History: buf, AdminToken: adminToken, DeadLetters: buf,
 		Uplink:  up.Report,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready, Audit: auditLog,
 		Registerer: reg,
