@@ -149,17 +149,20 @@ func TestAuthenticatorIdentify(t *testing.T) {
 		keys.mu.Lock()
 		keys.down = down
 		keys.mu.Unlock()
-		id, err := auth.Identify(ctx, goodKey)
+		p, err := auth.Identify(ctx, goodKey)
 		require.NoError(t, err)
-		require.Equal(t, "k1", id, "table down: %v", down)
+		require.Equal(t, gateway.Principal{KeyID: "k1"}, p, "table down: %v", down)
+		p, err = auth.Identify(ctx, boundKey)
+		require.NoError(t, err)
+		require.Equal(t, gateway.Principal{KeyID: "kB", HardwareID: hwBound}, p, "a device key is bound; table down: %v", down)
 	}
 	id, err := auth.Identify(ctx, otherKey)
 	require.ErrorIs(t, err, gateway.ErrAuthUnavailable)
-	require.Empty(t, id)
+	require.Zero(t, id)
 	keys.mu.Lock()
 	keys.down = false
 	keys.mu.Unlock()
 	id, err = auth.Identify(ctx, otherKey)
 	require.ErrorIs(t, err, gateway.ErrUnauthorized)
-	require.Empty(t, id)
+	require.Zero(t, id)
 }

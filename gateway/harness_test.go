@@ -29,6 +29,9 @@ const (
 	pepper   = "test-pepper"
 	goodKey  = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	otherKey = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+	// boundKey is key kB, bound to hwBound.
+	boundKey = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
+	hwBound  = "AA:00:00:00:00:0B"
 )
 
 // fakeKeys is an api_keys table in memory.
@@ -45,6 +48,7 @@ type fakeKeys struct {
 func newFakeKeys() *fakeKeys {
 	return &fakeKeys{keys: map[string]cloud.KeyInfo{
 		"k1": {KeyID: "k1", Hash: cloud.HashKey(pepper, goodKey), Active: true},
+		"kB": {KeyID: "kB", Hash: cloud.HashKey(pepper, boundKey), Active: true, HardwareID: hwBound},
 	}, touched: map[string]int{}}
 }
 
@@ -102,13 +106,14 @@ func (failingStore) Commit(context.Context, []buffer.Entry) ([]buffer.Outcome, e
 }
 
 type harness struct {
-	buf      *buffer.Buffer
-	devices  *gateway.Registry
-	reg      *prometheus.Registry
-	keys     *fakeKeys
-	mqttAddr string
-	httpURL  string
-	auditDir string
+	buf        *buffer.Buffer
+	devices    *gateway.Registry
+	deviceKeys *gateway.DeviceKeys
+	reg        *prometheus.Registry
+	keys       *fakeKeys
+	mqttAddr   string
+	httpURL    string
+	auditDir   string
 }
 
 // gatewayOptions change startGateway's configuration.
@@ -143,6 +148,10 @@ func startGateway(t *testing.T, store gateway.Committer, options ...func(*gatewa
 	require.NoError(t, err)
 	ingest, err := gateway.NewIngest(opts.ingest, store, devices, opts.clock, nil, reg)
 	require.NoError(t, err)
+	deviceKeys, err := gateway.NewDeviceKeys(opts.auth.DeviceKeys, gateway.Peppers{Current: pepper}, buf, nil, reg)
+	require.NoError(t, err)
+	auth.UseDeviceKeys(deviceKeys)
+	ingest.SetDeviceKeys(deviceKeys)
 	auditDir := t.TempDir()
 	auditLog, err := audit.Open(auditDir, audit.Config{}, nil, nil, reg)
 	require.NoError(t, err)
@@ -151,8 +160,9 @@ func startGateway(t *testing.T, store gateway.Committer, options ...func(*gatewa
 	require.NoError(t, err)
 	require.NoError(t, broker.Listen())
 	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0", MaxBodyBytes: 64 << 10}, gateway.HTTPDeps{
-		Ingest: ingest, Auth: auth, Devices: devices, History: buf, AdminToken: adminToken, DeadLetters: buf,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return nil }, Audit: auditLog,
+		Ingest: ingest, Auth: auth, Devices: devices, DeviceKeys: deviceKeys, History: buf, AdminToken: adminToken,
+		DeadLetters: buf, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return nil },
+		Audit: auditLog,
 	}, nil)
 	require.NoError(t, err)
 	require.NoError(t, api.Listen())
@@ -173,7 +183,7 @@ func startGateway(t *testing.T, store gateway.Committer, options ...func(*gatewa
 		cancel()
 		wg.Wait()
 	})
-	return &harness{buf: buf, devices: devices, reg: reg, keys: keys, mqttAddr: "tcp://" + broker.Addr(), httpURL: "http://" + api.Addr(),
+	return &harness{buf: buf, devices: devices, deviceKeys: deviceKeys, reg: reg, keys: keys, mqttAddr: "tcp://" + broker.Addr(), httpURL: "http://" + api.Addr(),
 		auditDir: auditDir}
 }
 
