@@ -15,7 +15,9 @@
 //
 //	--mqtt-url URL          MQTT broker (default tcp://127.0.0.1:1883 unless --http-url is set)
 //	--http-url URL          gateway HTTP base URL, to send over HTTP instead of MQTT
-//	--api-key KEY           API key: MQTT password or HTTP bearer token (default $DEVICESIM_API_KEY)
+//	--api-key KEY           fleet API key: MQTT password or HTTP bearer token of devices without a
+//	                        device key (default $DEVICESIM_API_KEY)
+//	--key-store FILE        JSON file keeping the device keys the devices enroll with (default: memory)
 //	--devices N             number of simulated devices (3)
 //	--first-mac MAC         hardware_id of the first device (02:00:00:00:00:01)
 //	--firmware-version V    firmware_version sent by the devices (1.0.16)
@@ -42,6 +44,17 @@
 // POST /v1/register); with --clock-sync-after it has no NTP time again until the delay passes.
 // Its offline buffer is in flash and survives: batches of earlier boots keep their boot_id,
 // batch_id and seq and are sent first. Batches and duration count over all boots.
+//
+// Devices enroll as firmware does: when a register answer (MQTT ack or HTTP body) carries
+// "device_key" and "device_key_id", the device stores the key and from then on uses it instead
+// of the fleet key, as MQTT password (it reconnects with it) or HTTP bearer token. With
+// --key-store FILE the keys are kept in FILE ({"<hardware_id>":"<device key>",...}, written
+// atomically with mode 0600 before a key is used) and read at start, so that a restarted
+// simulator keeps using them; without it they are kept in memory and a restart loses them (the
+// gateway then refuses the fleet key for devices bound to their device key until an operator
+// runs gatewayctl devices reset-key). A refusal of the key (device_key_required, forbidden,
+// CONNACK not authorized) is logged as an error saying what to do; the device keeps its
+// batches and waits the backoff's cap (30s) before it tries again.
 //
 // With --report FILE, every batch that received a final answer (accepted, duplicate, or a
 // rejection other than buffer_full and unknown_device) is written to FILE as one JSON line:
@@ -122,13 +135,15 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (de
 			"Simulated greenhouse ESP32 devices for the gateway. Each device registers at every boot,\n"+
 			"sends batches of readings and keeps them in its offline buffer until the gateway confirms\n"+
 			"them. With --reboot-every, devices reboot: new boot_id, seq and uptime from 0, the\n"+
-			"connection cut without a DISCONNECT, the buffer kept and its old batches sent first.\n\nFlags:\n")
+			"connection cut without a DISCONNECT, the buffer kept and its old batches sent first.\n"+
+			"A device issued a device key when it registers stores it (--key-store) and uses it from then on.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 
 	fs.StringVar(&cfg.MQTTURL, "mqtt-url", "", "MQTT broker URL (default "+defaultMQTTURL+" unless --http-url is set)")
 	fs.StringVar(&cfg.HTTPURL, "http-url", "", "gateway HTTP base URL, e.g. http://127.0.0.1:8080, to send over HTTP instead of MQTT")
-	fs.StringVar(&cfg.APIKey, "api-key", "", "API key: MQTT password or HTTP bearer token (default $"+envAPIKey+")")
+	fs.StringVar(&cfg.APIKey, "api-key", "", "fleet API key: MQTT password or HTTP bearer token of devices without a device key (default $"+envAPIKey+")")
+	fs.StringVar(&cfg.KeyStorePath, "key-store", "", "JSON file keeping the device keys devices enroll with, read at start (default: in memory, lost at exit)")
 	fs.IntVar(&cfg.Devices, "devices", cfg.Devices, "number of simulated devices")
 	fs.StringVar(&cfg.FirstMAC, "first-mac", cfg.FirstMAC, "hardware_id of the first device; the others get the following MACs")
 	fs.StringVar(&cfg.FirmwareVersion, "firmware-version", cfg.FirmwareVersion, "firmware_version sent by the devices")

@@ -75,6 +75,14 @@ func TestParseFlags(t *testing.T) {
 				require.Equal(t, "r.jsonl", cfg.ReportPath)
 				require.Equal(t, 2, cfg.MaxInflight)
 				require.Equal(t, "2.0.0", cfg.FirmwareVersion)
+				require.Empty(t, cfg.KeyStorePath, "device keys in memory by default")
+			},
+		},
+		{
+			name: "key store",
+			args: []string{"--api-key", "k", "--key-store", "keys.json"},
+			check: func(t *testing.T, cfg devicesim.Config) {
+				require.Equal(t, "keys.json", cfg.KeyStorePath)
 			},
 		},
 		{
@@ -122,13 +130,20 @@ func TestRunExitCodes(t *testing.T) {
 	require.Contains(t, stderr.String(), "devices")
 	var help bytes.Buffer
 	require.Equal(t, 0, run([]string{"-h"}, noEnv, &help), "help")
-	for _, f := range []string{"-reboot-every", "-reboots", "-clock-sync-after", "-qos"} {
+	for _, f := range []string{"-reboot-every", "-reboots", "-clock-sync-after", "-qos", "-key-store"} {
 		require.Contains(t, help.String(), f)
 	}
 
 	missing := filepath.Join(t.TempDir(), "no", "such", "dir", "report.jsonl")
 	require.Equal(t, 1, run([]string{"--http-url", "http://127.0.0.1:1", "--api-key", "k", "--report", missing},
 		noEnv, &bytes.Buffer{}), "setup error: the report cannot be created")
+
+	badStore := filepath.Join(t.TempDir(), "keys.json")
+	require.NoError(t, os.WriteFile(badStore, []byte(`{"02:00:00:00:00:01":"short"}`), 0o600))
+	stderr.Reset()
+	require.Equal(t, 1, run([]string{"--http-url", "http://127.0.0.1:1", "--api-key", "k", "--key-store", badStore},
+		noEnv, &stderr), "setup error: the key store does not read")
+	require.Contains(t, stderr.String(), "the key of 02:00:00:00:00:01 must be 64 lower-case hexadecimal digits")
 }
 
 func TestRunHTTP(t *testing.T) {

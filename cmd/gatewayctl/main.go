@@ -5,9 +5,10 @@
 //
 //	gatewayctl tables create [flags]
 //	gatewayctl tables probe [flags]
-//	gatewayctl keys create [flags] [--description TEXT]
+//	gatewayctl keys create [flags] [--description TEXT] [--hardware-id HW]
 //	gatewayctl keys revoke [flags] KEY_ID
-//	gatewayctl keys list [flags]
+//	gatewayctl keys list [flags] [--json]
+//	gatewayctl devices reset-key [--url URL] [--admin-token-file FILE] HW
 //	gatewayctl readings latest [flags]
 //	gatewayctl status [--url URL] [--admin-token-file FILE] [--json]
 //	gatewayctl buffer inspect|export|dead-letters|reforward [flags]
@@ -18,10 +19,16 @@
 // from the SDK's default chain. keys create needs the pepper, from --api-key-pepper-file
 // (GATEWAY_API_KEY_PEPPER_FILE) or GATEWAY_API_KEY_PEPPER. Exit status: 0 success, 1 error,
 // 2 wrong usage.
+//
+// A key created with --hardware-id is a device key: it authenticates that one device only.
+// Other keys are fleet keys, which any device may use (and which enroll a device: its first
+// registration answers its own device key). devices reset-key asks a running gatewayd to
+// revoke a device's key so that the device can enroll again.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -38,6 +45,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"greenhouse-gateway/internal/cloud"
+	"greenhouse-gateway/internal/contract"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -70,9 +78,12 @@ const mainUsage = `usage: gatewayctl <command> [flags] [arguments]
 commands:
   tables create   create the four DynamoDB tables (idempotent), wait until active, enable TTL
   tables probe    print how many actions one TransactWriteItems accepts here (100, 25 or 10)
-  keys create     create a device API key; prints only the raw key on stdout
+  keys create     create an API key (a fleet key, or with --hardware-id HW a device key
+                  bound to that device); prints only the raw key on stdout
   keys revoke     revoke an API key: gatewayctl keys revoke [flags] KEY_ID
-  keys list       list API keys, newest first
+  keys list       list API keys, newest first, with their binding (hardware_id or fleet)
+  devices reset-key  let a device that lost its device key enroll again (asks a running
+                  gatewayd): gatewayctl devices reset-key [--url URL] HW
   readings latest print the newest readings in device_readings
   status          ask a running gatewayd for its readiness, uplink, devices and dead letters
   buffer inspect  check a stopped gatewayd's buffer and print what it holds
@@ -108,11 +119,17 @@ var commands = []command{
 		"missing, wait until they are ACTIVE and enable TTL on expiration_time.", setup: setupTablesCreate},
 	{name: "tables probe", about: "Print how many actions one TransactWriteItems accepts on the endpoint (100 on AWS,\n" +
 		"10 on DynamoDB Local 1.11.478). Writes nothing; needs the processed_batches table.", setup: setupTablesProbe},
-	{name: "keys create", args: "[--description TEXT]", about: "Create an active API key. The raw key is printed on stdout, alone, and only once;\n" +
-		"the key id and details go to stderr.", setup: setupKeysCreate},
+	{name: "keys create", args: "[--description TEXT] [--hardware-id HW]", about: "Create an active API key. The raw key is printed on stdout, alone, and only once;\n" +
+		"the key id and its binding go to stderr. Without --hardware-id it is a fleet key, which any\n" +
+		"device may use; with it, a device key that authenticates only the device HW.", setup: setupKeysCreate},
 	{name: "keys revoke", args: "KEY_ID", npos: 1, about: "Mark the API key KEY_ID inactive.", setup: setupKeysRevoke},
-	{name: "keys list", about: "List API keys, newest first: key_id, active, created_at, last_used_at, description.",
-		setup: setupKeysList},
+	{name: "keys list", args: "[--json]", about: "List API keys, newest first: key_id, active, binding (the hardware_id of a device\n" +
+		"key, or fleet), created_at, last_used_at, description.", setup: setupKeysList},
+	{name: "devices reset-key", local: true, args: "[--url URL] [--admin-token-file FILE] HW", npos: 1,
+		about: "Ask a running gatewayd (POST /v1/devices/HW/reset-key) to revoke the device key of HW, at\n" +
+			"once on the gateway and in api_keys through its uplink, so that the device's next\n" +
+			"registration with a fleet key enrolls it again (a device that lost its key). The admin\n" +
+			"token comes from --admin-token-file or GATEWAY_ADMIN_TOKEN.", setup: setupDevicesResetKey},
 	{name: "readings latest", args: "[--hardware-id HW] [--limit N]", about: "Print the newest readings in device_readings, read straight from DynamoDB.",
 		setup: setupReadingsLatest},
 	{name: "status", local: true, args: "[--url URL] [--admin-token-file FILE] [--json]", about: "Ask a running gatewayd (GET /readyz, /v1/uplink, /v1/devices, /v1/dead-letters)\n" +
@@ -323,7 +340,14 @@ func registerPepperFlag(fs *flag.FlagSet, getenv func(string) string) *string {
 func setupKeysCreate(fs *flag.FlagSet, getenv func(string) string) func(context.Context, *cmdEnv, []string) error {
 	pepperFile := registerPepperFlag(fs, getenv)
 	description := fs.String("description", "", "operator's note stored with the key, e.g. \"greenhouse 3 sensors\"")
+	hardwareID := fs.String("hardware-id", "", "bind the key to this device (e.g. AA:BB:CC:DD:EE:FF): it authenticates that hardware_id only; "+
+		"without it, a fleet key any device may use")
 	return func(ctx context.Context, env *cmdEnv, _ []string) error {
+		if *hardwareID != "" {
+			if err := contract.ValidHardwareID(*hardwareID); err != nil {
+				return usageError{msg: "--hardware-id: " + contract.AsError(err).Rule}
+			}
+		}
 		envPepperValue := env.getenv(envPepper)
 		if *pepperFile == "" && envPepperValue == "" {
 			_, err := cloud.LoadPepper("", "")
@@ -337,13 +361,17 @@ func setupKeysCreate(fs *flag.FlagSet, getenv func(string) string) func(context.
 		if err != nil {
 			return err
 		}
-		raw, info, err := cloud.NewKeys(client, tables.APIKeys, pepper).Create(ctx, *description)
+		raw, info, err := cloud.NewKeys(client, tables.APIKeys, pepper).CreateBound(ctx, *description, *hardwareID)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintln(env.stdout, raw)
-		fmt.Fprintf(env.stderr, "created api key %s in %s (created_at %s); the raw key on stdout is not stored and cannot be shown again\n",
-			info.KeyID, tables.APIKeys, cloud.FormatTime(info.CreatedAt))
+		binding := "a fleet key: any device may use it"
+		if info.HardwareID != "" {
+			binding = "a device key bound to hardware_id " + info.HardwareID + ": it authenticates that device only"
+		}
+		fmt.Fprintf(env.stderr, "created api key %s in %s (created_at %s), %s; the raw key on stdout is not stored and cannot be shown again\n",
+			info.KeyID, tables.APIKeys, cloud.FormatTime(info.CreatedAt), binding)
 		return nil
 	}
 }
@@ -363,8 +391,38 @@ func setupKeysRevoke(fs *flag.FlagSet, getenv func(string) string) func(context.
 	}
 }
 
+// keyView is one key as keys list --json prints it: never its hash.
+type keyView struct {
+	KeyID  string `json:"key_id"`
+	Active bool   `json:"active"`
+	// Binding is the hardware_id of a device key, or "fleet".
+	Binding string `json:"binding"`
+	// HardwareID is the hardware_id of a device key; null for a fleet key.
+	HardwareID  *string `json:"hardware_id"`
+	CreatedAt   string  `json:"created_at"`
+	LastUsedAt  *string `json:"last_used_at"`
+	Description string  `json:"description"`
+}
+
+// bindingFleet is the binding keys list shows for a key bound to no device.
+const bindingFleet = "fleet"
+
+func newKeyView(k cloud.KeyInfo) keyView {
+	v := keyView{KeyID: k.KeyID, Active: k.Active, Binding: bindingFleet, CreatedAt: cloud.FormatTime(k.CreatedAt),
+		Description: k.Description}
+	if k.HardwareID != "" {
+		v.Binding, v.HardwareID = k.HardwareID, &k.HardwareID
+	}
+	if !k.LastUsedAt.IsZero() {
+		lastUsed := cloud.FormatTime(k.LastUsedAt)
+		v.LastUsedAt = &lastUsed
+	}
+	return v
+}
+
 func setupKeysList(fs *flag.FlagSet, getenv func(string) string) func(context.Context, *cmdEnv, []string) error {
 	registerPepperFlag(fs, getenv)
+	asJSON := fs.Bool("json", false, "print the keys as a JSON array")
 	return func(ctx context.Context, env *cmdEnv, _ []string) error {
 		client, tables, err := env.client(ctx)
 		if err != nil {
@@ -374,15 +432,24 @@ func setupKeysList(fs *flag.FlagSet, getenv func(string) string) func(context.Co
 		if err != nil {
 			return err
 		}
+		views := make([]keyView, len(keys))
+		for i, k := range keys {
+			views[i] = newKeyView(k)
+		}
+		if *asJSON {
+			enc := json.NewEncoder(env.stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(views)
+		}
 		tw := tabwriter.NewWriter(env.stdout, 0, 8, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY_ID\tACTIVE\tCREATED_AT\tLAST_USED_AT\tDESCRIPTION")
-		for _, k := range keys {
+		fmt.Fprintln(tw, "KEY_ID\tACTIVE\tBINDING\tCREATED_AT\tLAST_USED_AT\tDESCRIPTION")
+		for _, v := range views {
 			lastUsed := "-"
-			if !k.LastUsedAt.IsZero() {
-				lastUsed = cloud.FormatTime(k.LastUsedAt)
+			if v.LastUsedAt != nil {
+				lastUsed = *v.LastUsedAt
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.KeyID, strconv.FormatBool(k.Active),
-				cloud.FormatTime(k.CreatedAt), lastUsed, oneLine(k.Description))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", v.KeyID, strconv.FormatBool(v.Active), v.Binding,
+				v.CreatedAt, lastUsed, oneLine(v.Description))
 		}
 		return tw.Flush()
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -104,6 +105,11 @@ func TestGatewayctl(t *testing.T) {
 			{name: "bad endpoint", args: []string{"tables", "create", "--dynamodb-endpoint", "localhost:8000"}, wantCode: 2, wantStderr: `--dynamodb-endpoint (GATEWAY_DYNAMODB_ENDPOINT) "localhost:8000": want an absolute http or https URL`},
 			{name: "bad prefix from env", env: []string{"GATEWAY_TABLE_PREFIX=a/b"}, args: []string{"keys", "list"}, wantCode: 2, wantStderr: `--table-prefix (GATEWAY_TABLE_PREFIX) "a/b": only`},
 			{name: "create without pepper", args: []string{"keys", "create", "--dynamodb-endpoint", "http://127.0.0.1:1"}, wantCode: 2, wantStderr: "GATEWAY_API_KEY_PEPPER"},
+			{name: "bound key, lower case", args: []string{"keys", "create", "--hardware-id", "aa:bb:cc:dd:ee:ff"}, wantCode: 2,
+				wantStderr: `gatewayctl keys create: --hardware-id: must be upper case, like AA:BB:CC:DD:EE:FF, got "aa:bb:cc:dd:ee:ff"`},
+			{name: "bound key, not a MAC", args: []string{"keys", "create", "--hardware-id", "sensor-1"}, wantCode: 2,
+				wantStderr: `--hardware-id: must be a MAC address in upper case, like AA:BB:CC:DD:EE:FF (^[0-9A-F]{2}(:[0-9A-F]{2}){5}$), got "sensor-1"`},
+			{name: "devices without subcommand", args: []string{"devices"}, wantCode: 2, wantStderr: `"devices" needs a subcommand`},
 			{name: "subcommand help", args: []string{"keys", "revoke", "-h"}, wantCode: 0, wantStderr: "usage: gatewayctl keys revoke [flags] KEY_ID"},
 		}
 		for _, tt := range tests {
@@ -170,13 +176,46 @@ func TestGatewayctl(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, found, "the pepper file must win over GATEWAY_API_KEY_PEPPER")
 
+		require.Empty(t, infoA.HardwareID, "a key without --hardware-id is a fleet key")
+
+		// A device key: bound to its hardware_id, said on stderr; stdout is the raw key alone.
+		const hw = "AA:BB:CC:DD:EE:01"
+		r = g.run(t, []string{"GATEWAY_API_KEY_PEPPER=env-pepper"},
+			append([]string{"keys", "create", "--hardware-id", hw, "--description", "sensor 1"}, flags...)...)
+		require.Equal(t, 0, r.code)
+		require.Regexp(t, rawKeyLine, r.stdout)
+		require.Contains(t, r.stderr, "a device key bound to hardware_id "+hw+": it authenticates that device only")
+		infoC, found, err := cloud.NewKeys(client, tables.APIKeys, "env-pepper").Lookup(t.Context(), strings.TrimSpace(r.stdout))
+		require.NoError(t, err)
+		require.True(t, found)
+		require.Equal(t, hw, infoC.HardwareID)
+		require.Equal(t, "sensor 1", infoC.Description)
+
 		r = g.run(t, nil, append([]string{"keys", "list"}, flags...)...)
 		require.Equal(t, 0, r.code)
 		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-		require.Len(t, lines, 3)
-		require.Regexp(t, `^KEY_ID\s+ACTIVE\s+CREATED_AT\s+LAST_USED_AT\s+DESCRIPTION$`, lines[0])
-		require.Regexp(t, `^`+infoA.KeyID+`\s+true\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\s+-\s+greenhouse A$`, findLine(t, lines, infoA.KeyID))
-		require.Regexp(t, `^`+infoB.KeyID+`\s+true\s+\S+\s+-\s*$`, findLine(t, lines, infoB.KeyID))
+		require.Len(t, lines, 4)
+		require.Regexp(t, `^KEY_ID\s+ACTIVE\s+BINDING\s+CREATED_AT\s+LAST_USED_AT\s+DESCRIPTION$`, lines[0])
+		require.Regexp(t, `^`+infoA.KeyID+`\s+true\s+fleet\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\s+-\s+greenhouse A$`, findLine(t, lines, infoA.KeyID))
+		require.Regexp(t, `^`+infoB.KeyID+`\s+true\s+fleet\s+\S+\s+-\s*$`, findLine(t, lines, infoB.KeyID))
+		require.Regexp(t, `^`+infoC.KeyID+`\s+true\s+`+hw+`\s+\S+\s+-\s+sensor 1$`, findLine(t, lines, infoC.KeyID))
+
+		r = g.run(t, nil, append([]string{"keys", "list", "--json"}, flags...)...)
+		require.Equal(t, 0, r.code)
+		var listed []map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &listed))
+		require.Len(t, listed, 3)
+		byID := map[string]map[string]any{}
+		for _, k := range listed {
+			byID[k["key_id"].(string)] = k
+			require.NotContains(t, k, "api_key_hash")
+			require.NotContains(t, r.stdout, infoA.Hash, "keys list never prints a hash")
+		}
+		require.Equal(t, map[string]any{"key_id": infoA.KeyID, "active": true, "binding": "fleet", "hardware_id": nil,
+			"created_at": cloud.FormatTime(infoA.CreatedAt), "last_used_at": nil, "description": "greenhouse A"}, byID[infoA.KeyID])
+		require.Equal(t, map[string]any{"key_id": infoC.KeyID, "active": true, "binding": hw, "hardware_id": hw,
+			"created_at": cloud.FormatTime(infoC.CreatedAt), "last_used_at": nil, "description": "sensor 1"}, byID[infoC.KeyID])
+		require.Equal(t, "fleet", byID[infoB.KeyID]["binding"])
 
 		// Flags after the key id work too.
 		r = g.run(t, nil, append([]string{"keys", "revoke", infoA.KeyID}, flags...)...)

@@ -3,7 +3,10 @@
 #
 # It starts AWS DynamoDB Local (in memory), creates the four tables and a
 # development API key, starts gatewayd with its embedded MQTT broker and
-# HTTP API, starts a few simulated devices, and prints where to look.
+# HTTP API, starts a few simulated devices, and prints where to look. The
+# devices enroll with that fleet key and keep the device keys they are issued
+# in .run/device-keys.json, next to the gateway's buffer in .run/data, so both
+# sides still agree after a restart.
 # Ctrl-C stops everything. Ports can be changed through the environment:
 # DYNAMODB_PORT (8000), MQTT_PORT (1883), HTTP_PORT (8080), DEVICES (3),
 # INTERVAL (5s), REBOOT_EVERY (2m: devices reboot about that often),
@@ -83,7 +86,8 @@ done
 
 bin/devicesim --mqtt-url "tcp://127.0.0.1:${MQTT_PORT}" --api-key "${API_KEY}" \
 	--devices "${DEVICES}" --interval "${INTERVAL}" --reboot-every "${REBOOT_EVERY}" \
-	--clock-sync-after "${CLOCK_SYNC_AFTER}" 2>"${RUN_DIR}/devicesim.log" &
+	--clock-sync-after "${CLOCK_SYNC_AFTER}" --key-store "${RUN_DIR}/device-keys.json" \
+	2>"${RUN_DIR}/devicesim.log" &
 pids+=($!)
 
 cat <<EOF
@@ -95,7 +99,8 @@ greenhouse-gateway is running.
   health          http://127.0.0.1:${HTTP_PORT}/healthz  /readyz
   DynamoDB Local  ${ENDPOINT}  (tables devices, device_readings, processed_batches, api_keys)
   logs            ${RUN_DIR}/gatewayd.log  ${RUN_DIR}/devicesim.log
-  API key         ${API_KEY}
+  API key         ${API_KEY}  (fleet key: devices enroll with it)
+  device keys     ${RUN_DIR}/device-keys.json  (what the simulated devices were issued)
 
 ${DEVICES} simulated devices publish a batch every ${INTERVAL}, reboot about every ${REBOOT_EVERY}
 and start each boot without NTP time for ${CLOCK_SYNC_AFTER} (the gateway repairs those timestamps).

@@ -26,12 +26,20 @@ func TestAckExamples(t *testing.T) {
 			dec.DisallowUnknownFields()
 			require.NoError(t, dec.Decode(&a))
 			require.Equal(t, string(data), string(mustMarshal(t, a)))
+			require.Equal(t, string(data), string(EncodeAck(a)), "the MQTT encoder writes the same bytes")
 
 			// The constructors give the same ack.
 			var rebuilt Ack
 			switch {
 			case a.Type == AckTypeRegister && a.Status == StatusRegistered:
 				rebuilt = RegisterAck(a.ConfirmationID, nil)
+				if a.DeviceKey != "" || a.DeviceKeyID != "" {
+					// The enrolling answer: both fields, in their form.
+					require.Regexp(t, `^[0-9a-f]{64}$`, a.DeviceKey)
+					require.NoError(t, ValidUUIDv4(a.DeviceKeyID))
+					require.Equal(t, strings.ToLower(a.DeviceKeyID), a.DeviceKeyID)
+					rebuilt.DeviceKey, rebuilt.DeviceKeyID = a.DeviceKey, a.DeviceKeyID
+				}
 			case a.Type == AckTypeRegister:
 				rebuilt = RegisterAck("", &Error{Reason: *a.Reason, Rule: *a.Message})
 			case a.Status == StatusRejected:

@@ -30,7 +30,9 @@ type Config struct {
 	// HTTPURL is the gateway's HTTP base URL, for example "http://127.0.0.1:8080". Batches are
 	// posted to HTTPURL + "/v1/readings" and registrations to HTTPURL + "/v1/register".
 	HTTPURL string
-	// APIKey is the raw API key: the MQTT password, or the HTTP bearer token. Required.
+	// APIKey is the raw fleet key: the MQTT password, or the HTTP bearer token, of every
+	// device that has no device key yet (one it was issued when it enrolled, kept in the key
+	// store). Required.
 	APIKey string
 
 	// Devices is the number of simulated devices, 1..MaxDevices. Default 3.
@@ -99,6 +101,12 @@ type Config struct {
 	// ReportPath, if set, is a file that receives one JSON line (a [ReportLine]) per batch that
 	// received a final answer. It is created (truncated) when Run starts.
 	ReportPath string
+	// KeyStorePath, if set, is the JSON file that keeps the device keys the devices were
+	// issued when they enrolled ({"<hardware_id>":"<device key>",...}), written atomically
+	// with mode 0600 before a device uses its key, and read when Run starts: a device found
+	// there uses its device key instead of APIKey. Empty keeps the keys in memory, for one
+	// run.
+	KeyStorePath string
 	// SummaryInterval is the time between two per-device summary log lines. Zero disables them;
 	// the final summary is always logged. Default 30s.
 	SummaryInterval time.Duration

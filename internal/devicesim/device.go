@@ -26,6 +26,13 @@ const (
 	causeReboot       = "reboot"       // the device rebooted while the batch was in flight
 )
 
+// What key a device uses, as reported in [DeviceStats.Key].
+const (
+	keyFleet    = "fleet"    // the fleet key (Config.APIKey): no device key yet
+	keyStored   = "stored"   // its device key, read from the key store at start
+	keyEnrolled = "enrolled" // its device key, received in a register answer during this run
+)
+
 // eventBuffer is the capacity of a device's event channel.
 const eventBuffer = 256
 
@@ -55,13 +62,18 @@ type DeviceStats struct {
 	// Rejected counts batches dropped after a final rejection, by reason.
 	Rejected map[string]int
 	// Retried counts failed attempts that kept the batch for a later retry, by cause:
-	// "buffer_full", "unknown_device", "timeout", "transport", "disconnected", "reboot",
-	// "unexpected".
+	// "buffer_full", "unknown_device", "forbidden", "device_key_required", "timeout",
+	// "transport", "disconnected", "reboot", "unexpected".
 	Retried map[string]int
 	// Overflow is the number of unconfirmed batches dropped because the offline buffer was full.
 	Overflow int
 	// Pending is the number of unconfirmed batches left in the buffer when the device stopped.
 	Pending int
+	// Key is the key the device used last: "fleet" (Config.APIKey), "stored" (its device key
+	// from the key store) or "enrolled" (its device key, issued in a register answer during
+	// the run). DeviceKeyID is the key_id of a device key issued during the run.
+	Key         string
+	DeviceKeyID string
 }
 
 func (s *DeviceStats) rejectedTotal() int { return sumCounts(s.Rejected) }
@@ -114,6 +126,9 @@ type device struct {
 	now        func() time.Time
 	newBootID  func() (string, error)
 	regPayload []byte
+	keys       *keyStore
+	key        string // the MQTT password / HTTP bearer token: the device key once it has one
+	redial     bool   // a new key was stored: reconnect with it
 
 	stats DeviceStats
 
@@ -144,11 +159,16 @@ func randomBootID() (string, error) {
 }
 
 // newDevice prepares a device. jitter drives the backoff and rebootRNG the time between
-// reboots, so that reboot times depend on the seed only, not on what the network does.
-func newDevice(cfg *Config, logger *slog.Logger, gen *generator, dial dialFunc, report *reportWriter, jitter, rebootRNG *rand.Rand, now func() time.Time) (*device, error) {
+// reboots, so that reboot times depend on the seed only, not on what the network does. The
+// device uses its key from keys if it has one there, the fleet key otherwise.
+func newDevice(cfg *Config, logger *slog.Logger, gen *generator, dial dialFunc, report *reportWriter, keys *keyStore, jitter, rebootRNG *rand.Rand, now func() time.Time) (*device, error) {
 	regPayload, err := json.Marshal(gen.registration())
 	if err != nil {
 		return nil, fmt.Errorf("encoding registration of %s: %w", gen.hardwareID, err)
+	}
+	key, source := cfg.APIKey, keyFleet
+	if stored, ok := keys.get(gen.hardwareID); ok {
+		key, source = stored, keyStored
 	}
 	return &device{
 		cfg:        cfg,
@@ -162,11 +182,14 @@ func newDevice(cfg *Config, logger *slog.Logger, gen *generator, dial dialFunc, 
 		now:        now,
 		newBootID:  randomBootID,
 		regPayload: regPayload,
+		keys:       keys,
+		key:        key,
 		stats: DeviceStats{
 			HardwareID: gen.hardwareID,
 			BootID:     gen.bootID,
 			Rejected:   map[string]int{},
 			Retried:    map[string]int{},
+			Key:        source,
 		},
 	}, nil
 }
@@ -178,7 +201,7 @@ func (d *device) run(ctx context.Context) (DeviceStats, error) {
 	linkCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	events := make(chan event, eventBuffer)
-	l, err := d.dial(linkCtx, d.gen.hardwareID, events)
+	l, err := d.dial(linkCtx, d.gen.hardwareID, d.key, events)
 	if err != nil {
 		return d.stats, fmt.Errorf("devicesim: setting up the link of %s: %w", d.gen.hardwareID, err)
 	}
@@ -189,7 +212,7 @@ func (d *device) run(ctx context.Context) (DeviceStats, error) {
 		d.stopAt = start.Add(d.cfg.Duration)
 	}
 	d.scheduleReboot(start)
-	d.log.Info("device booted", "boot_id", d.gen.bootID)
+	d.log.Info("device booted", "boot_id", d.gen.bootID, "key", d.stats.Key)
 
 	ticker := time.NewTicker(d.cfg.Interval)
 	defer ticker.Stop()
@@ -216,6 +239,13 @@ func (d *device) run(ctx context.Context) (DeviceStats, error) {
 				break
 			}
 			ticker.Reset(d.cfg.Interval) // the sampling timer starts again with the boot
+			continue
+		}
+		if d.redial {
+			l, runErr = d.reconnect(linkCtx, l, events)
+			if runErr != nil {
+				break
+			}
 			continue
 		}
 		d.pump(l, now)
@@ -316,7 +346,31 @@ func (d *device) reboot(ctx context.Context, old link, events chan event, now ti
 
 	d.log.Info("device rebooted", "boot_id", bootID, "previous_boot_id", prev, "reboots", d.stats.Reboots,
 		"kept_batches", d.out.len(), "in_flight_lost", lost)
-	l, err := d.dial(ctx, d.gen.hardwareID, events)
+	l, err := d.dial(ctx, d.gen.hardwareID, d.key, events)
+	if err != nil {
+		return nil, fmt.Errorf("devicesim: setting up the link of %s: %w", d.gen.hardwareID, err)
+	}
+	return l, nil
+}
+
+// reconnect closes the link cleanly and dials a new one with the device's key, as firmware
+// does once it has stored the device key it was issued: over MQTT a new session with the key
+// as password, over HTTP the key as bearer token. Answers already received stay queued and
+// count; batches in flight are sent again (a resend is answered "duplicate"), and the new
+// connection registers again, with the device key.
+func (d *device) reconnect(ctx context.Context, old link, events chan event) (link, error) {
+	d.redial = false
+	if err := old.Close(); err != nil {
+		d.log.Warn("closing the connection", "err", err)
+	}
+	if n := d.out.releaseAll(); n > 0 {
+		d.stats.Retried[causeDisconnected] += n
+	}
+	d.connected = false
+	if d.reg == regWaiting || d.reg == regRetrying {
+		d.reg = regNone
+	}
+	l, err := d.dial(ctx, d.gen.hardwareID, d.key, events)
 	if err != nil {
 		return nil, fmt.Errorf("devicesim: setting up the link of %s: %w", d.gen.hardwareID, err)
 	}
@@ -466,6 +520,12 @@ func (d *device) register(l link, now time.Time, hold bool) {
 // registration is sent again after a backoff, or after the server's retry-after if longer.
 // The first failure of a series is a warning, the following ones are logged at debug level.
 func (d *device) registrationFailed(now time.Time, retryAfter time.Duration, msg string, err error, attrs ...any) {
+	d.registrationFailedAt(slog.LevelWarn, now, retryAfter, msg, err, attrs...)
+}
+
+// registrationFailedAt is registrationFailed with the first failure of a series logged at
+// level.
+func (d *device) registrationFailedAt(level slog.Level, now time.Time, retryAfter time.Duration, msg string, err error, attrs ...any) {
 	d.reg = regGaveUp
 	d.regFailures++
 	wait := max(backoff(d.regFailures, d.cfg.RetryMin, d.cfg.RetryMax, d.jitter), retryAfter)
@@ -475,7 +535,7 @@ func (d *device) registrationFailed(now time.Time, retryAfter time.Duration, msg
 		attrs = append(attrs, "err", err)
 	}
 	if d.regFailures == 1 {
-		d.log.Warn(msg+"; sending readings anyway", attrs...)
+		d.log.Log(context.Background(), level, msg+"; sending readings anyway", attrs...)
 		return
 	}
 	d.log.Debug(msg+"; sending readings anyway", append(attrs, "failures", d.regFailures)...)
@@ -527,6 +587,9 @@ func (d *device) handleAck(l link, ev event, now time.Time) {
 	if a.Type == contract.AckTypeRegister || (a.BatchID == "" && a.Status == contract.StatusRegistered) {
 		if a.Status == contract.StatusRegistered {
 			d.registered(a.ConfirmationID, ev.httpStatus)
+			if a.DeviceKey != "" || a.DeviceKeyID != "" {
+				d.enroll(a.DeviceKey, a.DeviceKeyID)
+			}
 			return
 		}
 		reason := rejectionReason(a.Reason)
@@ -537,6 +600,12 @@ func (d *device) handleAck(l link, ev event, now time.Time) {
 		if reason == string(contract.ReasonBufferFull) {
 			d.registrationFailed(now, ev.retryAfter, "registration rejected", nil,
 				"reason", reason, "message", deref(a.Message))
+			return
+		}
+		if keyRefusal(reason) {
+			// Sent again after RetryMax: an operator's reset-key lets it enroll then.
+			d.registrationFailedAt(slog.LevelError, now, d.cfg.RetryMax, "registration refused: "+d.refusalHint(reason), nil,
+				"reason", reason, "message", deref(a.Message), "key", d.stats.Key)
 			return
 		}
 		// Sending the same registration again would be rejected again: not before the next boot
@@ -576,6 +645,12 @@ func (d *device) handleAck(l link, ev event, now time.Time) {
 			if d.reg != regWaiting {
 				d.register(l, now, true)
 			}
+		case string(contract.ReasonForbidden), string(contract.ReasonDeviceKeyRequired):
+			// The batch is fine, the key is not: keep it, and do not hammer the gateway.
+			d.out.release(e)
+			d.stats.Retried[reason]++
+			d.failedAt(slog.LevelError, now, max(ev.retryAfter, d.cfg.RetryMax), "batch refused, keeping it: "+d.refusalHint(reason),
+				nil, "batch_id", e.id, "reason", reason, "message", deref(a.Message), "key", d.stats.Key)
 		default:
 			d.out.remove(e.id)
 			d.stats.Rejected[reason]++
@@ -620,6 +695,46 @@ func (d *device) registered(confirmationID string, httpStatus int) {
 	}
 }
 
+// enroll applies the device key of an enrolling register answer as firmware does: it checks
+// its form, stores it (the key store is the device's NVS) and only then uses it, reconnecting
+// with it. The key is never logged. A key that cannot be stored is not used: the device keeps
+// its fleet key, which the gateway accepts until the device has used its device key once.
+func (d *device) enroll(key, keyID string) {
+	if !validDeviceKey(key) || contract.ValidUUIDv4(keyID) != nil {
+		d.log.Error("ignoring a device key in the register answer: device_key must be 64 lower-case hexadecimal "+
+			"digits and device_key_id a UUID v4, both present", "device_key_id", keyID)
+		return
+	}
+	if err := d.keys.put(d.gen.hardwareID, key); err != nil {
+		d.log.Error("could not store the device key the gateway issued; going on with the current key "+
+			"(if the gateway binds the device, an operator runs gatewayctl devices reset-key)", "device_key_id", keyID, "err", err)
+		return
+	}
+	prev := d.stats.Key
+	d.key, d.redial = key, true
+	d.stats.Key, d.stats.DeviceKeyID = keyEnrolled, keyID
+	d.log.Info("enrolled: the gateway issued the device its own key; stored it, reconnecting with it",
+		"device_key_id", keyID, "previous_key", prev, "key_store", d.keys.where())
+}
+
+// keyRefusal reports whether a rejection reason refuses the device's key for its hardware_id.
+func keyRefusal(reason string) bool {
+	return reason == string(contract.ReasonForbidden) || reason == string(contract.ReasonDeviceKeyRequired)
+}
+
+// refusalHint says what a refusal of the device's key means and what fixes it.
+func (d *device) refusalHint(reason string) string {
+	switch {
+	case reason == string(contract.ReasonForbidden):
+		return "the key is bound to another hardware_id (a configuration problem: check the key store and --api-key)"
+	case d.stats.Key == keyFleet:
+		return "the gateway wants the device's own device key, and the device has none " +
+			"(lost: an operator runs gatewayctl devices reset-key, and the device enrolls at its next registration)"
+	default:
+		return "the gateway refuses the device key for this device (a configuration problem)"
+	}
+}
+
 // final records a batch's final answer in the report, with the batch's own boot_id (which
 // is not the current one for a batch built before a reboot).
 func (d *device) final(e *entry, a contract.Ack) {
@@ -642,6 +757,11 @@ func (d *device) final(e *entry, a contract.Ack) {
 // server's retry-after if that is longer. The first failure of a series is logged as a
 // warning, the following ones at debug level, as the link is expected to be flaky.
 func (d *device) failed(now time.Time, retryAfter time.Duration, msg string, err error, attrs ...any) {
+	d.failedAt(slog.LevelWarn, now, retryAfter, msg, err, attrs...)
+}
+
+// failedAt is failed with the first failure of a series logged at level.
+func (d *device) failedAt(level slog.Level, now time.Time, retryAfter time.Duration, msg string, err error, attrs ...any) {
 	d.failures++
 	wait := max(backoff(d.failures, d.cfg.RetryMin, d.cfg.RetryMax, d.jitter), retryAfter)
 	d.nextAttempt = now.Add(wait)
@@ -651,7 +771,7 @@ func (d *device) failed(now time.Time, retryAfter time.Duration, msg string, err
 	}
 	if d.failures == 1 {
 		d.failingSince = now
-		d.log.Warn(msg, attrs...)
+		d.log.Log(context.Background(), level, msg, attrs...)
 		return
 	}
 	d.log.Debug(msg, append(attrs, "failures", d.failures)...)
@@ -681,6 +801,7 @@ func (d *device) logSummary(msg string) {
 		"overflow", d.stats.Overflow,
 		"pending", d.out.len(),
 		"connected", d.connected,
+		"key", d.stats.Key,
 	)
 }
 

@@ -71,6 +71,10 @@ func (s *Sim) Run(ctx context.Context) error {
 	}
 	defer report.close()
 	defer s.close()
+	keys, err := openKeyStore(s.cfg.KeyStorePath)
+	if err != nil {
+		return err
+	}
 
 	seed := s.cfg.Seed
 	if seed == 0 {
@@ -84,7 +88,7 @@ func (s *Sim) Run(ctx context.Context) error {
 		"first_hardware_id", s.ids[0], "interval", s.cfg.Interval, "readings", s.cfg.Readings,
 		"batches", s.cfg.Batches, "duration", s.cfg.Duration, "qos", s.cfg.QoS,
 		"reboot_every", s.cfg.RebootEvery, "reboots", s.cfg.Reboots, "clock_sync_after", s.cfg.ClockSyncAfter,
-		"seed", seed)
+		"seed", seed, "key_store", keys.where(), "stored_device_keys", keys.len())
 
 	devices := make([]*device, len(s.ids))
 	boot := s.now()
@@ -97,7 +101,7 @@ func (s *Sim) Run(ctx context.Context) error {
 		jitter := rand.New(rand.NewPCG(seed^jitterStream, uint64(i)))
 		reboots := rand.New(rand.NewPCG(seed^rebootStream, uint64(i)))
 		gen := newGenerator(hw, bootID, fmt.Sprintf("sim-%02d", i+1), &s.cfg, boot, values)
-		d, err := newDevice(&s.cfg, s.log, gen, s.dial, report, jitter, reboots, s.now)
+		d, err := newDevice(&s.cfg, s.log, gen, s.dial, report, keys, jitter, reboots, s.now)
 		if err != nil {
 			return fmt.Errorf("devicesim: %w", err)
 		}
@@ -130,13 +134,17 @@ func (s *Sim) Stats() []DeviceStats {
 func (s *Sim) logFinal(stats []DeviceStats) {
 	var total DeviceStats
 	total.Rejected, total.Retried = map[string]int{}, map[string]int{}
+	enrolled := 0
 	for _, st := range stats {
 		s.log.Info("device final summary", "hardware_id", st.HardwareID, "boot_id", st.BootID,
 			"reboots", st.Reboots, "registered", st.Registered, "registrations", st.Registrations,
 			"confirmation_id", st.ConfirmationID, "built", st.Built, "sent", st.Sent, "resent", st.Resent,
 			"accepted", st.Accepted, "duplicates", st.Duplicates,
 			"rejected", formatCounts(st.Rejected), "retried", formatCounts(st.Retried),
-			"overflow", st.Overflow, "pending", st.Pending)
+			"overflow", st.Overflow, "pending", st.Pending, "key", st.Key, "device_key_id", st.DeviceKeyID)
+		if st.Key == keyEnrolled {
+			enrolled++
+		}
 		total.Reboots += st.Reboots
 		total.Registrations += st.Registrations
 		total.Built += st.Built
@@ -157,5 +165,6 @@ func (s *Sim) logFinal(stats []DeviceStats) {
 		"registrations", total.Registrations, "built", total.Built, "sent", total.Sent,
 		"resent", total.Resent, "accepted", total.Accepted, "duplicates", total.Duplicates,
 		"rejected", total.rejectedTotal(), "rejected_by_reason", formatCounts(total.Rejected),
-		"retried", formatCounts(total.Retried), "overflow", total.Overflow, "pending", total.Pending)
+		"retried", formatCounts(total.Retried), "overflow", total.Overflow, "pending", total.Pending,
+		"enrolled", enrolled)
 }

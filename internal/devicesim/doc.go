@@ -36,6 +36,18 @@
 // and their sent_uptime_ms keeps counting from their own boot, so that the gateway's per-boot
 // clock anchor repairs them right.
 //
+// Devices start with the fleet key (Config.APIKey), or with their own device key when the key
+// store (Config.KeyStorePath, else memory) holds one. A register answer that carries
+// device_key and device_key_id enrolls the device: it checks their form, stores the key (the
+// store is its NVS; a key that cannot be stored is not used), closes its connection and
+// connects again with the device key as MQTT password or HTTP bearer token, registering again
+// with it. The key is never logged, only its key_id. A batch or registration refused with
+// "forbidden" (the key is bound to another hardware_id) or "device_key_required" (the gateway
+// wants the device's own key), and a CONNACK "not authorized", are configuration problems:
+// the device logs an error that says what fixes it, keeps its batches and waits RetryMax
+// before it tries again; the registration too is sent again after RetryMax, so that a device
+// whose key an operator reset (gatewayctl devices reset-key) enrolls by itself then.
+//
 // At MQTT QoS 0 there is no PUBACK: a batch leaves the buffer only when the ack topic answers
 // for its batch_id, at any QoS.
 //

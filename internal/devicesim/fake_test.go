@@ -32,6 +32,8 @@ type fakeLink struct {
 	closed    bool
 	unsent    int // index of the first send the test has not taken yet
 	dropTimes []time.Time
+	dialKeys  []string // the API key of every dial, in order
+	closes    int
 }
 
 type sentBatch struct {
@@ -72,6 +74,7 @@ func (f *fakeLink) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.closed = true
+	f.closes++
 	return nil
 }
 
@@ -84,11 +87,12 @@ func (f *fakeLink) Drop() error {
 }
 
 // dial is the fake's dialFunc.
-func (f *fakeLink) dial(_ context.Context, _ string, events chan<- event) (link, error) {
+func (f *fakeLink) dial(_ context.Context, _, apiKey string, events chan<- event) (link, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.events = events
 	f.dials++
+	f.dialKeys = append(f.dialKeys, apiKey)
 	f.closed = false
 	if f.connect {
 		events <- event{kind: evConnected}
@@ -108,6 +112,13 @@ func (f *fakeLink) counts() (dials, drops, regs int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.dials, f.drops, f.regs
+}
+
+// keysDialled returns the API key of every dial so far, and the number of clean closes.
+func (f *fakeLink) keysDialled() ([]string, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.dialKeys...), f.closes
 }
 
 // registeredBoots returns the boot_id of every registration sent so far.
@@ -223,7 +234,9 @@ func startDeviceLog(t *testing.T, ctx context.Context, cfg Config, connected boo
 	t.Cleanup(func() { _ = report.close() })
 
 	c := cfg
-	d, err := newDevice(&c, logger, newTestGenerator(&c, time.Now()), h.link.dial, report,
+	keys, err := openKeyStore(c.KeyStorePath)
+	require.NoError(t, err)
+	d, err := newDevice(&c, logger, newTestGenerator(&c, time.Now()), h.link.dial, report, keys,
 		rand.New(rand.NewPCG(1, 2)), rand.New(rand.NewPCG(rebootSeed, 0)), time.Now)
 	require.NoError(t, err)
 	h.dev = d

@@ -33,7 +33,6 @@ type httpClient struct {
 	client      *http.Client
 	readingsURL string
 	registerURL string
-	apiKey      string
 	userAgent   string
 }
 
@@ -49,12 +48,11 @@ func httpDialer(cfg *Config, logger *slog.Logger) (*httpClient, dialFunc) {
 		client:      &http.Client{Transport: transport, Timeout: cfg.AckTimeout},
 		readingsURL: base + pathReadings,
 		registerURL: base + pathRegister,
-		apiKey:      cfg.APIKey,
 		userAgent:   "greenhouse-devicesim/" + cfg.FirmwareVersion,
 	}
-	dial := func(ctx context.Context, hardwareID string, events chan<- event) (link, error) {
+	dial := func(ctx context.Context, hardwareID, apiKey string, events chan<- event) (link, error) {
 		lctx, cancel := context.WithCancel(ctx)
-		l := &httpLink{c: c, events: events, ctx: lctx, cancel: cancel,
+		l := &httpLink{c: c, apiKey: apiKey, events: events, ctx: lctx, cancel: cancel,
 			log: logger.With("hardware_id", hardwareID)}
 		deliver(lctx, events, event{kind: evConnected}) // HTTP needs no session
 		return l, nil
@@ -66,6 +64,7 @@ func httpDialer(cfg *Config, logger *slog.Logger) (*httpClient, dialFunc) {
 // goroutine of its own, which reports the answer as an event.
 type httpLink struct {
 	c      *httpClient
+	apiKey string
 	events chan<- event
 	log    *slog.Logger
 	ctx    context.Context
@@ -122,7 +121,7 @@ func (l *httpLink) post(url string, payload []byte) (*http.Response, []byte, err
 		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+l.c.apiKey)
+	req.Header.Set("Authorization", "Bearer "+l.apiKey)
 	req.Header.Set("User-Agent", l.c.userAgent)
 	resp, err := l.c.client.Do(req)
 	if err != nil {

@@ -310,6 +310,12 @@ func TestReadingsEvent(t *testing.T) {
 			wantKind: evAck, wantStatus: contract.StatusRejected, wantReason: "validation_error"},
 		{name: "409 with result", code: 409, body: result(contract.StatusRejected, contract.ReasonConflict),
 			wantKind: evAck, wantStatus: contract.StatusRejected, wantReason: "conflict"},
+		{name: "403 forbidden", code: 403, body: result(contract.StatusRejected, contract.ReasonForbidden),
+			wantKind: evAck, wantStatus: contract.StatusRejected, wantReason: "forbidden"},
+		{name: "403 device key required", code: 403, body: result(contract.StatusRejected, contract.ReasonDeviceKeyRequired),
+			wantKind: evAck, wantStatus: contract.StatusRejected, wantReason: "device_key_required"},
+		{name: "403 without results", code: 403, body: []byte(`{"status":"error","results":[],"message":"forbidden"}`),
+			wantKind: evSendFailed, wantErr: errUnauthorized},
 		{name: "other batch's result", code: 200, body: []byte(`{"status":"ok","results":[{"batch_id":"x","status":"accepted"}]}`),
 			wantKind: evSendFailed},
 		{name: "507 without body", code: 507, retryAfter: "3", wantKind: evSendFailed, wantWait: 3 * time.Second},
@@ -382,6 +388,19 @@ func TestRegisterEvent(t *testing.T) {
 	require.Equal(t, contract.StatusRejected, ev.ack.Status)
 	require.Equal(t, "buffer_full", reasonOf(ev.ack.Reason))
 	require.Equal(t, 30*time.Second, ev.retryAfter)
+
+	// The enrolling answer passes the device key on.
+	ev = registerEvent(201, "", []byte(`{"type":"register","status":"registered","confirmation_id":"550e8400-e29b-41d4-a716-446655440000",`+
+		`"device_key":"`+testDevKey+`","device_key_id":"`+testDevKeyID+`"}`), now)
+	require.Equal(t, evAck, ev.kind)
+	require.Equal(t, testDevKey, ev.ack.DeviceKey)
+	require.Equal(t, testDevKeyID, ev.ack.DeviceKeyID)
+
+	ev = registerEvent(403, "", []byte(`{"type":"register","status":"rejected","reason":"device_key_required","message":"use the device key"}`), now)
+	require.Equal(t, evAck, ev.kind)
+	require.Equal(t, contract.StatusRejected, ev.ack.Status)
+	require.Equal(t, "device_key_required", reasonOf(ev.ack.Reason))
+	require.Equal(t, "use the device key", deref(ev.ack.Message))
 
 	ev = registerEvent(401, "", nil, now)
 	require.Equal(t, evRegisterFailed, ev.kind)

@@ -31,9 +31,11 @@ type link interface {
 	Drop() error
 }
 
-// dialFunc creates the link of the device with the given hardware id. It does no blocking I/O:
-// the link connects in the background and delivers evConnected when it can send.
-type dialFunc func(ctx context.Context, hardwareID string, events chan<- event) (link, error)
+// dialFunc creates the link of the device with the given hardware id, authenticated with
+// apiKey (the MQTT password or the HTTP bearer token: the fleet key, or the device's own
+// device key). It does no blocking I/O: the link connects in the background and delivers
+// evConnected when it can send.
+type dialFunc func(ctx context.Context, hardwareID, apiKey string, events chan<- event) (link, error)
 
 type eventKind int
 

@@ -3,6 +3,7 @@ package devicesim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/eclipse/paho.mqtt.golang/packets"
 
 	"greenhouse-gateway/internal/contract"
 )
@@ -26,7 +28,8 @@ const (
 )
 
 // mqttDialer returns the dialFunc of the MQTT transport: one client per device, with client
-// ID and username the hardware id and password the API key, auto-reconnecting. The ack topic
+// ID and username the hardware id and password the API key it is dialled with (the fleet key
+// or the device key), auto-reconnecting. The ack topic
 // is subscribed at QoS 1 on every (re)connect, before the device may publish. A reboot dials
 // a new client.
 //
@@ -38,7 +41,7 @@ func mqttDialer(cfg *Config, logger *slog.Logger) dialFunc {
 	if u, err := url.Parse(cfg.MQTTURL); err == nil && (u.Scheme == "tcp" || u.Scheme == "mqtt") {
 		rawTCP = true
 	}
-	return func(ctx context.Context, hardwareID string, events chan<- event) (link, error) {
+	return func(ctx context.Context, hardwareID, apiKey string, events chan<- event) (link, error) {
 		lctx, cancel := context.WithCancel(ctx)
 		l := &mqttLink{
 			cfg:    cfg,
@@ -52,7 +55,7 @@ func mqttDialer(cfg *Config, logger *slog.Logger) dialFunc {
 			AddBroker(cfg.MQTTURL).
 			SetClientID(hardwareID).
 			SetUsername(hardwareID).
-			SetPassword(cfg.APIKey).
+			SetPassword(apiKey).
 			SetCleanSession(true).
 			SetResumeSubs(false).
 			SetAutoReconnect(true).
@@ -122,9 +125,12 @@ func (l *mqttLink) enter() bool {
 }
 
 // connectLoop makes the first connection, retrying with backoff; paho reconnects after that.
+// A key the broker refuses (CONNACK not authorized) is a configuration problem that retrying
+// soon does not fix: it is logged as an error and retried every RetryMax.
 func (l *mqttLink) connectLoop() {
 	defer l.wg.Done()
 	rng := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	refusals := 0
 	for failures := 0; ; failures++ {
 		tok := l.client.Connect() // bounded by the connect timeout
 		select {
@@ -137,9 +143,23 @@ func (l *mqttLink) connectLoop() {
 			return
 		}
 		wait := backoff(failures+1, l.cfg.RetryMin, l.cfg.RetryMax, rng)
-		if failures == 0 {
+		refused := errors.Is(err, packets.ErrorRefusedNotAuthorised)
+		if refused {
+			refusals++
+		}
+		switch {
+		case refused && refusals == 1:
+			wait = l.cfg.RetryMax
+			l.log.Error("the broker refused the key (CONNACK not authorized): an unknown or revoked key, "+
+				"a device key of another hardware_id, or a fleet key for a device that holds its own device key "+
+				"(if the device lost it, an operator runs gatewayctl devices reset-key); will retry",
+				"err", err, "retry_in", wait)
+		case refused:
+			wait = l.cfg.RetryMax
+			l.log.Debug("the broker refused the key, will retry", "refusals", refusals)
+		case failures == 0:
 			l.log.Warn("connecting to the broker, will retry", "err", err, "retry_in", wait.Round(time.Millisecond))
-		} else {
+		default:
 			l.log.Debug("connecting to the broker, will retry", "err", err, "failures", failures+1)
 		}
 		if !sleep(l.ctx, wait) {

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/internal/syncbuf"
 )
 
 // ackingHook makes an in-process mochi broker answer like the gateway: it authenticates devices
@@ -39,6 +40,16 @@ type ackingHook struct {
 	readingsQoS map[byte]int        // QoS of readings publishes -> count
 	unclean     map[string]int      // client id -> connections lost without a DISCONNECT
 	clean       map[string]int      // client id -> clean disconnects
+
+	// With enroll, the hook enrolls like the gateway in auth.device_keys preferred: a
+	// registration over a fleet-key connection of a device without a device key is answered
+	// with one, which the device then uses as password; a fleet key is refused for a device
+	// that has used its device key.
+	enroll     bool
+	deviceKeys map[string]string   // hardware_id -> device key issued
+	bound      map[string]bool     // hardware_id -> connected with its device key
+	fleetConn  map[string]bool     // client id -> its current connection uses the fleet key
+	connKeys   map[string][]string // client id -> "fleet" or "device" for every accepted connection
 }
 
 func (h *ackingHook) ID() string { return "acking" }
@@ -62,7 +73,25 @@ func (h *ackingHook) OnDisconnect(cl *mochi.Client, err error, _ bool) {
 }
 
 func (h *ackingHook) OnConnectAuthenticate(cl *mochi.Client, pk packets.Packet) bool {
-	return string(pk.Connect.Username) == cl.ID && string(pk.Connect.Password) == h.apiKey
+	if string(pk.Connect.Username) != cl.ID {
+		return false
+	}
+	password := string(pk.Connect.Password)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case !h.enroll:
+		return password == h.apiKey
+	case password == h.apiKey && !h.bound[cl.ID]:
+		h.fleetConn[cl.ID] = true
+		h.connKeys[cl.ID] = append(h.connKeys[cl.ID], "fleet")
+		return true
+	case password != "" && password == h.deviceKeys[cl.ID]:
+		h.fleetConn[cl.ID], h.bound[cl.ID] = false, true
+		h.connKeys[cl.ID] = append(h.connKeys[cl.ID], "device")
+		return true
+	}
+	return false
 }
 
 func (h *ackingHook) OnACLCheck(cl *mochi.Client, topic string, write bool) bool {
@@ -94,6 +123,10 @@ func (h *ackingHook) OnPublished(cl *mochi.Client, pk packets.Packet) {
 			h.boots[hw] = append(h.boots[hw], reg.BootID)
 		}
 		ack = contract.RegisterAck("550e8400-e29b-41d4-a716-446655440000", err)
+		if err == nil && h.enroll && h.fleetConn[hw] && h.deviceKeys[hw] == "" {
+			ack.DeviceKey, ack.DeviceKeyID = mintDeviceKey(h.t)
+			h.deviceKeys[hw] = ack.DeviceKey
+		}
 	case contract.KindReadings:
 		h.readingsQoS[pk.FixedHeader.Qos]++
 		b, err := contract.DecodeBatch(pk.Payload, hw, contract.Limits{}, time.Now())
@@ -127,7 +160,8 @@ func startBroker(t *testing.T, apiKey string) (func(), *ackingHook, string) {
 	hook := &ackingHook{t: t, apiKey: apiKey,
 		full: map[string]bool{}, stored: map[string]bool{}, registry: map[string]string{},
 		boots: map[string][]string{}, readingsQoS: map[byte]int{},
-		unclean: map[string]int{}, clean: map[string]int{}}
+		unclean: map[string]int{}, clean: map[string]int{},
+		deviceKeys: map[string]string{}, bound: map[string]bool{}, fleetConn: map[string]bool{}, connKeys: map[string][]string{}}
 	closeServer, addr := startBrokerAt(t, hook, "127.0.0.1:0")
 	return closeServer, hook, "tcp://" + addr
 }
@@ -356,4 +390,80 @@ func TestMQTTModeQoS0(t *testing.T) {
 		require.Zero(t, st.Pending)
 		require.Equal(t, map[string]int{"buffer_full": 1}, st.Retried, "no ack was missed")
 	}
+}
+
+// TestMQTTModeEnrolls: a device registering with the fleet key is answered its device key on
+// the ack topic, stores it and reconnects with it as password; its readings go with it.
+func TestMQTTModeEnrolls(t *testing.T) {
+	_, hook, url := startBroker(t, "fleet")
+	hook.mu.Lock()
+	hook.enroll = true
+	hook.mu.Unlock()
+
+	cfg := DefaultConfig()
+	cfg.MQTTURL = url
+	cfg.APIKey = "fleet"
+	cfg.Devices = 2
+	cfg.Interval = 50 * time.Millisecond
+	cfg.Batches = 3
+	cfg.RetryMin = 10 * time.Millisecond
+	cfg.RetryMax = 50 * time.Millisecond
+	cfg.AckTimeout = 5 * time.Second
+	cfg.DrainTimeout = 10 * time.Second
+	cfg.KeyStorePath = filepath.Join(t.TempDir(), "keys.json")
+
+	sim, err := New(cfg, testLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, sim.Run(ctx))
+	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	require.Len(t, hook.stored, 6)
+	stored := readKeyStore(t, cfg.KeyStorePath)
+	require.Equal(t, hook.deviceKeys, stored, "every key issued is in the key store")
+	for _, st := range sim.Stats() {
+		hw := st.HardwareID
+		require.Equal(t, 3, st.Accepted)
+		require.Equal(t, keyEnrolled, st.Key)
+		require.Equal(t, []string{"fleet", "device"}, hook.connKeys[hw], "enrolled once, then reconnected with the device key")
+		require.Equal(t, 2, hook.clean[hw], "the fleet-key session and the last one were closed cleanly")
+		require.Zero(t, hook.unclean[hw])
+		require.Len(t, hook.boots[hw], 2, "registered again with the device key")
+	}
+}
+
+// TestMQTTModeFleetKeyRefusedAfterBinding: a device that lost its device key (a simulator
+// restarted without its key store) is refused at CONNACK with the fleet key, keeps its
+// batches and retries only every RetryMax.
+func TestMQTTModeFleetKeyRefusedAfterBinding(t *testing.T) {
+	_, hook, url := startBroker(t, "fleet")
+	hook.mu.Lock()
+	hook.enroll = true
+	hook.deviceKeys["02:00:00:00:00:01"] = testDevKey
+	hook.bound["02:00:00:00:00:01"] = true
+	hook.mu.Unlock()
+
+	var logs syncbuf.Buffer
+	cfg := DefaultConfig()
+	cfg.MQTTURL = url
+	cfg.APIKey = "fleet"
+	cfg.Devices = 1
+	cfg.Interval = 20 * time.Millisecond
+	cfg.Batches = 2
+	cfg.RetryMin = 10 * time.Millisecond
+	cfg.RetryMax = 200 * time.Millisecond
+	cfg.DrainTimeout = time.Second
+	sim, err := New(cfg, infoLogger(&logs))
+	require.NoError(t, err)
+	require.NoError(t, sim.Run(t.Context()))
+	st := sim.Stats()[0]
+	require.Equal(t, 2, st.Pending, "the batches are kept")
+	require.Zero(t, st.Sent)
+	out := logs.String()
+	require.Equal(t, 1, strings.Count(out, "level=ERROR msg=\"the broker refused the key (CONNACK not authorized)"), out)
+	require.Contains(t, out, "gatewayctl devices reset-key")
+	require.NotContains(t, out, "level=WARN msg=\"connecting to the broker")
 }
