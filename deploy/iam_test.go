@@ -875,13 +875,21 @@ func TestGatewayPolicyIsExactlyWhatGatewaydCalls(t *testing.T) {
 	require.Equal(t, actionsOf(calls), policyActions(p), "the gateway policy's actions are exactly those gatewayd calls")
 	require.NoError(t, comparePolicy(p, calls))
 
-	// The point of the api_keys condition: a gateway cannot bring a revoked key back.
+	// api_keys: a gateway writes only the attributes it names (key use, rehash, the device keys
+	// it issues and revokes) and can neither read keys other than by their hash nor delete
+	// them. Enrollment needs is_active: IAM cannot tell a revocation from an activation, so a
+	// gateway's credentials can create active keys (the README's threat model says so).
 	for _, s := range p.Statement {
 		for _, r := range s.Resource {
-			if strings.HasSuffix(r, "table/"+tablePlaceholder+cloud.APIKeysTable) && slices.Contains(s.Action, "dynamodb:UpdateItem") {
+			if !strings.HasSuffix(r, "table/"+tablePlaceholder+cloud.APIKeysTable) {
+				continue
+			}
+			for _, act := range []string{"dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:Scan", "dynamodb:Query"} {
+				require.NotContains(t, s.Action, act, "statement %s", s.Sid)
+			}
+			if slices.Contains(s.Action, "dynamodb:UpdateItem") {
 				allowed := s.Condition["ForAllValues:StringEquals"]["dynamodb:Attributes"]
 				require.NotEmpty(t, allowed, "UpdateItem on api_keys must be limited to the attributes the gateway writes")
-				require.NotContains(t, allowed, "is_active")
 			}
 		}
 	}
@@ -932,10 +940,10 @@ func TestPolicyCheckCatchesDrift(t *testing.T) {
 		{"a condition without last_used_at", func(p *policy) {
 			p.Statement[4].Condition["ForAllValues:StringEquals"]["dynamodb:Attributes"] = stringList{"key_id", "api_key_hash"}
 		}, calls, "does not allow attribute last_used_at"},
-		{"a condition allowing is_active", func(p *policy) {
+		{"a condition allowing an attribute nothing writes", func(p *policy) {
 			c := p.Statement[4].Condition["ForAllValues:StringEquals"]
-			c["dynamodb:Attributes"] = append(slices.Clone(c["dynamodb:Attributes"]), "is_active")
-		}, calls, "allows attribute is_active, which no call touches"},
+			c["dynamodb:Attributes"] = append(slices.Clone(c["dynamodb:Attributes"]), "friendly_name")
+		}, calls, "allows attribute friendly_name, which no call touches"},
 		{"a deny statement", func(p *policy) { p.Statement[0].Effect = "Deny" }, calls, `effect "Deny"`},
 	}
 	for _, tc := range tests {

@@ -381,7 +381,7 @@ func (k *DeviceKeys) PendingKeyWrites(limit int) []uplink.KeyWrite {
 	for _, dk := range k.byID {
 		switch {
 		case dk.Reset && !dk.ResetWritten:
-			out = append(out, uplink.KeyWrite{Key: dk.info(), Revoke: true})
+			out = append(out, uplink.KeyWrite{Key: dk.info(), Revoked: true})
 		case dk.Minted && !dk.Written && !dk.Reset:
 			out = append(out, uplink.KeyWrite{Key: dk.info()})
 		default:
@@ -402,7 +402,7 @@ func (k *DeviceKeys) KeyWritten(w uplink.KeyWrite) {
 	if !ok {
 		return
 	}
-	if w.Revoke {
+	if w.Revoked {
 		dk.ResetWritten = true
 	} else {
 		dk.Written, dk.WrittenAt = true, k.now()

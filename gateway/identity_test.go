@@ -257,7 +257,7 @@ func TestResetKeyLetsTheDeviceEnrollAgain(t *testing.T) {
 	require.Equal(t, ack.DeviceKeyID, *reset.RevokedKeyID)
 	pending := h.deviceKeys.PendingKeyWrites(0)
 	require.Len(t, pending, 1)
-	require.True(t, pending[0].Revoke, "the revocation is work for the uplink")
+	require.True(t, pending[0].Revoked, "the revocation is work for the uplink")
 
 	// The old key is refused at once; the fleet key enrolls the device again.
 	resp, _ = postJSON(t, h.httpURL+"/v1/readings", key, batchJSON(hw, newBoot(), 1, 1))
@@ -342,7 +342,7 @@ func TestDeviceKeysSurviveRestarts(t *testing.T) {
 	require.Len(t, pending, 1)
 	require.Equal(t, keyID, pending[0].Key.KeyID)
 	require.Equal(t, hw, pending[0].Key.HardwareID)
-	require.False(t, pending[0].Revoke)
+	require.False(t, pending[0].Revoked)
 	require.NotContains(t, pending[0].Key.Hash, raw, "only the hash is kept")
 	k.KeyWritten(pending[0])
 	require.Empty(t, k.PendingKeyWrites(0))
@@ -353,7 +353,7 @@ func TestDeviceKeysSurviveRestarts(t *testing.T) {
 	k, closeBuf = keyState(t, dir, gateway.DeviceKeysPreferred)
 	defer closeBuf()
 	pending = k.PendingKeyWrites(0)
-	require.Equal(t, []uplink.KeyWrite{{Key: pending[0].Key, Revoke: true}}, pending)
+	require.Equal(t, []uplink.KeyWrite{{Key: pending[0].Key, Revoked: true}}, pending)
 	_, has := k.State(hw)
 	require.False(t, has, "the reset survives the restart")
 	raw3, _, err := k.Enroll(hw)

@@ -8,11 +8,11 @@ import (
 )
 
 // KeyWrite is a device key to write to api_keys: issued by the gateway at
-// a device's enrollment (put), or reset by an operator (Revoke: marked
+// a device's enrollment (put), or reset by an operator (Revoked: marked
 // inactive).
 type KeyWrite struct {
-	Key    cloud.KeyInfo
-	Revoke bool
+	Key     cloud.KeyInfo
+	Revoked bool
 }
 
 // KeySource holds device keys waiting to be written (the gateway's device
@@ -47,8 +47,8 @@ func (u *Uplink) writeKeys(ctx context.Context) {
 		return
 	}
 	for _, w := range u.keys.PendingKeyWrites(25) {
-		op, write := "PutItem", u.keyWriter.PutDeviceKey
-		if w.Revoke {
+		op, write := "UpdateItem", u.keyWriter.PutDeviceKey
+		if w.Revoked {
 			op, write = "UpdateItem", u.keyWriter.RevokeDeviceKey
 		}
 		err := u.call(ctx, op, func(ctx context.Context) error { return write(ctx, w.Key) })
@@ -56,11 +56,11 @@ func (u *Uplink) writeKeys(ctx context.Context) {
 			if now := time.Now(); now.Sub(u.keyLoggedAt) >= keyLogInterval {
 				u.keyLoggedAt = now
 				u.logger.Warn("a device key could not be written to api_keys; trying again", "hardware_id",
-					w.Key.HardwareID, "key_id", w.Key.KeyID, "revoke", w.Revoke, "err", err)
+					w.Key.HardwareID, "key_id", w.Key.KeyID, "revoke", w.Revoked, "err", err)
 			}
 			return
 		}
 		u.keys.KeyWritten(w)
-		u.metrics.keyWrites.WithLabelValues(map[bool]string{false: "issued", true: "revoked"}[w.Revoke]).Inc()
+		u.metrics.keyWrites.WithLabelValues(map[bool]string{false: "issued", true: "revoked"}[w.Revoked]).Inc()
 	}
 }

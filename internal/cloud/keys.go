@@ -1,6 +1,7 @@
 package cloud
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -151,12 +152,28 @@ func (k *Keys) put(ctx context.Context, info KeyInfo) error {
 // hardware_id) to api_keys, unless its key_id is there already: key_ids
 // are random UUIDs, so an item with this one is this key's own earlier
 // write (a replay after a lost answer), or its revocation
-// (RevokeDeviceKey), which must not be undone.
+// (RevokeDeviceKey), which must not be undone. It is an UpdateItem, not a
+// PutItem, so that a gateway's IAM policy can name every attribute it
+// may write.
 func (k *Keys) PutDeviceKey(ctx context.Context, info KeyInfo) error {
 	if info.HardwareID == "" {
 		return fmt.Errorf("writing device key %s: no hardware_id", info.KeyID)
 	}
-	err := k.put(ctx, info)
+	createdAt := FormatTime(info.CreatedAt)
+	_, err := k.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:           aws.String(k.table),
+		Key:                 keyIDKey(info.KeyID),
+		UpdateExpression:    aws.String("SET api_key_hash = :hash, created_at = :created, is_active = :active, gsi1pk = :pk, gsi1sk = :created, hardware_id = :hw, description = :desc"),
+		ConditionExpression: aws.String("attribute_not_exists(key_id)"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":hash":    &types.AttributeValueMemberS{Value: info.Hash},
+			":created": &types.AttributeValueMemberS{Value: createdAt},
+			":active":  &types.AttributeValueMemberBOOL{Value: info.Active},
+			":pk":      &types.AttributeValueMemberS{Value: apiKeysPartition},
+			":hw":      &types.AttributeValueMemberS{Value: info.HardwareID},
+			":desc":    &types.AttributeValueMemberS{Value: cmp.Or(info.Description, "device key")},
+		},
+	})
 	var ccf *types.ConditionalCheckFailedException
 	if err != nil && !errors.As(err, &ccf) {
 		return fmt.Errorf("writing device key %s: %w", info.KeyID, err)
@@ -175,11 +192,9 @@ func (k *Keys) RevokeDeviceKey(ctx context.Context, info KeyInfo) error {
 	}
 	createdAt := FormatTime(info.CreatedAt)
 	_, err := k.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName: aws.String(k.table),
-		Key:       keyIDKey(info.KeyID),
-		UpdateExpression: aws.String("SET is_active = :inactive, hardware_id = :hw, " +
-			"api_key_hash = if_not_exists(api_key_hash, :hash), created_at = if_not_exists(created_at, :created), " +
-			"gsi1pk = :pk, gsi1sk = if_not_exists(gsi1sk, :created)"),
+		TableName:           aws.String(k.table),
+		Key:                 keyIDKey(info.KeyID),
+		UpdateExpression:    aws.String("SET is_active = :inactive, hardware_id = :hw, api_key_hash = if_not_exists(api_key_hash, :hash), created_at = if_not_exists(created_at, :created), gsi1pk = :pk, gsi1sk = if_not_exists(gsi1sk, :created)"),
 		ConditionExpression: aws.String("attribute_not_exists(key_id) OR hardware_id = :hw"),
 		ExpressionAttributeValues: map[string]types.AttributeValue{
 			":inactive": &types.AttributeValueMemberBOOL{Value: false},
