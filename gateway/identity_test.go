@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"regexp"
 	"strings"
@@ -401,4 +402,44 @@ func TestEnrolledKeyOfflineAndRevoked(t *testing.T) {
 	_, err = auth.Identify(t.Context(), raw)
 	require.ErrorIs(t, err, gateway.ErrUnauthorized, "revoked in api_keys")
 	require.False(t, strings.Contains(keyID, raw))
+}
+
+func TestStatusPageShowsTakeovers(t *testing.T) {
+	h := startGateway(t, nil, withDeviceKeys(gateway.DeviceKeysOff), func(o *gatewayOptions) {
+		o.devices.TakeoverFlagCount = 1
+	})
+	hw, calm := "AA:00:00:00:00:0D", "AA:00:00:00:00:0E"
+	for range 3 {
+		_, err := connectDevice(t, h, hw, goodKey)
+		require.NoError(t, err)
+	}
+	for range 2 {
+		_, err := connectDevice(t, h, calm, goodKey) // one takeover: counted, not flagged
+		require.NoError(t, err)
+	}
+	var status struct {
+		Devices gateway.FleetStatus `json:"devices"`
+	}
+	require.Equal(t, http.StatusOK, adminGet(t, h, "/v1/status", &status))
+	require.Equal(t, 1, status.Devices.TakeoversFlagged)
+	require.Len(t, status.Devices.Attention, 1)
+	require.Equal(t, hw, status.Devices.Attention[0].HardwareID)
+	require.Contains(t, status.Devices.Attention[0].Reasons[0], "taken over more than 1 times")
+	takeovers := map[string]uint64{}
+	for _, d := range status.Devices.Recent {
+		takeovers[d.HardwareID] = d.Takeovers
+	}
+	require.Equal(t, map[string]uint64{hw: 2, calm: 1}, takeovers)
+
+	req, err := http.NewRequest(http.MethodGet, h.httpURL+"/", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	page, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Contains(t, string(page), "<b>1</b>sessions taken over")
+	require.Contains(t, string(page), `<span class="badge bad">taken over 2×</span>`)
+	require.Contains(t, string(page), `<span class="muted">1 takeovers</span>`)
 }

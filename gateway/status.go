@@ -110,8 +110,11 @@ type FleetStatus struct {
 	// ClockProblems counts devices with batches rejected as
 	// clock_not_synced or repaired from their uptime.
 	ClockProblems int `json:"clock_problems"`
+	// TakeoversFlagged counts devices whose MQTT session was taken over
+	// more than devices.takeover_flag_count times within an hour.
+	TakeoversFlagged int `json:"takeovers_flagged"`
 	// NeedAttention counts devices in a reboot loop, silent for over an
-	// hour or with clock problems; Attention lists the first
+	// hour, with clock problems or flagged takeovers; Attention lists the first
 	// MaxAttentionDevices of them, worst first.
 	NeedAttention int               `json:"need_attention"`
 	Attention     []AttentionDevice `json:"attention"`
@@ -138,12 +141,17 @@ type DeviceSummary struct {
 	RebootLoop bool      `json:"reboot_loop"`
 	Gaps       uint64    `json:"gaps"`
 	Replays    uint64    `json:"replays"`
+	// Takeovers counts MQTT connections that took the device's session
+	// over; TakeoverFlagged is set when there were too many within an hour.
+	Takeovers       uint64 `json:"takeovers"`
+	TakeoverFlagged bool   `json:"takeover_flagged"`
 }
 
 func summarize(d *Device) DeviceSummary {
 	return DeviceSummary{HardwareID: d.HardwareID, FriendlyName: d.FriendlyName, Registered: d.Registered,
 		FirmwareVersion: d.FirmwareVersion, LastSeenAt: d.LastSeenAt, BootAt: d.BootAt, Boots: d.Boots,
-		Reboots: d.Reboots, RebootLoop: d.RebootLoop, Gaps: d.Gaps, Replays: d.Replays}
+		Reboots: d.Reboots, RebootLoop: d.RebootLoop, Gaps: d.Gaps, Replays: d.Replays, Takeovers: d.Takeovers,
+		TakeoverFlagged: d.TakeoverFlagged}
 }
 
 // MaxListedDevices bounds FleetStatus.Recent.
@@ -189,7 +197,8 @@ const silentAfter = time.Hour
 
 // Attention severities, worst first.
 const (
-	severityRebootLoop = iota
+	severityTakeover = iota
+	severityRebootLoop
 	severityNotSynced
 	severitySilent
 	severityRepaired
@@ -224,6 +233,11 @@ func (r *Registry) Fleet(now time.Time, limit, listed int) FleetStatus {
 		if d.RebootLoop {
 			f.RebootLoops++
 			note(severityRebootLoop, fmt.Sprintf("reboot loop: %d boots in the last hour", len(d.RecentBoots)))
+		}
+		if n := len(d.RecentTakeovers); d.TakeoverFlagged && n > 0 && now.Sub(d.RecentTakeovers[n-1]) < time.Hour {
+			f.TakeoversFlagged++
+			note(severityTakeover, fmt.Sprintf("MQTT session taken over more than %d times within an hour: another "+
+				"client may be using its identity (audit trail: reason session_takeover)", r.cfg.TakeoverFlagCount))
 		}
 		if silent := now.Sub(d.LastSeenAt); silent > silentAfter {
 			f.SilentOverHour++

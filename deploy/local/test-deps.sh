@@ -3,7 +3,8 @@
 # mosquitto and its clients (external-broker mode, independent MQTT clients),
 # promtool and the Pushgateway (metrics and alert rules), chromium (the status
 # page in a real browser), qemu-user (the 32-bit ARM store test) and
-# systemd-analyze (the unit's checks). Each test can install what it misses by
+# systemd-analyze (the unit's checks), python3-jsonschema (the firmware contract's
+# schemas checked by a real validator). Each test can install what it misses by
 # itself, but test packages run in parallel and apt allows one run at a time:
 # installing everything first keeps them from queueing on apt's lock.
 # Needs root; otherwise it says what is missing and leaves it to the tests.
@@ -17,10 +18,11 @@ declare -A need=(
 	[chromium]=chromium
 	[qemu-user]=qemu-arm
 	[systemd]=systemd-analyze
+	[python3-jsonschema]=/usr/lib/python3/dist-packages/jsonschema/__init__.py
 )
 missing=()
 for pkg in "${!need[@]}"; do
-	command -v "${need[$pkg]}" >/dev/null 2>&1 || missing+=("$pkg")
+	[ -e "${need[$pkg]}" ] || command -v "${need[$pkg]}" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -eq 0 ]; then
 	exit 0
