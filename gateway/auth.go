@@ -374,7 +374,15 @@ func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old ca
 		a.outcomes.WithLabelValues("unavailable").Inc()
 		return Principal{}, fmt.Errorf("%w: %v", ErrAuthUnavailable, err)
 	}
-	if !found && local != nil && local.fresh {
+	if !found && local != nil {
+		// Issued here, and api_keys does not hold it: just written (its
+		// index may lag), or the item is gone (a table recreated, or
+		// restored from a backup older than the key). This gateway is the
+		// key's source: it writes it again. Revocation is is_active=false
+		// (gatewayctl keys revoke, or a reset), never a missing item.
+		if !local.fresh {
+			a.local.lost(local.p.KeyID)
+		}
 		return a.result(cachedKey{KeyID: local.p.KeyID, HardwareID: local.p.HardwareID, Active: true}, "ok")
 	}
 	a.mu.Lock()

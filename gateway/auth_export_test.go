@@ -14,3 +14,6 @@ func SetAuthClock(a *Authenticator, now func() time.Time) { a.now = now }
 
 // MaxUnknownKeys is maxUnknownKeys.
 const MaxUnknownKeys = maxUnknownKeys
+
+// SetDeviceKeysClock makes k read the time from now.
+func SetDeviceKeysClock(k *DeviceKeys, now func() time.Time) { k.now = now }

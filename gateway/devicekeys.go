@@ -346,6 +346,23 @@ func (k *DeviceKeys) Reset(hw string) ([]string, error) {
 	return ids, nil
 }
 
+// lost records that api_keys no longer holds a key issued here: it is
+// written again by the uplink.
+func (k *DeviceKeys) lost(keyID string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	dk, ok := k.byID[keyID]
+	if !ok || !dk.Minted || !dk.Written || dk.Reset {
+		return
+	}
+	dk.Written = false
+	k.logger.Warn("a device key issued here is missing from api_keys; writing it again", "hardware_id", dk.HardwareID,
+		"key_id", dk.KeyID)
+	if err := k.save(dk); err != nil {
+		k.logger.Warn("recording a device key to write again", "key_id", dk.KeyID, "err", err)
+	}
+}
+
 // DeviceKeyState is what operators see of a device's keys.
 type DeviceKeyState struct {
 	// KeyIDs are the device's keys not reset, and Used whether the

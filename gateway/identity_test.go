@@ -394,6 +394,17 @@ func TestEnrolledKeyOfflineAndRevoked(t *testing.T) {
 	_, err = auth.Identify(t.Context(), raw)
 	require.NoError(t, err)
 
+	// api_keys lost the item (a table recreated): the key still works,
+	// and is to be written again.
+	keys.set(func(f *fakeKeys) { delete(f.keys, keyID) })
+	gateway.SetDeviceKeysClock(dk, func() time.Time { return time.Now().Add(2 * time.Minute) }) // past the index's grace
+	_, err = auth.Identify(t.Context(), raw)
+	require.NoError(t, err)
+	require.Len(t, dk.PendingKeyWrites(0), 1, "written again")
+	w = dk.PendingKeyWrites(0)[0]
+	keys.set(func(f *fakeKeys) { f.keys[keyID] = w.Key })
+	dk.KeyWritten(w)
+
 	keys.set(func(f *fakeKeys) {
 		k := f.keys[keyID]
 		k.Active = false
