@@ -418,6 +418,18 @@ func TestMQTTModeEnrolls(t *testing.T) {
 	defer cancel()
 	require.NoError(t, sim.Run(ctx))
 	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+	// The broker sees the last session's DISCONNECT on its own goroutine,
+	// possibly after Run returned.
+	require.Eventually(t, func() bool {
+		hook.mu.Lock()
+		defer hook.mu.Unlock()
+		for _, st := range sim.Stats() {
+			if hook.clean[st.HardwareID] < 2 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "both sessions of each device closed cleanly")
 
 	hook.mu.Lock()
 	defer hook.mu.Unlock()
