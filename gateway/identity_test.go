@@ -37,18 +37,6 @@ func postRegister(t *testing.T, h *harness, key string, payload []byte) (int, co
 	return resp.StatusCode, ack
 }
 
-func adminPost(t *testing.T, h *harness, path string, out any) int {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, h.httpURL+path, nil)
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(out))
-	return resp.StatusCode
-}
-
 func withDeviceKeys(policy string) func(*gatewayOptions) {
 	return func(o *gatewayOptions) { o.auth.DeviceKeys = policy }
 }
@@ -253,7 +241,7 @@ func TestResetKeyLetsTheDeviceEnrollAgain(t *testing.T) {
 		RevokedKeyID  *string  `json:"revoked_key_id"`
 		RevokedKeyIDs []string `json:"revoked_key_ids"`
 	}
-	require.Equal(t, http.StatusOK, adminPost(t, h, "/v1/devices/"+hw+"/reset-key", &reset))
+	require.Equal(t, http.StatusOK, adminDo(t, h, http.MethodPost, "/v1/devices/"+hw+"/reset-key", adminToken, &reset))
 	require.Equal(t, "reset", reset.Status)
 	require.Equal(t, ack.DeviceKeyID, *reset.RevokedKeyID)
 	pending := h.deviceKeys.PendingKeyWrites(0)
@@ -270,11 +258,11 @@ func TestResetKeyLetsTheDeviceEnrollAgain(t *testing.T) {
 	require.NotEqual(t, key, newKey)
 
 	// A second reset of a device without a key, and a bad hardware_id.
-	require.Equal(t, http.StatusOK, adminPost(t, h, "/v1/devices/AA:00:00:00:00:99/reset-key", &reset))
+	require.Equal(t, http.StatusOK, adminDo(t, h, http.MethodPost, "/v1/devices/AA:00:00:00:00:99/reset-key", adminToken, &reset))
 	require.Nil(t, reset.RevokedKeyID)
 	require.Empty(t, reset.RevokedKeyIDs)
 	var bad map[string]string
-	require.Equal(t, http.StatusBadRequest, adminPost(t, h, "/v1/devices/aa:00/reset-key", &bad))
+	require.Equal(t, http.StatusBadRequest, adminDo(t, h, http.MethodPost, "/v1/devices/aa:00/reset-key", adminToken, &bad))
 	require.Contains(t, bad["message"], "hardware_id")
 	// Without the admin token, nothing.
 	req, err := http.NewRequest(http.MethodPost, h.httpURL+"/v1/devices/"+hw+"/reset-key", nil)

@@ -39,16 +39,7 @@ func (d *device) register(t *testing.T, payload []byte) contract.Ack {
 
 func adminGet(t *testing.T, h *harness, path string, out any) int {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, h.httpURL+path, nil)
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	if out != nil {
-		require.NoError(t, json.NewDecoder(resp.Body).Decode(out))
-	}
-	return resp.StatusCode
+	return adminDo(t, h, http.MethodGet, path, adminToken, out)
 }
 
 func TestRegistrationOverMQTTAndHTTPKeepsItsConfirmationID(t *testing.T) {

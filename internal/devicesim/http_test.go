@@ -1,7 +1,6 @@
 package devicesim
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -144,12 +143,7 @@ func TestHTTPModeAgainstGateway(t *testing.T) {
 	cfg.Seed = 1
 	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
-	sim, err := New(cfg, testLogger(t))
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, sim.Run(ctx))
-	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+	sim := runToEnd(t, cfg)
 
 	f, err := os.Open(cfg.ReportPath)
 	require.NoError(t, err)
@@ -212,12 +206,7 @@ func TestHTTPModeReboots(t *testing.T) {
 	cfg.Seed = 3
 	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
-	sim, err := New(cfg, testLogger(t))
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, sim.Run(ctx))
-	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+	sim := runToEnd(t, cfg)
 
 	f, err := os.Open(cfg.ReportPath)
 	require.NoError(t, err)

@@ -203,12 +203,7 @@ func TestMQTTModeAgainstBroker(t *testing.T) {
 	cfg.DrainTimeout = 10 * time.Second
 	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
-	sim, err := New(cfg, testLogger(t))
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, sim.Run(ctx))
-	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+	sim := runToEnd(t, cfg)
 
 	f, err := os.Open(cfg.ReportPath)
 	require.NoError(t, err)
@@ -316,12 +311,7 @@ func TestMQTTModeReboots(t *testing.T) {
 	cfg.DrainTimeout = 10 * time.Second
 	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
-	sim, err := New(cfg, testLogger(t))
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, sim.Run(ctx))
-	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+	sim := runToEnd(t, cfg)
 
 	f, err := os.Open(cfg.ReportPath)
 	require.NoError(t, err)
@@ -373,12 +363,7 @@ func TestMQTTModeQoS0(t *testing.T) {
 	cfg.AckTimeout = 5 * time.Second
 	cfg.DrainTimeout = 10 * time.Second
 
-	sim, err := New(cfg, testLogger(t))
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, sim.Run(ctx))
-	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+	sim := runToEnd(t, cfg)
 
 	hook.mu.Lock()
 	defer hook.mu.Unlock()
@@ -412,12 +397,7 @@ func TestMQTTModeEnrolls(t *testing.T) {
 	cfg.DrainTimeout = 10 * time.Second
 	cfg.KeyStorePath = filepath.Join(t.TempDir(), "keys.json")
 
-	sim, err := New(cfg, testLogger(t))
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, sim.Run(ctx))
-	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+	sim := runToEnd(t, cfg)
 	// The broker sees the last session's DISCONNECT on its own goroutine,
 	// possibly after Run returned.
 	require.Eventually(t, func() bool {
@@ -478,4 +458,17 @@ func TestMQTTModeFleetKeyRefusedAfterBinding(t *testing.T) {
 	require.Equal(t, 1, strings.Count(out, "level=ERROR msg=\"the broker refused the key (CONNACK not authorized)"), out)
 	require.Contains(t, out, "gatewayctl devices reset-key")
 	require.NotContains(t, out, "level=WARN msg=\"connecting to the broker")
+}
+
+// runToEnd runs a simulator of cfg until it stops by itself (its Batches
+// sent, or DrainTimeout), within 30 seconds.
+func runToEnd(t *testing.T, cfg Config) *Sim {
+	t.Helper()
+	sim, err := New(cfg, testLogger(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, sim.Run(ctx))
+	require.NoError(t, ctx.Err(), "the simulator stopped by itself")
+	return sim
 }
