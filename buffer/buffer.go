@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -115,8 +114,7 @@ type Options struct {
 	// system: below it new batches are refused with Full, whatever
 	// FullPolicy says. It must cover the most Badger can still write after
 	// the last admitted batch (RequiredFreeBytes: memtable flushes and
-	// compactions write new files before deleting old ones, through mmap,
-	// where running out of space is a SIGBUS, not an error). Default
+	// compactions write new files before deleting old ones). Default
 	// 256 MiB, and never less than RequiredFreeBytes(MemTableSize).
 	MinFreeBytes int64 `yaml:"min_free_bytes"`
 	// FullPolicy is what happens when the budget is reached and evicting
@@ -196,19 +194,30 @@ func DefaultOptions() Options {
 // keeps Badger from filling the disk with a memtable of memTableSize bytes.
 // Once new batches are refused, Badger may still: flush the memtables (an
 // L0 table of up to one memtable is written before its write-ahead log is
-// deleted), compact L0 into the base level (up to 8 L0 tables, the stall
+// deleted, and each new write-ahead log is allocated at twice the
+// memtable), compact L0 into the base level (up to 8 L0 tables, the stall
 // limit, plus the base level, up to twice its 5-table target, written
 // before the inputs are deleted), run one lower-level compaction at the
-// same time (one table plus the ten it overlaps), and take the small writes
-// of delivery and state. That is 9 memtables and 22 tables; the formula
-// adds two memtables and two tables of margin: 11*memtable + 24*table,
-// where a table is memtable/8 between 256 KiB and 2 MiB. With the default
-// 8 MiB memtable: 112 MiB.
+// same time (one table plus the ten it overlaps), start a value log file
+// (allocated at twice valueLogFileSize), and take the small writes of
+// delivery and state. That is 13 memtables, 22 tables and a value log
+// file; the formula adds two memtables and two tables of margin:
+// 15*memtable + 24*table + 2*vlog, where a table is memtable/8 between 256
+// KiB and 2 MiB and a value log file twice the memtable. With the default
+// 8 MiB memtable: 176 MiB.
 func RequiredFreeBytes(memTableSize int64) int64 {
 	if memTableSize == 0 {
 		memTableSize = DefaultOptions().MemTableSize
 	}
-	return 11*memTableSize + 24*tableSize(memTableSize)
+	return 15*memTableSize + 24*tableSize(memTableSize) + 2*valueLogFileSize(memTableSize)
+}
+
+// valueLogFileSize is Badger's value log file size: only values over
+// ValueThreshold (memtable/8, at most 1 MiB) go there, and Badger
+// allocates each file at twice this size, so it is kept small: twice the
+// memtable.
+func valueLogFileSize(memTableSize int64) int64 {
+	return 2 * memTableSize
 }
 
 // tableSize is the size of Badger's tables below L0 (BaseTableSize).
@@ -294,30 +303,18 @@ func (o Options) withDefaults() Options {
 
 // badgerOptions are the Badger settings of a buffer; doc.go explains them.
 func badgerOptions(dir string, o Options, logger badger.Logger) badger.Options {
-	bo := badgerOptionsFor(dir, o, logger, strconv.IntSize)
+	bo := badgerSettings(dir, o, logger)
 	if o.tuneBadger != nil {
 		o.tuneBadger(&bo)
 	}
 	return bo
 }
 
-// valueLogFileSize is Badger's value log file size on a 64-bit machine;
-// Badger maps each file at twice this size.
-const valueLogFileSize = 64 << 20
-
-// valueLogFileSize32 is the value log file size on a 32-bit machine, where
-// every mapping (value log, memtable logs, tables) shares a 3 GiB address
-// space (2 GiB on some kernels).
-const valueLogFileSize32 = 16 << 20
-
-// badgerOptionsFor are the Badger settings on a machine whose int has
-// intSize bits.
-func badgerOptionsFor(dir string, o Options, logger badger.Logger, intSize int) badger.Options {
+// badgerSettings are the Badger settings of badgerOptions, before tests
+// tune them.
+func badgerSettings(dir string, o Options, logger badger.Logger) badger.Options {
 	ts := tableSize(o.MemTableSize)
-	vlog := int64(valueLogFileSize)
-	if intSize == 32 {
-		vlog = valueLogFileSize32
-	}
+	vlog := valueLogFileSize(o.MemTableSize)
 	bo := badger.DefaultOptions(dir).
 		WithSyncWrites(true).
 		WithDetectConflicts(false).
@@ -393,6 +390,9 @@ type Buffer struct {
 	arrivals arrivalRate
 
 	free    freeSpace
+	ballast ballast
+	// failure is set by the first failed write (failure.go).
+	failure *failure
 	dirSync dirSyncer
 	// vlogSyncFailed is set when Badger logs that syncing the value log
 	// failed: it does not return that error (valueLog.write), so the
@@ -453,6 +453,10 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 			"buffer.memtable_size applies after the next clean stop",
 			"memtable_size", bopts.MemTableSize, "configured", opts.MemTableSize)
 	}
+	free := freeSpace{dir: dir, override: opts.freeBytes}
+	reserve := newBallast(dir, bopts.MemTableSize, logger)
+	freeNow, known := free.bytes()
+	reserve.keep(freeNow, known, opts.MinFreeBytes)
 	db, err := badger.Open(badgerOptions(dir, bopts, badgerLogger{l: logger, vlogSyncFailed: vlogSyncFailed}))
 	if err != nil {
 		return nil, openError(dir, err)
@@ -466,7 +470,9 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 		closing:        make(chan struct{}),
 		stopped:        make(chan struct{}),
 		notify:         make(chan struct{}, 1),
-		free:           freeSpace{dir: dir, override: opts.freeBytes},
+		free:           free,
+		ballast:        reserve,
+		failure:        newFailure(dir, logger),
 		dirSync:        dirSyncer{dir: dir},
 		vlogSyncFailed: vlogSyncFailed,
 		fullLog:        logEvery{interval: time.Minute},
@@ -555,6 +561,9 @@ func (b *Buffer) Commit(ctx context.Context, entries []Entry) ([]Outcome, error)
 	if len(entries) == 0 {
 		return nil, nil
 	}
+	if err := b.failure.failed(); err != nil {
+		return nil, err
+	}
 	req := &commitReq{entries: entries, out: make([]Outcome, len(entries)), done: make(chan error, 1)}
 	b.mu.RLock()
 	if b.closed {
@@ -632,6 +641,9 @@ func (b *Buffer) readQueue(after uint64, limit int, decode func(seq uint64, v []
 	if b.closed {
 		return nil, ErrClosed
 	}
+	if err := b.failure.failed(); err != nil {
+		return nil, err
+	}
 	var out []Pending
 	err := b.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: queuePrefix, PrefetchValues: true, PrefetchSize: min(limit, 100)})
@@ -680,7 +692,7 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 	defer b.wmu.Unlock()
 	now := b.opts.now()
 	var n, payload, pendingFreed, deliveredAdded, historyAdded, kept int64
-	wb := newTxnWriter(b.db, nil)
+	wb := newTxnWriter(b.db, nil, b.failure)
 	for _, p := range batches {
 		// The queue entry's value is read only when the history keeps it.
 		var val []byte
@@ -779,7 +791,7 @@ func (b *Buffer) DeadLetter(p Pending, reason string) error {
 	}
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
-	wb := newTxnWriter(b.db, nil)
+	wb := newTxnWriter(b.db, nil, b.failure)
 	valLen, queued, err := wb.queued(p.Seq)
 	if err != nil {
 		wb.discard()
@@ -948,6 +960,9 @@ func (b *Buffer) SaveStates(records map[string][]byte) error {
 func (b *Buffer) saveStates(names []string, records map[string][]byte) (int, error) {
 	var delta, added int64
 	b.vlogSyncFailed.Store(false)
+	if err := b.failure.failed(); err != nil {
+		return 0, err
+	}
 	txn := b.db.NewTransaction(true)
 	defer txn.Discard()
 	n := 0
@@ -975,6 +990,9 @@ func (b *Buffer) saveStates(names []string, records map[string][]byte) (int, err
 		n++
 	}
 	err := txn.Commit()
+	if err != nil {
+		b.failure.fail(err)
+	}
 	if err == nil && b.vlogSyncFailed.Swap(false) {
 		err = errors.New("badger could not sync its value log")
 	}
@@ -996,10 +1014,15 @@ func (b *Buffer) Run(ctx context.Context) error {
 	defer collect.Stop()
 	vlog := time.NewTicker(10 * time.Minute)
 	defer vlog.Stop()
+	reserve := time.NewTicker(ballastInterval)
+	defer reserve.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-reserve.C:
+			free, known := b.free.bytes()
+			b.ballast.keep(free, known, b.opts.MinFreeBytes)
 		case <-collect.C:
 			if n, err := b.Collect(); err != nil {
 				if errors.Is(err, ErrClosed) {
@@ -1027,6 +1050,9 @@ func (b *Buffer) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// ballastInterval is how often Run checks free space for the ballast.
+const ballastInterval = 5 * time.Second
 
 // collectChunk bounds how many markers one step of Collect deletes while
 // holding the write lock, so that commits wait at most one step.
@@ -1083,7 +1109,7 @@ func (b *Buffer) collectStep() (int, bool, error) {
 		return 0, false, nil
 	}
 	var freed, markers int64
-	wb := newTxnWriter(b.db, nil)
+	wb := newTxnWriter(b.db, nil, b.failure)
 	for _, k := range keys {
 		id := string(k[len(expiryPrefix)+8:])
 		m, found, err := wb.marker(id)
@@ -1125,6 +1151,13 @@ func (b *Buffer) Close() error {
 		close(b.closing)
 		b.mu.Unlock()
 		<-b.stopped
+		if err := b.failure.failed(); err != nil {
+			// Badger is not safe to close after a failed write (it may
+			// have no memtable); its files are as the last synced write
+			// left them, and the next open replays them.
+			b.closeErr = err
+			return
+		}
 		rec := b.cleanRecord()
 		if err := b.db.Close(); err != nil {
 			b.closeErr = fmt.Errorf("closing buffer %s: %w", b.dir, err)

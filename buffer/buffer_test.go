@@ -338,7 +338,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"negative budget", Options{MaxPendingBytes: -1}, "buffer.max_pending_bytes"},
 		{"tiny memtable", Options{MemTableSize: 1000}, "buffer.memtable_size"},
 		{"unknown policy", Options{FullPolicy: "drop_newest"}, `buffer.full_policy: "drop_newest" is not one of reject_new, drop_oldest`},
-		{"watermark below what badger may write", Options{MinFreeBytes: 64 << 20}, "buffer.min_free_bytes: 67108864 is less than 117440512"},
+		{"watermark below what badger may write", Options{MinFreeBytes: 64 << 20}, "buffer.min_free_bytes: 67108864 is less than 184549376"},
 		{"watermark too low for a larger memtable", Options{MinFreeBytes: 256 << 20, MemTableSize: 64 << 20}, "buffer.min_free_bytes"},
 	}
 	for _, tt := range tests {
@@ -348,8 +348,9 @@ func TestOptionsValidate(t *testing.T) {
 	}
 	_, err := Open(t.TempDir(), Options{Retention: -time.Second}, nil, nil)
 	require.ErrorContains(t, err, "buffer.retention")
-	require.Equal(t, int64(224<<20), RequiredFreeBytes(16<<20))
-	require.Equal(t, int64(17<<20), RequiredFreeBytes(1<<20))
+	require.Equal(t, int64(176<<20), RequiredFreeBytes(8<<20))
+	require.Equal(t, int64(352<<20), RequiredFreeBytes(16<<20))
+	require.Equal(t, int64(25<<20), RequiredFreeBytes(1<<20))
 }
 
 func BenchmarkCommitParallel(b *testing.B) {

@@ -184,7 +184,7 @@ type candidate struct {
 func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
-	w := newTxnWriter(b.db, &b.syncs)
+	w := newTxnWriter(b.db, &b.syncs, b.failure)
 	seq := b.nextSeq
 	defer func() {
 		// Sequence numbers are never reused, even after a failure: part of
@@ -339,6 +339,7 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 	}
 	if synced, err := b.dirSync.sync(); err != nil {
 		w.written = true
+		b.failure.fail(fmt.Errorf("syncing the directory: %w", err))
 		return res, fmt.Errorf("committing %d batches: %w", res.stored, err)
 	} else if synced {
 		b.syncs.Add(1)
@@ -376,10 +377,12 @@ type txnWriter struct {
 	// failure then leaves part of the group on disk, which is safe (its
 	// members are not acknowledged, and a resend is a duplicate).
 	written bool
+	// failure stops every commit once one failed (failure.go).
+	failure *failure
 }
 
-func newTxnWriter(db *badger.DB, syncs *atomic.Int64) *txnWriter {
-	return &txnWriter{db: db, txn: db.NewTransaction(true), syncs: syncs}
+func newTxnWriter(db *badger.DB, syncs *atomic.Int64, fail *failure) *txnWriter {
+	return &txnWriter{db: db, txn: db.NewTransaction(true), syncs: syncs, failure: fail}
 }
 
 // queued reports whether the queue entry seq exists, and its value length.
@@ -425,7 +428,7 @@ func (w *txnWriter) delete(k []byte) error {
 func (w *txnWriter) apply(op func(*badger.Txn) error) error {
 	err := op(w.txn)
 	if errors.Is(err, badger.ErrTxnTooBig) {
-		if err = w.txn.Commit(); err != nil {
+		if err = w.commitTxn(); err != nil {
 			return fmt.Errorf("committing a full transaction: %w", err)
 		}
 		w.count()
@@ -440,10 +443,24 @@ func (w *txnWriter) apply(op func(*badger.Txn) error) error {
 }
 
 func (w *txnWriter) commit() error {
-	if err := w.txn.Commit(); err != nil {
+	if err := w.commitTxn(); err != nil {
 		return err
 	}
 	w.count()
+	return nil
+}
+
+// commitTxn commits the transaction, unless the data directory failed
+// before; a failed commit is the data directory's failure.
+func (w *txnWriter) commitTxn() error {
+	if err := w.failure.failed(); err != nil {
+		w.txn.Discard()
+		return err
+	}
+	if err := w.txn.Commit(); err != nil {
+		w.failure.fail(err)
+		return err
+	}
 	return nil
 }
 

@@ -99,25 +99,31 @@
 // batch is refused with Full, under both policies. Nothing is evicted
 // then, because deleting records frees disk space only after compaction,
 // too late to help. The watermark must cover what Badger may still write
-// once new batches are refused, because Badger writes through mmap, and on
-// a full disk a write to a mapped page is a SIGBUS that kills the process,
-// not an error: Badger creates its files sparse (ristretto
-// z.OpenMmapFileUsing truncates a new file to its full size and maps it,
-// without fallocate): a memtable's write-ahead log (.mem) at twice the
-// memtable size (memtable.go openMemTable), a value log file at twice
-// ValueLogFileSize, 128 MiB (value.go createVlogFile), a table at its final
-// size before copying it in (table.go CreateTable); blocks are allocated as
-// pages are first written. After the last admitted batch Badger may still
-// flush the memtables (an L0 table written before its log is deleted),
-// compact L0 into the base level and run one more compaction at the same
-// time (new tables written before the inputs are deleted), and take the
-// small writes of delivery and state. Open bounds that with Badger options
-// (at most 8 L0 tables, the stall limit; tables of memtable/8 between
-// 256 KiB and 2 MiB at every level; a base level of 5 tables), and
-// RequiredFreeBytes adds it up: 11 memtables and 24 tables, 112 MiB with
-// the default 8 MiB memtable, 17 MiB with a 1 MiB one. Validate refuses a
-// smaller buffer.min_free_bytes; the default is 256 MiB. Other programs
-// filling the disk are outside that bound.
+// once new batches are refused. Badger writes through mmap, and on a full
+// disk a write to a page of a sparse mapped file is a SIGBUS that kills the
+// process, not an error. The buffer builds Badger against a copy of
+// ristretto (third_party/ristretto) whose z.OpenMmapFileUsing and
+// MmapFile.Truncate allocate a file's blocks with fallocate before mapping
+// them, so running out of space is an ENOSPC where the file is created or
+// grown, never a fault later: a memtable's write-ahead log (.mem) at twice
+// the memtable size (memtable.go openMemTable), a value log file at twice
+// ValueLogFileSize (value.go createVlogFile; the buffer sets it to twice
+// the memtable, since only values over ValueThreshold go there), a table
+// at its final size (table.go CreateTable). After the last admitted batch
+// Badger may still flush the memtables (an L0 table written before its log
+// is deleted, and a new log allocated), compact L0 into the base level and
+// run one more compaction at the same time (new tables written before the
+// inputs are deleted), and take the small writes of delivery and state.
+// Open bounds that with Badger options (at most 8 L0 tables, the stall
+// limit; tables of memtable/8 between 256 KiB and 2 MiB at every level; a
+// base level of 5 tables), and RequiredFreeBytes adds it up: 15 memtables,
+// 24 tables and a value log file, 176 MiB with the default 8 MiB memtable,
+// 25 MiB with a 1 MiB one. Validate refuses a smaller buffer.min_free_bytes;
+// the default is 256 MiB. Other programs filling the disk are outside that
+// bound: then Badger's writes fail with ENOSPC (see Failing disks).
+//
+// The write-ahead logs are read, not mapped, by the integrity check at
+// open: on a full tmpfs, a mapped read of a file's hole needs a page too.
 //
 // # Durability
 //

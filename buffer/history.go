@@ -386,7 +386,7 @@ func (b *Buffer) collectHistoryStep() (int, bool, error) {
 		return 0, false, err
 	}
 	var freed int64
-	wb := newTxnWriter(b.db, nil)
+	wb := newTxnWriter(b.db, nil, b.failure)
 	for _, v := range victims {
 		if err := wb.delete(v.hkey); err != nil {
 			return 0, false, err

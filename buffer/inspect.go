@@ -190,7 +190,7 @@ func (b *Buffer) Reforward(batchID string) (Pending, error) {
 	}
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
-	w := newTxnWriter(b.db, nil)
+	w := newTxnWriter(b.db, nil, b.failure)
 	m, found, err := w.marker(batchID)
 	if err != nil {
 		w.discard()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"io/fs"
 	"log/slog"
 	"maps"
@@ -484,11 +485,12 @@ func scanWAL(path string) (walScan, error) {
 	if size == 0 {
 		return s, fmt.Errorf("write-ahead log %s is empty: it was cut short", filepath.Base(path))
 	}
-	data, err := syscall.Mmap(int(f.Fd()), 0, size, syscall.PROT_READ, syscall.MAP_SHARED)
-	if err != nil {
+	// Read, not mapped: a write-ahead log is sparse past its last entry,
+	// and on a full tmpfs a mapped read of a hole is a SIGBUS.
+	data := make([]byte, size)
+	if _, err := io.ReadFull(f, data); err != nil {
 		return s, fmt.Errorf("reading write-ahead log %s: %w", filepath.Base(path), err)
 	}
-	defer func() { _ = syscall.Munmap(data) }()
 	if size < walHeaderSize {
 		s.problem = fmt.Sprintf("has %d bytes, less than its header: it was cut short", size)
 		return s, nil

@@ -106,7 +106,7 @@ func requireAlive(t *testing.T, d *daemon) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 }
 
-// TestFullDiskAnswers507ThenResumes runs gatewayd on a 32 MiB tmpfs with
+// TestFullDiskAnswers507ThenResumes runs gatewayd on a 48 MiB tmpfs with
 // DynamoDB unreachable, so nothing drains, and a filler file leaving a few
 // MiB above the free-space watermark. Devices push batches over HTTP until
 // the gateway answers 507 with Retry-After; it must not crash (Badger
@@ -117,7 +117,7 @@ func TestFullDiskAnswers507ThenResumes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs gatewayd on a tmpfs")
 	}
-	mnt := mountTmpfs(t, 32<<20)
+	mnt := mountTmpfs(t, 48<<20)
 	local, _, key, prefix := setup(t)
 	dataDir := filepath.Join(mnt, "data")
 	watermark := buffer.RequiredFreeBytes(diskMemTable)
@@ -278,7 +278,7 @@ func TestBufferCapacitySettings(t *testing.T) {
 		{"unknown policy", []string{"GATEWAY_BUFFER_FULL_POLICY=drop_newest"},
 			`buffer.full_policy: "drop_newest" is not one of reject_new, drop_oldest`},
 		{"watermark below what Badger may write", []string{"GATEWAY_BUFFER_MIN_FREE_BYTES=67108864"},
-			"buffer.min_free_bytes: 67108864 is less than 117440512"},
+			"buffer.min_free_bytes: 67108864 is less than 184549376"},
 		{"larger memtable, default watermark", []string{"GATEWAY_BUFFER_MEMTABLE_SIZE=67108864"},
 			"buffer.min_free_bytes: 268435456 is less than"},
 	}

@@ -228,7 +228,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		if ctx.Err() != nil {
 			return errors.New("shutting down")
 		}
-		return nil
+		return buf.Err()
 	}
 	api, err := gateway.NewHTTPServer(cfg.HTTP, gateway.HTTPDeps{
 		Ingest: ingest, Auth: auth, Devices: devices, DeviceKeys: deviceKeys, History: buf, AdminToken: adminToken, DeadLetters: buf,
@@ -282,6 +282,15 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	g.Go(func() error { return api.Run(gctx) }) // 2.
 	g.Go(func() error { return up.Run(gctx) })  // 3.
 	g.Go(func() error { return buf.Run(gctx) })
+	g.Go(func() error { // a failed data directory stops gatewayd; systemd starts it again
+		select {
+		case <-buf.Failed():
+			return fmt.Errorf("%w; stopping so that systemd (Restart=on-failure) starts gatewayd again once the disk "+
+				"works, on what is on disk: nothing acknowledged is lost", buf.Err())
+		case <-gctx.Done():
+			return nil
+		}
+	})
 	g.Go(func() error { return devices.Run(gctx) }) // saves device records once more on the way out
 	g.Go(func() error { return pusher.Run(gctx) })  // 3. with push.url set, pushes once more (at most 5 s)
 	// WatchdogSec=: WATCHDOG=1 every half interval while healthy() is nil.

@@ -1,0 +1,278 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/internal/cloud"
+	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/internal/dynamotest"
+)
+
+// denseBatch is a batch of 4 readings of 24 random sensors: about 2.7 KiB
+// that compress poorly, few readings for DynamoDB Local to write.
+func denseBatch(hw, boot string, i int) []byte {
+	end := time.Now().Add(-7*24*time.Hour).UnixMilli() + int64(i)*60_000
+	var readings []string
+	for k := range 4 {
+		var sensors []string
+		for s := range 24 {
+			sensors = append(sensors, fmt.Sprintf(`"sensor_%d":%.6f`, s, rand.Float64()*100))
+		}
+		readings = append(readings, fmt.Sprintf(`{"timestamp_ms":%d,"sensors":{%s}}`, end-int64(4-k)*1000, strings.Join(sensors, ",")))
+	}
+	return []byte(fmt.Sprintf(`{"batch_id":"%s_%s_%d_%d","hardware_id":"%s","boot_id":"%s","firmware_version":"1.0.16","seq":%d,"readings":[%s]}`,
+		hw, boot, end-60_000, end, hw, boot, i, strings.Join(readings, ",")))
+}
+
+// diskCycles is how many full-disk cycles TestFullDiskCyclesWithFrozenUplink
+// runs: GATEWAY_DISK_CYCLES, else 2 (make test).
+func diskCycles(t *testing.T) int {
+	if v := os.Getenv("GATEWAY_DISK_CYCLES"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err)
+		return n
+	}
+	return 2
+}
+
+// TestFullDiskCyclesWithFrozenUplink fills a 48 MiB tmpfs through gatewayd
+// while DynamoDB Local is frozen (SIGSTOP), until devices are answered 507,
+// then thaws it: the uplink drains, Badger flushes and compacts on the
+// nearly full disk (where a write through a sparse mmap used to be a
+// SIGBUS), and ingest resumes once space is back. Each cycle asserts the
+// process is alive, free space never fell under the watermark by more than
+// a commit group, and at the end every acknowledged batch is in DynamoDB
+// exactly once. Then gatewayd is restarted on a disk filled to the brim by
+// another writer: it must start, answer 507, and accept again once space
+// returns, without a restart.
+func TestFullDiskCyclesWithFrozenUplink(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs gatewayd on a tmpfs")
+	}
+	mnt := mountTmpfs(t, 48<<20)
+	local := dynamotest.Start(t)
+	view := cloudView{client: local.Client(t), tables: local.NewTables(t)}
+	key, _, err := cloud.NewKeys(view.client, view.tables.APIKeys, e2ePepper).Create(t.Context(), "disk")
+	require.NoError(t, err)
+	prefix := strings.TrimSuffix(view.tables.Devices, "devices")
+	dataDir := filepath.Join(mnt, "data")
+	watermark := buffer.RequiredFreeBytes(diskMemTable)
+	env := []string{fmt.Sprintf("GATEWAY_BUFFER_MEMTABLE_SIZE=%d", diskMemTable),
+		fmt.Sprintf("GATEWAY_BUFFER_MIN_FREE_BYTES=%d", watermark), "GATEWAY_BUFFER_HISTORY_RETENTION=-1s"}
+	d := startPlainDaemon(t, dataDir, local.Endpoint, prefix, env...)
+	hw := "02:00:00:00:D1:5C"
+	boot := uuid.NewString()
+	acked := map[string]int{} // batch_id → readings
+	next := 0
+	push := func() int {
+		var batches [][]byte
+		for range 20 {
+			batches = append(batches, denseBatch(hw, boot, next))
+			next++
+		}
+		code, _, results := postBatches(t, d, key, batches)
+		for _, r := range results {
+			if r.Status == contract.StatusAccepted {
+				acked[r.BatchID] = 4
+			}
+		}
+		return code
+	}
+	// The key is verified and cached while DynamoDB answers.
+	require.Equal(t, http.StatusOK, push())
+
+	lowest := freeBytes(t, mnt)
+	for cycle := range diskCycles(t) {
+		local.Pause(t)
+		full := false
+		for range 2000 {
+			code := push()
+			lowest = min(lowest, freeBytes(t, mnt))
+			requireAlive(t, d)
+			if code == http.StatusInsufficientStorage {
+				full = true
+				break
+			}
+			require.Contains(t, []int{http.StatusOK, http.StatusMultiStatus}, code)
+		}
+		require.True(t, full, "cycle %d: no 507; free %d bytes", cycle, freeBytes(t, mnt))
+		filled := freeBytes(t, mnt)
+		local.Resume(t)
+		// Drain: ingest resumes once the uplink's deletions are compacted away.
+		start := time.Now()
+		require.Eventually(t, func() bool {
+			lowest = min(lowest, freeBytes(t, mnt))
+			requireAlive(t, d)
+			return d.metric(t, "gateway_buffer_pending_batches") == "0"
+		}, 180*time.Second, 200*time.Millisecond, "cycle %d: the backlog drains", cycle)
+		drained := time.Since(start)
+		start = time.Now()
+		require.Eventually(t, func() bool {
+			lowest = min(lowest, freeBytes(t, mnt))
+			return push() == http.StatusOK
+		}, 60*time.Second, 500*time.Millisecond, "cycle %d: ingest resumes", cycle)
+		t.Logf("cycle %d: 507 with %d MiB free (watermark %d MiB); drained in %s; accepting again %s later; lowest free %d MiB",
+			cycle, filled>>20, watermark>>20, drained.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), lowest>>20)
+		requireAlive(t, d)
+	}
+	// One commit group of this test is 20 batches of about 2.7 KiB.
+	require.GreaterOrEqual(t, lowest, watermark-1<<20, "free space stayed at the watermark, less one commit group")
+
+	// Another writer fills the disk while gatewayd is stopped: it starts,
+	// answers 507, and accepts again when space returns.
+	require.NoError(t, d.stop(t, syscall.SIGTERM))
+	filler := filepath.Join(mnt, "filler")
+	fillDisk(t, filler)
+	d = startPlainDaemon(t, dataDir, local.Endpoint, prefix, env...)
+	requireAlive(t, d)
+	require.Equal(t, http.StatusInsufficientStorage, push(), "a full disk answers 507")
+	require.NoError(t, os.Remove(filler))
+	start := time.Now()
+	require.Eventually(t, func() bool { return push() == http.StatusOK }, 30*time.Second, 200*time.Millisecond,
+		"accepting again once space returns, without a restart")
+	t.Logf("restarted on a full disk: accepting %s after space returned", time.Since(start).Round(time.Millisecond))
+	requireAlive(t, d)
+
+	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" },
+		120*time.Second, 200*time.Millisecond)
+	stored := view.readings(t, hw)
+	for k, n := range stored {
+		require.Equal(t, 1, n, "reading %s stored once", k)
+	}
+	want := 0
+	for _, n := range acked {
+		want += n
+	}
+	require.Len(t, stored, want, "every acknowledged reading is in DynamoDB")
+	t.Logf("%d batches acknowledged over %d cycles, all delivered once", len(acked), diskCycles(t))
+}
+
+// fillDisk writes path until the file system is full.
+func fillDisk(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	defer f.Close()
+	chunk := make([]byte, 1<<20)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			require.ErrorIs(t, err, syscall.ENOSPC)
+			break
+		}
+	}
+	for _, n := range []int{64 << 10, 4 << 10, 1} {
+		for {
+			if _, err := f.Write(chunk[:n]); err != nil {
+				break
+			}
+		}
+	}
+}
+
+// TestReadOnlyDataDirectoryStopsCleanly remounts gatewayd's tmpfs read-only
+// while a device posts batches: the first failed write withholds its
+// acknowledgement, /readyz fails, and gatewayd stops with one clear error
+// (no panic, no SIGBUS) so that systemd restarts it. Once the disk is
+// writable again, a restarted gatewayd delivers every batch that was
+// acknowledged, once.
+func TestReadOnlyDataDirectoryStopsCleanly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs gatewayd on a tmpfs")
+	}
+	mnt := mountTmpfs(t, 64<<20)
+	local, view, key, prefix := setup(t)
+	dataDir := filepath.Join(mnt, "data")
+	env := []string{fmt.Sprintf("GATEWAY_BUFFER_MEMTABLE_SIZE=%d", diskMemTable),
+		fmt.Sprintf("GATEWAY_BUFFER_MIN_FREE_BYTES=%d", buffer.RequiredFreeBytes(diskMemTable))}
+	d := startDaemon(t, dataDir, local.Endpoint, prefix, env...)
+	hw := "02:00:00:00:D1:50"
+	boot := uuid.NewString()
+	acked := map[string]bool{}
+	refused := 0
+	remount := func(mode string) {
+		out, err := exec.Command("mount", "-o", "remount,"+mode, mnt).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
+	for i := range 400 {
+		if i == 40 {
+			remount("ro")
+			t.Cleanup(func() { _ = exec.Command("mount", "-o", "remount,rw", mnt).Run() })
+		}
+		code, results, err := tryPost(d, key, [][]byte{denseBatch(hw, boot, i)})
+		if err != nil {
+			break // gatewayd stopped
+		}
+		switch code {
+		case http.StatusOK:
+			acked[results[0].BatchID] = true
+		default:
+			refused++
+		}
+	}
+	select {
+	case err := <-d.exited:
+		d.exited <- err
+		require.Error(t, err, "gatewayd exits non-zero")
+	case <-time.After(60 * time.Second):
+		t.Fatalf("gatewayd did not stop on a read-only data directory; logs:\n%s", d.logs.String())
+	}
+	logs := d.logs.String()
+	for _, crash := range []string{"SIGBUS", "unexpected fault address", "fatal error", "panic:", "Assert failed"} {
+		require.NotContains(t, logs, crash)
+	}
+	require.Contains(t, logs, "the data directory failed")
+	require.Contains(t, logs, "read-only file system")
+	require.Positive(t, refused, "batches were refused, not acknowledged, once the disk failed")
+	t.Logf("%d batches acknowledged, %d refused before gatewayd stopped", len(acked), refused)
+
+	remount("rw")
+	d = startDaemon(t, dataDir, local.Endpoint, prefix, env...)
+	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" },
+		60*time.Second, 200*time.Millisecond)
+	stored := view.readings(t, hw)
+	for k, n := range stored {
+		require.Equal(t, 1, n, "reading %s stored once", k)
+	}
+	markers := view.markers(t)
+	for id := range acked {
+		require.Equal(t, 1, markers[id], "acknowledged batch %s delivered once", id)
+	}
+}
+
+// tryPost is postBatches for a gatewayd that may be gone: err is the
+// request's error.
+func tryPost(d *daemon, key string, batches [][]byte) (int, []contract.Result, error) {
+	body := append([]byte(`{"batches":[`), bytes.Join(batches, []byte(","))...)
+	body = append(body, "]}"...)
+	req, err := http.NewRequest(http.MethodPost, "http://"+d.httpAddr+"/v1/readings", bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var r contract.ReadingsResponse
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		return resp.StatusCode, nil, err
+	}
+	return resp.StatusCode, r.Results, nil
+}
