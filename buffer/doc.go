@@ -206,6 +206,37 @@
 // Badger drops it, and damage to its final entry cannot be told from a
 // torn write.
 //
+// # Failing disks
+//
+// A write to the data directory that fails (Badger's commit of a
+// transaction, or the directory's fsync: EIO, EROFS, EACCES, EPERM, or
+// ENOSPC where Badger could not allocate a new write-ahead log) leaves
+// Badger unsafe to use: without a memtable its next write or read crashes
+// the process, and after a failed fsync what the page cache holds is not
+// known to be on disk. So the first failure is final for the open buffer
+// (failure.go): that group's batches are not acknowledged, every later
+// write is refused with ErrFailed without calling Badger, and Failed is
+// closed. gatewayd then logs one line naming the directory and the error,
+// fails /readyz, and exits non-zero; systemd (Restart=on-failure) starts
+// it again, which replays what the disk holds. While the disk stays
+// broken, each start fails at open with the error and systemd retries
+// every RestartSec: nothing acknowledged is lost, and the gateway resumes
+// by itself once the disk works.
+//
+// Not covered: a disk that turns read-only (or files made immutable) while
+// Badger holds pages of its write-ahead log mapped. The kernel refuses the
+// next write to such a page with a SIGBUS, not an error, in Badger's write
+// goroutine, and the process dies without that log line; systemd restarts
+// it as above, and nothing acknowledged is lost (everything acknowledged
+// was synced before). A full disk does not do this: the files are
+// allocated before they are mapped (Capacity).
+//
+// The data directory also holds a ballast (GATEWAY-BALLAST, ballast.go): a
+// file of 8 memtables (64 MiB by default) made when free space allows it
+// on top of buffer.min_free_bytes, and deleted when another program fills
+// the disk, so that Badger can still open, take the uplink's deletions and
+// compact them, which is what frees the disk.
+//
 // # Memory
 //
 // Badger keeps most of its memory on the Go heap (ristretto's z.Calloc is
