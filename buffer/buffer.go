@@ -167,6 +167,9 @@ type Options struct {
 	// beforeCommit, when set, is called with each group transaction before
 	// it commits; an error fails the group (tests inject disk failures).
 	beforeCommit func() error
+	// failCommit, when set, is called instead of each Badger commit; an
+	// error stands for a failed write of the disk (tests).
+	failCommit func() error
 	// freeBytes, when set, replaces the data directory's statfs (tests).
 	freeBytes func() (uint64, bool)
 	// tuneBadger, when set, changes the Badger options after
@@ -472,7 +475,7 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 		notify:         make(chan struct{}, 1),
 		free:           free,
 		ballast:        reserve,
-		failure:        newFailure(dir, logger),
+		failure:        newFailure(dir, logger, opts.failCommit),
 		dirSync:        dirSyncer{dir: dir},
 		vlogSyncFailed: vlogSyncFailed,
 		fullLog:        logEvery{interval: time.Minute},

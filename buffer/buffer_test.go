@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -370,4 +371,54 @@ func BenchmarkCommitParallel(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestFailedWriteStopsTheBuffer: once a commit fails in Badger (the disk
+// failed), nothing more is written, Failed is closed and Err says why, and
+// Close leaves Badger alone; a reopen finds what was acknowledged before.
+func TestFailedWriteStopsTheBuffer(t *testing.T) {
+	dir := t.TempDir()
+	var failing atomic.Bool
+	opts := Options{failCommit: func() error {
+		if failing.Load() {
+			return syscall.EIO
+		}
+		return nil
+	}}
+	b, err := Open(dir, opts, nil, nil)
+	require.NoError(t, err)
+	out, err := b.Commit(context.Background(), []Entry{entry("a", "1")})
+	require.NoError(t, err)
+	require.Equal(t, []Outcome{Stored}, out)
+	require.NoError(t, b.Err())
+
+	failing.Store(true)
+	_, err = b.Commit(context.Background(), []Entry{entry("b", "2")})
+	require.ErrorIs(t, err, syscall.EIO)
+	select {
+	case <-b.Failed():
+	default:
+		t.Fatal("Failed is not closed after a failed write")
+	}
+	require.ErrorIs(t, b.Err(), ErrFailed)
+	require.ErrorContains(t, b.Err(), dir)
+
+	failing.Store(false) // the disk "works" again: the open buffer still refuses
+	_, err = b.Commit(context.Background(), []Entry{entry("c", "3")})
+	require.ErrorIs(t, err, ErrFailed)
+	require.ErrorIs(t, b.SaveState("s", []byte("x")), ErrFailed)
+	_, err = b.Pending(0, 10)
+	require.ErrorIs(t, err, ErrFailed)
+	require.ErrorIs(t, b.Close(), ErrFailed, "Close reports the failure and leaves Badger as the disk has it")
+	// The process would exit now. Here Badger itself is intact (the
+	// failure was injected in place of its commit): close it to reopen.
+	require.NoError(t, b.db.Close())
+
+	b, err = Open(dir, Options{}, nil, nil)
+	require.NoError(t, err, "the next start opens what is on disk")
+	defer b.Close()
+	pending, err := b.Pending(0, 10)
+	require.NoError(t, err)
+	require.Len(t, pending, 1)
+	require.Equal(t, "a", pending[0].BatchID, "the acknowledged batch, and only it")
 }

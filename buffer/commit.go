@@ -457,7 +457,13 @@ func (w *txnWriter) commitTxn() error {
 		w.txn.Discard()
 		return err
 	}
-	if err := w.txn.Commit(); err != nil {
+	err := w.failure.injected()
+	if err != nil {
+		w.txn.Discard()
+	} else {
+		err = w.txn.Commit()
+	}
+	if err != nil {
 		w.failure.fail(err)
 		return err
 	}

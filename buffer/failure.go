@@ -25,10 +25,21 @@ type failure struct {
 	once   sync.Once
 	done   chan struct{}
 	err    error // set before done is closed
+	// inject, when set, stands for Badger's commit in tests: its error
+	// fails the commit.
+	inject func() error
 }
 
-func newFailure(dir string, logger *slog.Logger) *failure {
-	return &failure{dir: dir, logger: logger, done: make(chan struct{})}
+func newFailure(dir string, logger *slog.Logger, inject func() error) *failure {
+	return &failure{dir: dir, logger: logger, done: make(chan struct{}), inject: inject}
+}
+
+// injected returns the injected commit error, if any.
+func (f *failure) injected() error {
+	if f.inject == nil {
+		return nil
+	}
+	return f.inject()
 }
 
 // fail records err as the failure, the first time.
