@@ -223,13 +223,12 @@
 // every RestartSec: nothing acknowledged is lost, and the gateway resumes
 // by itself once the disk works.
 //
-// Not covered: a disk that turns read-only (or files made immutable) while
-// Badger holds pages of its write-ahead log mapped. The kernel refuses the
-// next write to such a page with a SIGBUS, not an error, in Badger's write
-// goroutine, and the process dies without that log line; systemd restarts
-// it as above, and nothing acknowledged is lost (everything acknowledged
-// was synced before). A full disk does not do this: the files are
-// allocated before they are mapped (Capacity).
+// A disk that turns read-only (or files made immutable) while Badger holds
+// pages of its write-ahead log mapped makes the kernel refuse the next
+// write to such a page with a SIGBUS, not an error. The buffer builds
+// Badger from a copy (third_party/badger) whose writer goroutine, flushes
+// and compactions turn that fault into an error (debug.SetPanicOnFault),
+// so it ends the same way: a failed commit, one log line, a clean exit.
 //
 // The data directory also holds a ballast (GATEWAY-BALLAST, ballast.go): a
 // file of 8 memtables (64 MiB by default) made when free space allows it

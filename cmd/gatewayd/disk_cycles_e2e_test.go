@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -180,4 +183,104 @@ func fillDisk(t *testing.T, path string) {
 			}
 		}
 	}
+}
+
+// TestReadOnlyDataDirectoryStopsCleanly makes gatewayd's data directory and
+// its files immutable (chattr -R +i: every later create, write and sync
+// fails with EPERM, as on a card the kernel turned read-only) while a
+// device posts batches: the first failed write withholds its
+// acknowledgement, /readyz fails, and gatewayd stops with one clear error
+// (no panic, no SIGBUS) so that systemd restarts it. Once the disk is
+// writable again, a restarted gatewayd delivers every batch that was
+// acknowledged, once.
+func TestReadOnlyDataDirectoryStopsCleanly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs gatewayd on a tmpfs")
+	}
+	local, view, key, prefix := setup(t)
+	dataDir := filepath.Join(t.TempDir(), "data")
+	env := []string{fmt.Sprintf("GATEWAY_BUFFER_MEMTABLE_SIZE=%d", diskMemTable),
+		fmt.Sprintf("GATEWAY_BUFFER_MIN_FREE_BYTES=%d", buffer.RequiredFreeBytes(diskMemTable))}
+	d := startDaemon(t, dataDir, local.Endpoint, prefix, env...)
+	hw := "02:00:00:00:D1:50"
+	boot := uuid.NewString()
+	acked := map[string]bool{}
+	refused := 0
+	chattr := func(flag string) {
+		out, err := exec.Command("chattr", "-R", flag, dataDir).CombinedOutput()
+		if err != nil && flag == "+i" {
+			t.Skipf("chattr needs root and an ext4-like file system: %v: %s", err, out)
+		}
+		require.NoError(t, err, "%s", out)
+	}
+	for i := range 400 {
+		if i == 40 {
+			chattr("+i")
+			t.Cleanup(func() { _ = exec.Command("chattr", "-R", "-i", dataDir).Run() })
+		}
+		code, results, err := tryPost(d, key, [][]byte{denseBatch(hw, boot, i)})
+		if err != nil {
+			break // gatewayd stopped
+		}
+		switch code {
+		case http.StatusOK:
+			acked[results[0].BatchID] = true
+		default:
+			refused++
+		}
+	}
+	select {
+	case err := <-d.exited:
+		d.exited <- err
+		require.Error(t, err, "gatewayd exits non-zero")
+	case <-time.After(60 * time.Second):
+		t.Fatalf("gatewayd did not stop on a read-only data directory; logs:\n%s", d.logs.String())
+	}
+	logs := d.logs.String()
+	for _, crash := range []string{"SIGBUS", "unexpected fault address", "fatal error", "panic:", "Assert failed"} {
+		require.NotContains(t, logs, crash)
+	}
+	require.Contains(t, logs, "a write to the data directory failed")
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, "level=ERROR") {
+			t.Logf("gatewayd: %s", line)
+		}
+	}
+	require.Positive(t, refused, "batches were refused, not acknowledged, once the disk failed")
+	t.Logf("%d batches acknowledged, %d refused before gatewayd stopped", len(acked), refused)
+
+	chattr("-i")
+	d = startDaemon(t, dataDir, local.Endpoint, prefix, env...)
+	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" },
+		60*time.Second, 200*time.Millisecond)
+	stored := view.readings(t, hw)
+	for k, n := range stored {
+		require.Equal(t, 1, n, "reading %s stored once", k)
+	}
+	markers := view.markers(t)
+	for id := range acked {
+		require.Equal(t, 1, markers[id], "acknowledged batch %s delivered once", id)
+	}
+}
+
+// tryPost is postBatches for a gatewayd that may be gone: err is the
+// request's error.
+func tryPost(d *daemon, key string, batches [][]byte) (int, []contract.Result, error) {
+	body := append([]byte(`{"batches":[`), bytes.Join(batches, []byte(","))...)
+	body = append(body, "]}"...)
+	req, err := http.NewRequest(http.MethodPost, "http://"+d.httpAddr+"/v1/readings", bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var r contract.ReadingsResponse
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		return resp.StatusCode, nil, err
+	}
+	return resp.StatusCode, r.Results, nil
 }
