@@ -394,6 +394,7 @@ type Buffer struct {
 
 	free    freeSpace
 	ballast ballast
+	reclaim reclaimer
 	// failure is set by the first failed write (failure.go).
 	failure *failure
 	dirSync dirSyncer
@@ -1026,6 +1027,7 @@ func (b *Buffer) Run(ctx context.Context) error {
 		case <-reserve.C:
 			free, known := b.free.bytes()
 			b.ballast.keep(free, known, b.opts.MinFreeBytes)
+			b.reclaimSpace(time.Now())
 		case <-collect.C:
 			if n, err := b.Collect(); err != nil {
 				if errors.Is(err, ErrClosed) {

@@ -238,6 +238,7 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 	if len(cands) > 0 {
 		if free, ok := b.free.bytes(); ok && free < uint64(b.opts.MinFreeBytes) {
 			res.refusedBy, res.free = refusedFreeSpace, int64(free)
+			b.reclaim.refused.Store(time.Now().UnixNano())
 		} else {
 			used := b.usage.total()
 			room := b.opts.MaxPendingBytes - used + b.usage.history.Load() + b.usage.delivered.Load()

@@ -81,6 +81,10 @@ func (lk *lockedKeys) all() []uint64 {
 // DB provides the various functions required to interact with Badger.
 // DB is thread-safe.
 type DB struct {
+	// flushRequested makes the next write move the memtable to the flush
+	// queue, full or not (RequestFlush). (greenhouse-gateway patch)
+	flushRequested atomic.Bool
+
 	testOnlyDBExtensions
 
 	lock sync.RWMutex // Guards list of inmemory tables, not individual reads and writes.
@@ -1071,9 +1075,10 @@ func (db *DB) ensureRoomForWrite() error {
 	defer db.lock.Unlock()
 
 	y.AssertTrue(db.mt != nil) // A nil mt indicates that DB is being closed.
-	if !db.mt.isFull() {
+	if !db.mt.isFull() && !(db.flushRequested.Load() && !db.mt.sl.Empty()) {
 		return nil
 	}
+	db.flushRequested.Store(false)
 
 	for {
 		select {
@@ -2192,3 +2197,9 @@ func (db *DB) LevelsToString() string {
 	b.WriteString("Level Done\n")
 	return b.String()
 }
+
+// RequestFlush makes the next write move the current memtable, if it holds
+// anything, to the flush queue, as if it were full: its deletions then
+// reach the tables, where a compaction (Flatten) can drop what they delete
+// and free the disk. (greenhouse-gateway: see third_party/README.md.)
+func (db *DB) RequestFlush() { db.flushRequested.Store(true) }

@@ -1,0 +1,65 @@
+package buffer
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// reclaimer frees the disk space of deleted records when the free-space
+// watermark refuses batches. Deleting a delivered batch only writes a
+// tombstone into the memtable; the space its record takes in the tables is
+// freed when a compaction merges the two, and on a disk near its watermark
+// with little traffic neither the memtable flush nor the compaction may
+// come by themselves: the backlog is gone, and batches are still refused.
+type reclaimer struct {
+	// refused is when the watermark last refused a batch (unix ns).
+	refused atomic.Int64
+	// last is when space was last reclaimed (Run's goroutine only).
+	last time.Time
+}
+
+// reclaimInterval is the least time between two reclaims.
+const reclaimInterval = 30 * time.Second
+
+// reclaimSpace, while the watermark refuses batches, flushes the memtable
+// (its tombstones reach the tables) and compacts every level into one
+// (Flatten), which drops what the tombstones delete, at most once per
+// reclaimInterval. Called from Run.
+func (b *Buffer) reclaimSpace(now time.Time) {
+	refused := time.Unix(0, b.reclaim.refused.Load())
+	if now.Sub(refused) > 2*ballastInterval || now.Sub(b.reclaim.last) < reclaimInterval {
+		return
+	}
+	if b.failure.failed() != nil {
+		return
+	}
+	b.reclaim.last = now
+	before, _ := b.free.bytes()
+	// The flush happens at the next write: a state record is one. It runs
+	// in Badger's background; give it a moment before compacting.
+	b.db.RequestFlush()
+	if err := b.SaveState(reclaimStateName, []byte(now.UTC().Format(time.RFC3339))); err != nil {
+		b.logger.Warn("reclaiming disk space: writing", "err", err)
+		return
+	}
+	time.Sleep(flushWait)
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return
+	}
+	if err := b.db.Flatten(1); err != nil {
+		b.logger.Warn("reclaiming disk space: compacting", "err", err)
+		return
+	}
+	after, _ := b.free.bytes()
+	b.logger.Info("free space under buffer.min_free_bytes: flushed and compacted deleted records",
+		"free_bytes_before", before, "free_bytes_after", after, "min_free_bytes", b.opts.MinFreeBytes)
+}
+
+// flushWait is how long reclaimSpace gives Badger to flush the memtable
+// before compacting.
+const flushWait = 2 * time.Second
+
+// reclaimStateName is the state record whose write makes the memtable flush.
+const reclaimStateName = "reclaim"
