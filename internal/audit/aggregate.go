@@ -109,16 +109,16 @@ func (a *aggregator) countFor(rec *Record) *aggCount {
 	return c
 }
 
-// take returns the interval's aggregates, written at now, largest first,
-// and starts the next interval.
-func (a *aggregator) take(now time.Time) []Record {
+// take returns the interval's aggregates (without a Time), largest
+// first, and starts the next interval.
+func (a *aggregator) take() []Record {
 	a.mu.Lock()
 	counts := a.counts
 	a.counts = map[aggKey]*aggCount{}
 	a.mu.Unlock()
 	out := make([]Record, 0, len(counts))
 	for k, c := range counts {
-		out = append(out, Record{Time: now, Transport: k.transport, Kind: k.kind, HardwareID: k.hardwareID,
+		out = append(out, Record{Transport: k.transport, Kind: k.kind, HardwareID: k.hardwareID,
 			Reason: k.reason, Source: k.source, Aggregated: true, Count: c.n, First: c.first.UTC(), Last: c.last.UTC(),
 			Message: fmt.Sprintf("%d attempts from %s, recorded together (over audit.max_records_per_second)", c.n, k.source)})
 	}

@@ -428,6 +428,11 @@ func (l *Log) Run(ctx context.Context) error {
 			l.maintainLocked()
 			l.mu.Unlock()
 		case <-aggTicker.C:
+			// The records queued before the aggregates go first, so that
+			// the segment stays in time order.
+			for range len(l.queue) {
+				l.handle(<-l.queue)
+			}
 			l.mu.Lock()
 			l.writeAggregatesLocked()
 			l.mu.Unlock()
@@ -540,9 +545,9 @@ func (l *Log) writeLocked(rec Record) {
 }
 
 // writeAggregatesLocked writes the aggregates of the interval that ends
-// now.
+// now, each timed as it is written.
 func (l *Log) writeAggregatesLocked() {
-	for _, rec := range l.agg.take(l.now().UTC()) {
+	for _, rec := range l.agg.take() {
 		l.writeLocked(rec)
 	}
 }

@@ -379,12 +379,16 @@ func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64
 	return 0
 }
 
+// gauge reads a metric without labels: a gauge or a counter.
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
 		if mf.GetName() == name {
+			if m := mf.GetMetric()[0]; m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
 			return mf.GetMetric()[0].GetGauge().GetValue()
 		}
 	}

@@ -1,0 +1,310 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/internal/audit"
+)
+
+// auditFlood counts what an unauthenticated flood was answered.
+type auditFlood struct {
+	http401, mqttRefused, shed atomic.Int64
+	other                      sync.Map // anything else, to report
+}
+
+// floodHTTP posts readings without a key from src until ctx ends, on
+// keep-alive connections. A request under way when ctx ends is finished,
+// so that every attempt the gateway answered is counted.
+func (f *auditFlood) floodHTTP(ctx context.Context, addr, src string) {
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+			return dialFrom(src, a, 5*time.Second)
+		}, MaxIdleConnsPerHost: 1}}
+	defer client.CloseIdleConnections()
+	body := `{"batches":[` + string(batch("02:00:00:00:F0:01", uuid.NewString(), 0, 2)) + `]}`
+	for ctx.Err() == nil {
+		resp, err := client.Post("http://"+addr+"/v1/readings", "application/json", strings.NewReader(body))
+		if err != nil {
+			f.shed.Add(1)
+			continue
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusUnauthorized {
+			f.http401.Add(1)
+		} else {
+			f.other.Store(fmt.Sprintf("HTTP %d", resp.StatusCode), true)
+		}
+	}
+}
+
+// floodMQTT sends CONNECTs with made-up keys from src until ctx ends,
+// each on a new connection that it closes once answered.
+func (f *auditFlood) floodMQTT(ctx context.Context, addr, src string, worker int) {
+	for i := 0; ctx.Err() == nil; i++ {
+		c, err := dialFrom(src, addr, 5*time.Second)
+		if err != nil {
+			f.shed.Add(1)
+			continue
+		}
+		hw := fmt.Sprintf("02:00:00:F1:%02X:%02X", worker, i%256)
+		connect := append(mqttString("MQTT"), 4, 0xC2, 0, 60) // 3.1.1, user name, password, clean session
+		connect = append(connect, mqttString(hw)...)
+		connect = append(connect, mqttString(hw)...)
+		connect = append(connect, mqttString(fmt.Sprintf("made-up-key-%s-%d-%d", src, worker, i))...)
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		_, err = c.Write(mqttFrame(0x10, connect))
+		var first byte
+		var ack []byte
+		if err == nil {
+			first, ack, err = readMQTTPacket(c)
+		}
+		c.Close()
+		switch {
+		case err != nil: // closed before CONNACK: shed by admission, not audited
+			f.shed.Add(1)
+		case first>>4 == 2 && len(ack) == 2 && ack[1] != 0:
+			f.mqttRefused.Add(1)
+		default:
+			f.other.Store(fmt.Sprintf("MQTT %#x %x", first, ack), true)
+		}
+	}
+}
+
+// auditPage is GET /v1/audit's answer.
+type auditPage struct {
+	Records   []audit.Record `json:"records"`
+	More      bool           `json:"more"`
+	NextUntil string         `json:"next_until"`
+}
+
+// wholeAuditTrail reads the whole trail through GET /v1/audit, page by page.
+func wholeAuditTrail(t *testing.T, d *daemon, token string) []audit.Record {
+	t.Helper()
+	var out []audit.Record
+	until := ""
+	for page := 0; page < 1000; page++ {
+		q := url.Values{"limit": {"1000"}}
+		if until != "" {
+			q.Set("until", until)
+		}
+		req, err := http.NewRequest(http.MethodGet, "http://"+d.httpAddr+"/v1/audit?"+q.Encode(), nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		raw, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", raw)
+		var p auditPage
+		require.NoError(t, json.Unmarshal(raw, &p))
+		out = append(out, p.Records...)
+		if !p.More {
+			return out
+		}
+		until = p.NextUntil
+	}
+	t.Fatal("more than 1000 pages of audit records")
+	return nil
+}
+
+// dirBytes is the size of the regular files in dir.
+func dirBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var n int64
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil && info.Mode().IsRegular() {
+			n += info.Size()
+		}
+	}
+	return n
+}
+
+// TestAttackAuditFloodOnASmallDisk floods a gatewayd whose data directory
+// is a 64 MiB tmpfs (buffer.min_free_bytes 18 MiB) with unauthenticated
+// HTTP requests and MQTT CONNECTs with made-up keys from several
+// addresses (20 s; 90 s, the issue's, under make attack) while a device
+// posts batches: the device is never answered 507, the free space never
+// falls under the watermark, the audit trail stays under audit.max_bytes,
+// and GET /v1/audit accounts for every refused attempt, most of them in
+// aggregates.
+func TestAttackAuditFloodOnASmallDisk(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs gatewayd on a tmpfs")
+	}
+	mnt := mountTmpfs(t, 64<<20)
+	local, _, key, prefix := setup(t)
+	dataDir := filepath.Join(mnt, "data")
+	const watermark = 18 << 20
+	require.GreaterOrEqual(t, int64(watermark), buffer.RequiredFreeBytes(diskMemTable))
+	const token = "audit-flood-admin-token-0123456789"
+	env := []string{fmt.Sprintf("GATEWAY_BUFFER_MEMTABLE_SIZE=%d", diskMemTable),
+		fmt.Sprintf("GATEWAY_BUFFER_MIN_FREE_BYTES=%d", watermark), "GATEWAY_ADMIN_TOKEN=" + token}
+	var d *daemon
+	if attackFull() {
+		d = startPlainDaemon(t, dataDir, local.Endpoint, prefix, env...)
+	} else {
+		d = startDaemon(t, dataDir, local.Endpoint, prefix, env...)
+	}
+	auditDir := filepath.Join(dataDir, "audit")
+	auditBefore := dirBytes(t, auditDir)
+	floodFor := attackSizeDuration(20*time.Second, 90*time.Second)
+	if s := os.Getenv("AUDIT_FLOOD_FOR"); s != "" {
+		floodFor, _ = time.ParseDuration(s)
+	}
+
+	// The watch: free space and the trail's size, every 50 ms.
+	var minFree, maxAudit atomic.Int64
+	minFree.Store(freeBytes(t, mnt))
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	var watch sync.WaitGroup
+	watch.Add(1)
+	go func() {
+		defer watch.Done()
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for watchCtx.Err() == nil {
+			var st [2]int64
+			st[0], st[1] = freeBytes(t, mnt), dirBytes(t, auditDir)
+			if st[0] < minFree.Load() {
+				minFree.Store(st[0])
+			}
+			if st[1] > maxAudit.Load() {
+				maxAudit.Store(st[1])
+			}
+			select {
+			case <-tick.C:
+			case <-watchCtx.Done():
+			}
+		}
+	}()
+	defer func() { stopWatch(); watch.Wait() }()
+
+	// The flood: from 127.0.0.2-5, two HTTP workers and one MQTT worker
+	// an address.
+	var flood auditFlood
+	floodCtx, stopFlood := context.WithTimeout(context.Background(), floodFor)
+	defer stopFlood()
+	var workers sync.WaitGroup
+	for i, src := range sources(4) {
+		for range 2 {
+			workers.Go(func() { flood.floodHTTP(floodCtx, d.httpAddr, src) })
+		}
+		workers.Go(func() { flood.floodMQTT(floodCtx, d.mqttAddr, src, i) })
+	}
+
+	// The device, from 127.0.0.1: a batch every 100 ms while the flood lasts.
+	codes := map[int]int{}
+	var deviceErrs []string
+	hw, boot := "02:00:00:00:AA:13", uuid.NewString()
+	for i := 0; floodCtx.Err() == nil; i++ {
+		try := postReadings("http://"+d.httpAddr+"/v1/readings", key, hw, boot, i)
+		if try.err != nil {
+			deviceErrs = append(deviceErrs, try.err.Error())
+		}
+		codes[try.code]++
+		time.Sleep(100 * time.Millisecond)
+	}
+	workers.Wait()
+	refused := flood.http401.Load() + flood.mqttRefused.Load()
+
+	// Every refused attempt reaches the trail, the last ones in the
+	// aggregates of the current interval (audit.aggregate_interval, 10 s).
+	recorded := func() float64 {
+		var n float64
+		for _, r := range []string{audit.ReasonUnauthorized, audit.ReasonAuthUnavailable} {
+			n += metricFloat(t, d, fmt.Sprintf(`gateway_audit_records_total{reason=%q}`, r))
+		}
+		return n
+	}
+	flood.other.Range(func(k, _ any) bool { t.Errorf("the flood was answered %v", k); return true })
+	if !assert.Eventually(t, func() bool { return recorded() == float64(refused) }, 30*time.Second, 200*time.Millisecond) {
+		t.Fatalf("gateway_audit_records_total %v, refused attempts %d (HTTP %d, MQTT %d); metrics:\n%s", recorded(), refused,
+			flood.http401.Load(), flood.mqttRefused.Load(), metricsMatching(t, d, "gateway_audit_", "gateway_mqtt_connections_refused", "gateway_http"))
+	}
+	stopWatch()
+	watch.Wait()
+
+	recs := wholeAuditTrail(t, d, token)
+	var total, aggregated int64
+	aggregates := 0
+	for _, r := range recs {
+		total += r.Attempts()
+		if r.Aggregated {
+			aggregates++
+			aggregated += r.Count
+			require.Contains(t, []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", audit.SourceOther}, r.Source)
+			require.NotContains(t, r.Message, "made-up-key")
+		}
+	}
+	auditBytes := dirBytes(t, auditDir) - auditBefore
+	t.Logf("flood of %s: %d HTTP 401s, %d MQTT CONNECTs refused, %d shed before an answer; "+
+		"trail: %d attempts in %d records (%d one by one, %d in %d aggregates), %d bytes written (%.1f B an attempt), "+
+		"largest %d bytes; free space min %.1f MiB (watermark %d MiB); device: %v, errors %d",
+		floodFor, flood.http401.Load(), flood.mqttRefused.Load(), flood.shed.Load(), total, len(recs),
+		int64(len(recs)-aggregates), aggregated, aggregates, auditBytes, float64(auditBytes)/float64(max(total, 1)),
+		maxAudit.Load(), float64(minFree.Load())/(1<<20), watermark>>20, codes, len(deviceErrs))
+
+	require.Zero(t, codes[http.StatusInsufficientStorage], "the device was answered 507")
+	require.Empty(t, deviceErrs)
+	require.Equal(t, sumCodes(codes), codes[http.StatusOK], "every device batch accepted: %v", codes)
+	require.Positive(t, codes[http.StatusOK])
+	require.Greater(t, minFree.Load(), int64(watermark), "free space stayed above the watermark")
+	require.LessOrEqual(t, maxAudit.Load(), audit.DefaultConfig().MaxBytes, "the trail stayed under audit.max_bytes")
+	require.Zero(t, metricFloat(t, d, `gateway_buffer_refused_batches_total{reason="free_space"}`))
+	require.Zero(t, metricFloat(t, d, `gateway_audit_dropped_records_total{cause="queue_full"}`))
+	require.Zero(t, metricFloat(t, d, `gateway_audit_dropped_records_total{cause="free_space"}`))
+	require.Equal(t, refused, total, "GET /v1/audit accounts for every refused attempt")
+	require.EqualValues(t, aggregated, metricFloat(t, d, "gateway_audit_aggregated_records_total"))
+	require.Greater(t, aggregated, 10*int64(len(recs)-aggregates), "most attempts are in aggregates")
+	requireAlive(t, d)
+}
+
+func sumCodes(codes map[int]int) int {
+	n := 0
+	for _, c := range codes {
+		n += c
+	}
+	return n
+}
+
+// metricsMatching returns the lines of gatewayd's /metrics that start with
+// one of prefixes.
+func metricsMatching(t *testing.T, d *daemon, prefixes ...string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + d.httpAddr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var out []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		for _, p := range prefixes {
+			if strings.HasPrefix(line, p) {
+				out = append(out, line)
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}
