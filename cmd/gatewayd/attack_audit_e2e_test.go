@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/audit"
+	"greenhouse-gateway/internal/contract"
 )
 
 // auditFlood counts what an unauthenticated flood was answered.
@@ -130,8 +132,14 @@ func wholeAuditTrail(t *testing.T, d *daemon, token string) []audit.Record {
 // dirBytes is the size of the regular files in dir.
 func dirBytes(t *testing.T, dir string) int64 {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
+	_, err := os.Stat(dir)
 	require.NoError(t, err)
+	return dirBytesNow(dir)
+}
+
+// dirBytesNow is dirBytes for any goroutine: 0 when dir cannot be read.
+func dirBytesNow(dir string) int64 {
+	entries, _ := os.ReadDir(dir)
 	var n int64
 	for _, e := range entries {
 		if info, err := e.Info(); err == nil && info.Mode().IsRegular() {
@@ -141,70 +149,119 @@ func dirBytes(t *testing.T, dir string) int64 {
 	return n
 }
 
+// diskWatch samples a file system's free space and a directory's size
+// every 50 ms, keeping the least free space and the largest size.
+type diskWatch struct {
+	minFree, maxDir atomic.Int64
+	stop            func()
+}
+
+func watchDisk(t *testing.T, mnt, dir string) *diskWatch {
+	w := &diskWatch{}
+	w.minFree.Store(freeBytes(t, mnt))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			var st syscall.Statfs_t
+			if syscall.Statfs(mnt, &st) == nil {
+				if free := int64(st.Bavail) * int64(st.Bsize); free < w.minFree.Load() {
+					w.minFree.Store(free)
+				}
+			}
+			if n := dirBytesNow(dir); n > w.maxDir.Load() {
+				w.maxDir.Store(n)
+			}
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	w.stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(w.stop)
+	return w
+}
+
+// auditFloodCase is one run of TestAttackAuditFloodOnASmallDisk.
+type auditFloodCase struct {
+	name     string
+	floodFor time.Duration
+	// leaveFree, when set, is the free space a filler file leaves before
+	// the flood.
+	leaveFree int64
+	env       []string
+	// aggregates: most attempts are recorded in aggregates; otherwise the
+	// trail reaches its free-space floor and drops the rest.
+	aggregates bool
+}
+
 // TestAttackAuditFloodOnASmallDisk floods a gatewayd whose data directory
 // is a 64 MiB tmpfs (buffer.min_free_bytes 18 MiB) with unauthenticated
-// HTTP requests and MQTT CONNECTs with made-up keys from several
-// addresses (20 s; 90 s, the issue's, under make attack) while a device
-// posts batches: the device is never answered 507, the free space never
-// falls under the watermark, the audit trail stays under audit.max_bytes,
-// and GET /v1/audit accounts for every refused attempt, most of them in
-// aggregates.
+// HTTP requests and MQTT CONNECTs with made-up keys from four addresses
+// while a device posts a 12 KiB batch every 100 ms. Each run asserts that
+// the device is never answered 507 (every batch accepted), that the free
+// space never falls under the watermark, that the audit trail stays under
+// audit.max_bytes, and that every refused attempt is accounted for.
+//
+//   - aggregated, with the defaults (20 s; 90 s, the issue's, under make
+//     attack): GET /v1/audit accounts for every attempt, most of them in
+//     aggregates;
+//   - at the floor, with aggregation out of the way
+//     (audit.max_records_per_second 1000000) and a filler leaving 3 MiB
+//     above the trail's floor (8 s; 30 s): the trail writes until the floor,
+//     then drops and counts what it cannot write.
 func TestAttackAuditFloodOnASmallDisk(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs gatewayd on a tmpfs")
 	}
+	const watermark = 18 << 20
+	cases := []auditFloodCase{
+		{name: "aggregated", floodFor: attackSizeDuration(20*time.Second, 90*time.Second), aggregates: true},
+		{name: "at the floor", floodFor: attackSizeDuration(8*time.Second, 30*time.Second),
+			leaveFree: watermark + audit.FreeMargin + 3<<20,
+			env:       []string{"GATEWAY_AUDIT_MAX_RECORDS_PER_SECOND=1000000", "GATEWAY_AUDIT_BURST_RECORDS=1000000"}},
+	}
+	for _, tc := range cases {
+		if s := os.Getenv("AUDIT_FLOOD_FOR"); s != "" {
+			tc.floodFor, _ = time.ParseDuration(s)
+		}
+		t.Run(tc.name, func(t *testing.T) { runAuditFlood(t, tc, watermark) })
+	}
+}
+
+func runAuditFlood(t *testing.T, tc auditFloodCase, watermark int64) {
 	mnt := mountTmpfs(t, 64<<20)
 	local, _, key, prefix := setup(t)
 	dataDir := filepath.Join(mnt, "data")
-	const watermark = 18 << 20
-	require.GreaterOrEqual(t, int64(watermark), buffer.RequiredFreeBytes(diskMemTable))
+	require.GreaterOrEqual(t, watermark, buffer.RequiredFreeBytes(diskMemTable))
 	const token = "audit-flood-admin-token-0123456789"
-	env := []string{fmt.Sprintf("GATEWAY_BUFFER_MEMTABLE_SIZE=%d", diskMemTable),
-		fmt.Sprintf("GATEWAY_BUFFER_MIN_FREE_BYTES=%d", watermark), "GATEWAY_ADMIN_TOKEN=" + token}
+	env := append([]string{fmt.Sprintf("GATEWAY_BUFFER_MEMTABLE_SIZE=%d", diskMemTable),
+		fmt.Sprintf("GATEWAY_BUFFER_MIN_FREE_BYTES=%d", watermark), "GATEWAY_ADMIN_TOKEN=" + token}, tc.env...)
 	var d *daemon
 	if attackFull() {
 		d = startPlainDaemon(t, dataDir, local.Endpoint, prefix, env...)
 	} else {
 		d = startDaemon(t, dataDir, local.Endpoint, prefix, env...)
 	}
+	if tc.leaveFree > 0 {
+		filler := freeBytes(t, mnt) - tc.leaveFree
+		require.Positive(t, filler)
+		require.NoError(t, os.WriteFile(filepath.Join(mnt, "filler"), make([]byte, filler), 0o600))
+	}
 	auditDir := filepath.Join(dataDir, "audit")
 	auditBefore := dirBytes(t, auditDir)
-	floodFor := attackSizeDuration(20*time.Second, 90*time.Second)
-	if s := os.Getenv("AUDIT_FLOOD_FOR"); s != "" {
-		floodFor, _ = time.ParseDuration(s)
-	}
-
-	// The watch: free space and the trail's size, every 50 ms.
-	var minFree, maxAudit atomic.Int64
-	minFree.Store(freeBytes(t, mnt))
-	watchCtx, stopWatch := context.WithCancel(context.Background())
-	var watch sync.WaitGroup
-	watch.Add(1)
-	go func() {
-		defer watch.Done()
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for watchCtx.Err() == nil {
-			var st [2]int64
-			st[0], st[1] = freeBytes(t, mnt), dirBytes(t, auditDir)
-			if st[0] < minFree.Load() {
-				minFree.Store(st[0])
-			}
-			if st[1] > maxAudit.Load() {
-				maxAudit.Store(st[1])
-			}
-			select {
-			case <-tick.C:
-			case <-watchCtx.Done():
-			}
-		}
-	}()
-	defer func() { stopWatch(); watch.Wait() }()
+	watch := watchDisk(t, mnt, auditDir)
 
 	// The flood: from 127.0.0.2-5, two HTTP workers and one MQTT worker
 	// an address.
 	var flood auditFlood
-	floodCtx, stopFlood := context.WithTimeout(context.Background(), floodFor)
+	floodCtx, stopFlood := context.WithTimeout(context.Background(), tc.floodFor)
 	defer stopFlood()
 	var workers sync.WaitGroup
 	for i, src := range sources(4) {
@@ -214,37 +271,41 @@ func TestAttackAuditFloodOnASmallDisk(t *testing.T) {
 		workers.Go(func() { flood.floodMQTT(floodCtx, d.mqttAddr, src, i) })
 	}
 
-	// The device, from 127.0.0.1: a batch every 100 ms while the flood lasts.
-	codes := map[int]int{}
-	var deviceErrs []string
+	// The device, from 127.0.0.1: a 12 KiB batch every 100 ms while the
+	// flood lasts.
+	codes, statuses := map[int]int{}, map[string]int{}
 	hw, boot := "02:00:00:00:AA:13", uuid.NewString()
 	for i := 0; floodCtx.Err() == nil; i++ {
-		try := postReadings("http://"+d.httpAddr+"/v1/readings", key, hw, boot, i)
-		if try.err != nil {
-			deviceErrs = append(deviceErrs, try.err.Error())
+		code, _, results := postBatches(t, d, key, [][]byte{noisyBatch(hw, boot, i)})
+		codes[code]++
+		for _, r := range results {
+			statuses[string(r.Status)]++
 		}
-		codes[try.code]++
 		time.Sleep(100 * time.Millisecond)
 	}
 	workers.Wait()
 	refused := flood.http401.Load() + flood.mqttRefused.Load()
+	flood.other.Range(func(k, _ any) bool { t.Errorf("the flood was answered %v", k); return true })
 
-	// Every refused attempt reaches the trail, the last ones in the
-	// aggregates of the current interval (audit.aggregate_interval, 10 s).
-	recorded := func() float64 {
+	// Every refused attempt reaches the trail or is counted as dropped, the
+	// last ones with the aggregates of the current interval
+	// (audit.aggregate_interval, 10 s).
+	accounted := func() float64 {
 		var n float64
 		for _, r := range []string{audit.ReasonUnauthorized, audit.ReasonAuthUnavailable} {
 			n += metricFloat(t, d, fmt.Sprintf(`gateway_audit_records_total{reason=%q}`, r))
 		}
+		for _, c := range []string{"queue_full", "free_space", "write_error"} {
+			n += metricFloat(t, d, fmt.Sprintf(`gateway_audit_dropped_records_total{cause=%q}`, c))
+		}
 		return n
 	}
-	flood.other.Range(func(k, _ any) bool { t.Errorf("the flood was answered %v", k); return true })
-	if !assert.Eventually(t, func() bool { return recorded() == float64(refused) }, 30*time.Second, 200*time.Millisecond) {
-		t.Fatalf("gateway_audit_records_total %v, refused attempts %d (HTTP %d, MQTT %d); metrics:\n%s", recorded(), refused,
-			flood.http401.Load(), flood.mqttRefused.Load(), metricsMatching(t, d, "gateway_audit_", "gateway_mqtt_connections_refused", "gateway_http"))
+	if !assert.Eventually(t, func() bool { return accounted() == float64(refused) }, 30*time.Second, 200*time.Millisecond) {
+		t.Fatalf("audit records written and dropped %v, refused attempts %d (HTTP %d, MQTT %d); metrics:\n%s", accounted(),
+			refused, flood.http401.Load(), flood.mqttRefused.Load(),
+			metricsMatching(t, d, "gateway_audit_", "gateway_mqtt_connections_refused", "gateway_http"))
 	}
-	stopWatch()
-	watch.Wait()
+	watch.stop()
 
 	recs := wholeAuditTrail(t, d, token)
 	var total, aggregated int64
@@ -254,30 +315,39 @@ func TestAttackAuditFloodOnASmallDisk(t *testing.T) {
 		if r.Aggregated {
 			aggregates++
 			aggregated += r.Count
-			require.Contains(t, []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", audit.SourceOther}, r.Source)
+			require.Contains(t, []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", audit.SourceOther}, r.Source,
+				"only the flood is aggregated: %+v", r)
 			require.NotContains(t, r.Message, "made-up-key")
 		}
 	}
+	dropped := metricFloat(t, d, `gateway_audit_dropped_records_total{cause="free_space"}`)
 	auditBytes := dirBytes(t, auditDir) - auditBefore
 	t.Logf("flood of %s: %d HTTP 401s, %d MQTT CONNECTs refused, %d shed before an answer; "+
-		"trail: %d attempts in %d records (%d one by one, %d in %d aggregates), %d bytes written (%.1f B an attempt), "+
-		"largest %d bytes; free space min %.1f MiB (watermark %d MiB); device: %v, errors %d",
-		floodFor, flood.http401.Load(), flood.mqttRefused.Load(), flood.shed.Load(), total, len(recs),
-		int64(len(recs)-aggregates), aggregated, aggregates, auditBytes, float64(auditBytes)/float64(max(total, 1)),
-		maxAudit.Load(), float64(minFree.Load())/(1<<20), watermark>>20, codes, len(deviceErrs))
+		"trail: %d attempts in %d records (%d one by one, %d in %d aggregates), %.0f dropped under the floor, "+
+		"%d bytes written (%.1f B an attempt), largest %d bytes; free space min %.2f MiB (watermark %d MiB, "+
+		"trail's floor %d MiB); device: HTTP %v, batches %v",
+		tc.floodFor, flood.http401.Load(), flood.mqttRefused.Load(), flood.shed.Load(), total, len(recs),
+		int64(len(recs)-aggregates), aggregated, aggregates, dropped, auditBytes,
+		float64(auditBytes)/float64(max(total, 1)), watch.maxDir.Load(), float64(watch.minFree.Load())/(1<<20),
+		watermark>>20, (watermark+audit.FreeMargin)>>20, codes, statuses)
 
 	require.Zero(t, codes[http.StatusInsufficientStorage], "the device was answered 507")
-	require.Empty(t, deviceErrs)
-	require.Equal(t, sumCodes(codes), codes[http.StatusOK], "every device batch accepted: %v", codes)
+	require.Equal(t, sumCodes(codes), codes[http.StatusOK], "every device request answered 200: %v", codes)
+	require.Equal(t, map[string]int{string(contract.StatusAccepted): sumCodes(codes)}, statuses, "every device batch accepted")
 	require.Positive(t, codes[http.StatusOK])
-	require.Greater(t, minFree.Load(), int64(watermark), "free space stayed above the watermark")
-	require.LessOrEqual(t, maxAudit.Load(), audit.DefaultConfig().MaxBytes, "the trail stayed under audit.max_bytes")
+	require.Greater(t, watch.minFree.Load(), watermark, "free space stayed above the watermark")
+	require.LessOrEqual(t, watch.maxDir.Load(), audit.DefaultConfig().MaxBytes, "the trail stayed under audit.max_bytes")
 	require.Zero(t, metricFloat(t, d, `gateway_buffer_refused_batches_total{reason="free_space"}`))
 	require.Zero(t, metricFloat(t, d, `gateway_audit_dropped_records_total{cause="queue_full"}`))
-	require.Zero(t, metricFloat(t, d, `gateway_audit_dropped_records_total{cause="free_space"}`))
-	require.Equal(t, refused, total, "GET /v1/audit accounts for every refused attempt")
+	require.Equal(t, float64(refused), float64(total)+dropped, "GET /v1/audit accounts for every attempt not dropped")
 	require.EqualValues(t, aggregated, metricFloat(t, d, "gateway_audit_aggregated_records_total"))
-	require.Greater(t, aggregated, 10*int64(len(recs)-aggregates), "most attempts are in aggregates")
+	if tc.aggregates {
+		require.Zero(t, dropped)
+		require.Greater(t, aggregated, 10*int64(len(recs)-aggregates), "most attempts are in aggregates")
+	} else {
+		require.Positive(t, dropped, "the trail reached its floor")
+		require.Contains(t, d.logs.String(), "audit records dropped", "a summary line is logged")
+	}
 	requireAlive(t, d)
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -244,10 +245,8 @@ func TestNothingWrittenUnderTheFreeSpaceFloor(t *testing.T) {
 	require.EqualValues(t, 43, counter(t, reg, "gateway_audit_dropped_records_total", "free_space"))
 	require.Zero(t, counter(t, reg, "gateway_audit_records_total", audit.ReasonUnauthorized))
 
-	audit.SummarizeLost(l)
-	audit.SummarizeLost(l) // nothing new: no second line
-	require.Equal(t, 1, bytes.Count([]byte(logs.String()), []byte("audit records dropped in the last minute")), logs.String())
-	require.Contains(t, logs.String(), "free_space=43")
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "audit records dropped") }, 5*time.Second,
+		10*time.Millisecond, "Run logs the first drops within a second")
 
 	// Room for one record but not two: the write buffer counts.
 	one := len(recordLine(t, rec(1, day0.Add(time.Second), audit.ReasonConflict)))
@@ -273,4 +272,26 @@ func recordLine(t *testing.T, rc audit.Record) []byte {
 	b, err := json.Marshal(rc)
 	require.NoError(t, err)
 	return append(b, '\n')
+}
+
+func TestDroppedAttemptsAreSummarisedOnceAMinute(t *testing.T) {
+	var logs lockedBuffer
+	cfg := audit.Config{MaxRecordsPerSecond: 1, BurstRecords: 1}.KeepFree(1 << 20)
+	l, err := audit.Open(t.TempDir(), cfg, newNow(day0).Now, slog.New(slog.NewTextHandler(&logs, nil)), nil)
+	require.NoError(t, err)
+	defer l.Close()
+	audit.SetFreeSpace(l, func() (uint64, bool) { return 1 << 20, true }) // under the floor
+	for range 6 {
+		l.Record(floodRecord(day0, "127.0.0.2:1", audit.ReasonUnauthorized, ""))
+	}
+	audit.WriteAggregates(l) // Run is not running: only the aggregate of 5 is written, and dropped
+	audit.SummarizeLost(l)
+	for range 4 {
+		l.Record(floodRecord(day0, "127.0.0.2:1", audit.ReasonUnauthorized, ""))
+	}
+	audit.WriteAggregates(l)
+	audit.SummarizeLost(l) // within the minute: no second line
+	require.Equal(t, 1, strings.Count(logs.String(), "audit records dropped in the last minute"), logs.String())
+	require.Contains(t, logs.String(), "free_space=5 ")
+	require.Contains(t, logs.String(), fmt.Sprintf("min_free_bytes=%d", cfg.MinFreeBytes))
 }

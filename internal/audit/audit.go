@@ -416,8 +416,6 @@ func (l *Log) Run(ctx context.Context) error {
 	defer ticker.Stop()
 	aggTicker := time.NewTicker(l.cfg.AggregateInterval)
 	defer aggTicker.Stop()
-	summary := time.NewTicker(summaryInterval)
-	defer summary.Stop()
 	for {
 		select {
 		case it := <-l.queue:
@@ -427,6 +425,7 @@ func (l *Log) Run(ctx context.Context) error {
 			l.flushLocked()
 			l.maintainLocked()
 			l.mu.Unlock()
+			l.summarizeLost()
 		case <-aggTicker.C:
 			// The records queued before the aggregates go first, so that
 			// the segment stays in time order.
@@ -436,8 +435,6 @@ func (l *Log) Run(ctx context.Context) error {
 			l.mu.Lock()
 			l.writeAggregatesLocked()
 			l.mu.Unlock()
-		case <-summary.C:
-			l.summarizeLost()
 		case <-ctx.Done():
 			for {
 				select {

@@ -21,13 +21,15 @@ const (
 	deletedMaxBytes  = "max_bytes"
 )
 
-// summaryInterval is how often the attempts dropped meanwhile are
-// summarised in one log line.
+// summaryInterval is the least time between two log lines that summarise
+// the attempts dropped meanwhile.
 const summaryInterval = time.Minute
 
-// lostCounts counts dropped attempts by cause, between two summaries.
+// lostCounts counts dropped attempts by cause, between two summaries;
+// logged is when the last summary was logged (Unix nanoseconds).
 type lostCounts struct {
 	queueFull, freeSpace, writeError atomic.Int64
+	logged                           atomic.Int64
 }
 
 // statfsFree reads the free bytes of dir's file system (one statfs,
@@ -72,13 +74,21 @@ func (l *Log) drop(cause string, n int64) {
 	}
 }
 
-// summarizeLost logs the attempts dropped since the last summary, if any,
-// in one line.
+// summarizeLost logs the attempts dropped since the last summary in one
+// line, when there are some and the last summary is a minute old. Run
+// calls it every second: the first drops are logged at once, then at most
+// one line a minute.
 func (l *Log) summarizeLost() {
-	q, f, w := l.lost.queueFull.Swap(0), l.lost.freeSpace.Swap(0), l.lost.writeError.Swap(0)
-	if q+f+w == 0 {
+	now := time.Now().UnixNano()
+	last := l.lost.logged.Load()
+	if last != 0 && now-last < int64(summaryInterval) {
 		return
 	}
+	if l.lost.queueFull.Load()+l.lost.freeSpace.Load()+l.lost.writeError.Load() == 0 ||
+		!l.lost.logged.CompareAndSwap(last, now) {
+		return
+	}
+	q, f, w := l.lost.queueFull.Swap(0), l.lost.freeSpace.Swap(0), l.lost.writeError.Swap(0)
 	free, _ := l.free()
 	l.logger.Warn("audit records dropped in the last minute (counted in gateway_audit_dropped_records_total)",
 		"queue_full", q, "free_space", f, "write_error", w, "free_bytes", free, "min_free_bytes", l.cfg.MinFreeBytes)
