@@ -213,7 +213,7 @@ type auditFloodCase struct {
 //     attack): GET /v1/audit accounts for every attempt, most of them in
 //     aggregates;
 //   - at the floor, with aggregation out of the way
-//     (audit.max_records_per_second 1000000) and a filler leaving 3 MiB
+//     (audit.max_records_per_second 1000000) and a filler leaving 1 MiB
 //     above the trail's floor (8 s; 30 s): the trail writes until the floor,
 //     then drops and counts what it cannot write.
 func TestAttackAuditFloodOnASmallDisk(t *testing.T) {
@@ -224,7 +224,7 @@ func TestAttackAuditFloodOnASmallDisk(t *testing.T) {
 	cases := []auditFloodCase{
 		{name: "aggregated", floodFor: attackSizeDuration(20*time.Second, 90*time.Second), aggregates: true},
 		{name: "at the floor", floodFor: attackSizeDuration(8*time.Second, 30*time.Second),
-			leaveFree: watermark + audit.FreeMargin + 3<<20,
+			leaveFree: watermark + audit.FreeMargin + 1<<20,
 			env:       []string{"GATEWAY_AUDIT_MAX_RECORDS_PER_SECOND=1000000", "GATEWAY_AUDIT_BURST_RECORDS=1000000"}},
 	}
 	for _, tc := range cases {
