@@ -27,12 +27,36 @@
 // last second or so of records, and may leave a segment ending in a torn
 // line. Readers skip lines that are not a whole record and go on.
 //
+// # Floods
+//
+// Records are written one by one up to Config.MaxRecordsPerSecond, with a
+// burst of Config.BurstRecords (a token bucket on the records' times).
+// Beyond it, Record counts the attempt instead, per reason, transport,
+// kind, source (the IPv4 address, or the IPv6 /64) and hardware_id (when
+// it is a valid hardware_id), and once every Config.AggregateInterval the
+// writer writes one aggregate record per key: the record's reason,
+// transport, kind and hardware_id, with "aggregated": true, "count",
+// "first" and "last" (the attempts' times), "source", and a message
+// saying how many attempts it stands for. An aggregate names no batch,
+// field, topic or remote port and carries nothing else a sender supplied,
+// so it can hold no key. At most Config.MaxAggregateKeys keys are counted
+// in one interval; the attempts of further keys are counted per reason,
+// transport and kind with source "other" (at most 64 such keys, then one
+// catch-all). Counts are exact: an attempt is in a record, in an
+// aggregate, or counted as dropped.
+//
 // # Bounds
 //
 // Segments are deleted whole: when the UTC day they cover ended more than
 // Config.Retention ago, and oldest first whenever the next line would take
-// the total over Config.MaxBytes. Memory is bounded by Config.QueueRecords
-// records of bounded size (each field is truncated).
+// the total over Config.MaxBytes (counted in
+// gateway_audit_deleted_segments_total). Nothing is written while the file
+// system's free space, less what the write buffer holds, is under
+// Config.MinFreeBytes (the gateway sets it above buffer.min_free_bytes with
+// KeepFree): those records are dropped, counted with cause free_space, and
+// summarised in one log line at most once a minute. Memory is bounded by
+// Config.QueueRecords records and Config.MaxAggregateKeys+65 keys of
+// bounded size (each field is truncated).
 package audit
 
 import (
