@@ -20,6 +20,11 @@ const SourceOther = "other"
 // it everything folds into a single one.
 const maxOverflowKeys = 64
 
+// clockStep is how far back a record's time may be from the latest seen
+// before the bucket takes it for the clock being set back (records of
+// concurrent callers arrive slightly out of order).
+const clockStep = time.Second
+
 // aggKey is what an aggregate counts attempts by.
 type aggKey struct {
 	reason, transport, kind, source, hardwareID string
@@ -59,9 +64,12 @@ func (a *aggregator) admit(rec *Record) bool {
 	if a.refilled.IsZero() {
 		a.refilled = rec.Time
 	}
-	if elapsed := rec.Time.Sub(a.refilled); elapsed > 0 {
+	switch elapsed := rec.Time.Sub(a.refilled); {
+	case elapsed > 0:
 		a.tokens = min(a.burst, a.tokens+elapsed.Seconds()*a.rate)
 		a.refilled = rec.Time
+	case elapsed < -clockStep:
+		a.refilled = rec.Time // the clock was set back: refill from here
 	}
 	if a.tokens >= 1 {
 		a.tokens--

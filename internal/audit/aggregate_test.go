@@ -295,3 +295,17 @@ func TestDroppedAttemptsAreSummarisedOnceAMinute(t *testing.T) {
 	require.Contains(t, logs.String(), "free_space=5 ")
 	require.Contains(t, logs.String(), fmt.Sprintf("min_free_bytes=%d", cfg.MinFreeBytes))
 }
+
+func TestClockSetBackDoesNotStopRecords(t *testing.T) {
+	now := newNow(day0)
+	cfg := audit.Config{MaxRecordsPerSecond: 10, BurstRecords: 2, AggregateInterval: time.Hour}
+	r, _ := start(t, t.TempDir(), cfg, now.Now)
+	for range 2 {
+		r.log.Record(rec(0, day0, audit.ReasonConflict)) // the burst
+	}
+	back := day0.Add(-time.Hour)
+	r.log.Record(rec(1, back, audit.ReasonConflict))                           // aggregated: nothing refilled yet
+	r.log.Record(rec(2, back.Add(200*time.Millisecond), audit.ReasonConflict)) // tokens since the step back
+	res := query(t, r.log, audit.Filter{})
+	require.Equal(t, []string{"b00002", "b00000", "b00000"}, batchIDs(res.Records))
+}
