@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -89,7 +90,7 @@ func (a *aggregator) admit(rec *Record) bool {
 // countFor returns rec's count, adding its key (or its overflow key) when
 // there is room.
 func (a *aggregator) countFor(rec *Record) *aggCount {
-	k := aggKey{reason: reasonLabel(rec.Reason), transport: rec.Transport, kind: rec.Kind,
+	k := aggKey{reason: reasonLabel(rec.Reason), transport: bound(rec.Transport, 16), kind: bound(rec.Kind, 16),
 		source: sourceOf(rec.RemoteAddr)}
 	if contract.ValidHardwareID(rec.HardwareID) == nil {
 		k.hardwareID = rec.HardwareID
@@ -109,12 +110,21 @@ func (a *aggregator) countFor(rec *Record) *aggCount {
 			}
 		}
 	}
-	// Copies, truncated: a key holds no reference into a payload.
-	k = aggKey{reason: k.reason, transport: truncate(k.transport, 16), kind: truncate(k.kind, 16),
-		source: truncate(k.source, 64), hardwareID: truncate(k.hardwareID, maxIDBytes)}
+	// Copies: a key holds no reference into a payload.
+	k = aggKey{reason: k.reason, transport: strings.Clone(k.transport), kind: strings.Clone(k.kind), source: k.source,
+		hardwareID: strings.Clone(k.hardwareID)}
 	c := &aggCount{}
 	a.counts[k] = c
 	return c
+}
+
+// bound is s truncated to n bytes as Record's fields are, without a
+// copy when it is short enough.
+func bound(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return truncate(s, n)
 }
 
 // take returns the interval's aggregates (without a Time), largest

@@ -309,3 +309,19 @@ func TestClockSetBackDoesNotStopRecords(t *testing.T) {
 	res := query(t, r.log, audit.Filter{})
 	require.Equal(t, []string{"b00002", "b00000", "b00000"}, batchIDs(res.Records))
 }
+
+func TestAggregateOfLongFieldsKeepsOneCount(t *testing.T) {
+	cfg := audit.Config{MaxRecordsPerSecond: 1, BurstRecords: 1, AggregateInterval: time.Hour}
+	r, _ := start(t, t.TempDir(), cfg, newNow(day0).Now)
+	for range 11 {
+		rc := floodRecord(day0, "127.0.0.2:1", audit.ReasonUnauthorized, "")
+		rc.Kind, rc.Transport = strings.Repeat("k", 40), strings.Repeat("t", 40) // truncated in the record
+		r.log.Record(rc)
+	}
+	audit.WriteAggregates(r.log)
+	res := query(t, r.log, audit.Filter{})
+	require.Len(t, res.Records, 2)
+	require.True(t, res.Records[0].Aggregated)
+	require.EqualValues(t, 10, res.Records[0].Count)
+	require.Equal(t, res.Records[1].Kind, res.Records[0].Kind, "truncated alike")
+}
