@@ -189,7 +189,9 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	if err != nil {
 		return err
 	}
-	auditLog, err := audit.Open(filepath.Join(cfg.DataDir, "audit"), cfg.Audit, clk.Now, logger, reg)
+	// The audit trail stops writing before it could take the buffer's
+	// free-space watermark.
+	auditLog, err := audit.Open(filepath.Join(cfg.DataDir, "audit"), cfg.Audit.KeepFree(buf.Space().MinFreeBytes), clk.Now, logger, reg)
 	if err != nil {
 		return err
 	}

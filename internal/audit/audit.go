@@ -27,12 +27,36 @@
 // last second or so of records, and may leave a segment ending in a torn
 // line. Readers skip lines that are not a whole record and go on.
 //
+// # Floods
+//
+// Records are written one by one up to Config.MaxRecordsPerSecond, with a
+// burst of Config.BurstRecords (a token bucket on the records' times).
+// Beyond it, Record counts the attempt instead, per reason, transport,
+// kind, source (the IPv4 address, or the IPv6 /64) and hardware_id (when
+// it is a valid hardware_id), and once every Config.AggregateInterval the
+// writer writes one aggregate record per key: the record's reason,
+// transport, kind and hardware_id, with "aggregated": true, "count",
+// "first" and "last" (the attempts' times), "source", and a message
+// saying how many attempts it stands for. An aggregate names no batch,
+// field, topic or remote port and carries nothing else a sender supplied,
+// so it can hold no key. At most Config.MaxAggregateKeys keys are counted
+// in one interval; the attempts of further keys are counted per reason,
+// transport and kind with source "other" (at most 64 such keys, then one
+// catch-all). Counts are exact: an attempt is in a record, in an
+// aggregate, or counted as dropped.
+//
 // # Bounds
 //
 // Segments are deleted whole: when the UTC day they cover ended more than
 // Config.Retention ago, and oldest first whenever the next line would take
-// the total over Config.MaxBytes. Memory is bounded by Config.QueueRecords
-// records of bounded size (each field is truncated).
+// the total over Config.MaxBytes (counted in
+// gateway_audit_deleted_segments_total). Nothing is written while the file
+// system's free space, less what the write buffer holds, is under
+// Config.MinFreeBytes (the gateway sets it above buffer.min_free_bytes with
+// KeepFree): those records are dropped, counted with cause free_space, and
+// summarised in one log line at most once a minute. Memory is bounded by
+// Config.QueueRecords records and Config.MaxAggregateKeys+65 keys of
+// bounded size (each field is truncated).
 package audit
 
 import (
@@ -82,6 +106,32 @@ type Record struct {
 	Message string `json:"message,omitempty"`
 	// RemoteAddr is the sender's address (host:port).
 	RemoteAddr string `json:"remote_addr,omitempty"`
+
+	// The fields of an aggregate: Count attempts with the same Reason,
+	// Transport, Kind, Source and HardwareID (when it is a valid
+	// hardware_id), made between First and Last, recorded together because
+	// they came faster than Config.MaxRecordsPerSecond. Time is when the
+	// aggregate was written, at the end of its interval; it names no batch,
+	// field, topic or remote port, and its Message says how many attempts
+	// it stands for. Other records have none of these fields (a Count of 0
+	// means one attempt).
+	Aggregated bool      `json:"aggregated,omitempty"`
+	Count      int64     `json:"count,omitempty"`
+	First      time.Time `json:"first,omitzero"`
+	Last       time.Time `json:"last,omitzero"`
+	// Source is the senders' IPv4 address, their IPv6 /64 prefix,
+	// "unknown", or SourceOther for the attempts of the keys beyond
+	// Config.MaxAggregateKeys.
+	Source string `json:"source,omitempty"`
+}
+
+// Attempts is how many refused attempts r stands for: Count for an
+// aggregate, else 1.
+func (r *Record) Attempts() int64 {
+	if r.Aggregated {
+		return r.Count
+	}
+	return 1
 }
 
 // Reasons. The first six are the contract's rejection reasons.
@@ -169,16 +219,24 @@ type Log struct {
 	closed   bool
 	failing  bool // a write failed; logged once until one succeeds
 
-	// minutes counts the records written per minute (of their time) and
-	// reason over the last hour, indexed by minute % 60; opened is when
-	// counting began.
+	// minutes counts the attempts recorded per minute (of their record's
+	// time) and reason over the last hour, indexed by minute % 60; opened
+	// is when counting began.
 	minutes [60]minuteCount
 	opened  time.Time
 
-	written  *prometheus.CounterVec
-	dropped  *prometheus.CounterVec
-	bytes    prometheus.Gauge
-	segGauge prometheus.Gauge
+	agg  *aggregator
+	free func() (uint64, bool) // free bytes of dir's file system
+	// lost counts the attempts dropped since the last summary, by cause.
+	lost lostCounts
+
+	written    *prometheus.CounterVec
+	dropped    *prometheus.CounterVec
+	aggregates prometheus.Counter
+	aggregated prometheus.Counter
+	deleted    *prometheus.CounterVec
+	bytes      prometheus.Gauge
+	segGauge   prometheus.Gauge
 }
 
 // minuteCount is one minute's records by reason.
@@ -225,13 +283,27 @@ func Open(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg
 	l := &Log{
 		cfg: cfg, dir: dir, now: now, logger: logger.With("component", "audit"), opened: now().UTC(),
 		queue: make(chan item, cfg.QueueRecords), done: make(chan struct{}),
+		agg: newAggregator(cfg), free: statfsFree(dir),
 		written: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "audit", Name: "records_total",
-			Help: "Audit records written, by reason.",
+			Help: "Refused attempts written to the audit trail, one by one or in aggregates, by reason.",
 		}, []string{"reason"}),
 		dropped: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "audit", Name: "dropped_records_total",
-			Help: "Audit records lost, by cause (queue_full: the writer fell behind; write_error: the disk refused them).",
+			Help: "Refused attempts not written to the audit trail, by cause (queue_full: the writer fell behind; " +
+				"free_space: the file system's free space is under the trail's floor; write_error: the disk refused them).",
+		}, []string{"cause"}),
+		aggregates: promauto.With(reg).NewCounter(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "audit", Name: "aggregates_total",
+			Help: "Aggregate records written (attempts over audit.max_records_per_second, counted per key and interval).",
+		}),
+		aggregated: promauto.With(reg).NewCounter(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "audit", Name: "aggregated_records_total",
+			Help: "Refused attempts written as part of an aggregate (included in gateway_audit_records_total).",
+		}),
+		deleted: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "audit", Name: "deleted_segments_total",
+			Help: "Audit segments deleted, by cause (retention: past audit.retention; max_bytes: the oldest, over audit.max_bytes).",
 		}, []string{"cause"}),
 		bytes: promauto.With(reg).NewGauge(prometheus.GaugeOpts{
 			Namespace: "gateway", Subsystem: "audit", Name: "disk_bytes",
@@ -245,8 +317,11 @@ func Open(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg
 	for _, r := range append(slices.Clone(Reasons), "other") {
 		l.written.WithLabelValues(r)
 	}
-	l.dropped.WithLabelValues("queue_full")
-	l.dropped.WithLabelValues("write_error")
+	for _, c := range []string{causeQueueFull, causeFreeSpace, causeWriteError} {
+		l.dropped.WithLabelValues(c)
+	}
+	l.deleted.WithLabelValues(deletedRetention)
+	l.deleted.WithLabelValues(deletedMaxBytes)
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("opening audit trail %s: %w", dir, err)
@@ -300,10 +375,18 @@ func parseSegmentName(name string) (segment, bool) {
 	return segment{name: name, seq: seq, day: day}, true
 }
 
-// Record queues a record for writing. It never blocks: when the queue is
-// full the record is dropped and counted.
+// Record queues a record for writing, or counts it in its aggregate when
+// records come faster than Config.MaxRecordsPerSecond. It never blocks:
+// when the queue is full the record is dropped and counted.
 func (l *Log) Record(rec Record) {
 	if l == nil {
+		return
+	}
+	if rec.Time.IsZero() {
+		rec.Time = l.now()
+	}
+	rec.Aggregated, rec.Count, rec.First, rec.Last, rec.Source = false, 0, time.Time{}, time.Time{}, ""
+	if !l.agg.admit(&rec) {
 		return
 	}
 	rec = bounded(rec)
@@ -312,7 +395,7 @@ func (l *Log) Record(rec Record) {
 	case l.queue <- item{rec: rec}:
 	default:
 		l.pending.Add(-1)
-		l.dropped.WithLabelValues("queue_full").Inc()
+		l.drop(causeQueueFull, 1)
 	}
 }
 
@@ -355,6 +438,8 @@ func (l *Log) Run(ctx context.Context) error {
 	defer close(l.done)
 	ticker := time.NewTicker(flushInterval)
 	defer ticker.Stop()
+	aggTicker := time.NewTicker(l.cfg.AggregateInterval)
+	defer aggTicker.Stop()
 	for {
 		select {
 		case it := <-l.queue:
@@ -363,6 +448,16 @@ func (l *Log) Run(ctx context.Context) error {
 			l.mu.Lock()
 			l.flushLocked()
 			l.maintainLocked()
+			l.mu.Unlock()
+			l.summarizeLost()
+		case <-aggTicker.C:
+			// The records queued before the aggregates go first, so that
+			// the segment stays in time order.
+			for range len(l.queue) {
+				l.handle(<-l.queue)
+			}
+			l.mu.Lock()
+			l.writeAggregatesLocked()
 			l.mu.Unlock()
 		case <-ctx.Done():
 			for {
@@ -397,6 +492,7 @@ func (l *Log) Close() error {
 	if l.closed {
 		return nil
 	}
+	l.writeAggregatesLocked()
 	l.closed = true
 	if l.w == nil {
 		return nil
@@ -416,8 +512,9 @@ func (l *Log) Close() error {
 }
 
 func (l *Log) writeLocked(rec Record) {
+	n := rec.Attempts()
 	if l.closed {
-		l.dropped.WithLabelValues("write_error").Inc()
+		l.drop(causeWriteError, n)
 		return
 	}
 	if rec.Time.IsZero() {
@@ -430,6 +527,10 @@ func (l *Log) writeLocked(rec Record) {
 		return
 	}
 	line = append(line, '\n')
+	if !l.roomLocked(len(line)) {
+		l.drop(causeFreeSpace, n)
+		return
+	}
 	day := midnight(rec.Time)
 	if l.w != nil {
 		cur := l.segments[len(l.segments)-1]
@@ -440,33 +541,45 @@ func (l *Log) writeLocked(rec Record) {
 	if l.w == nil {
 		if err := l.openSegmentLocked(day); err != nil {
 			l.failed(err)
-			l.dropped.WithLabelValues("write_error").Inc()
+			l.drop(causeWriteError, n)
 			return
 		}
 	}
 	l.makeRoomLocked(int64(len(line)))
-	n, err := l.w.Write(line)
-	l.segments[len(l.segments)-1].size += int64(n)
-	l.total += int64(n)
+	wrote, err := l.w.Write(line)
+	l.segments[len(l.segments)-1].size += int64(wrote)
+	l.total += int64(wrote)
 	if err != nil {
 		l.failed(err)
-		l.dropped.WithLabelValues("write_error").Inc()
+		l.drop(causeWriteError, n)
 		l.closeSegmentLocked()
 		l.updateGauges()
 		return
 	}
-	l.written.WithLabelValues(reasonLabel(rec.Reason)).Inc()
-	l.countLocked(rec.Time, reasonLabel(rec.Reason))
+	l.written.WithLabelValues(reasonLabel(rec.Reason)).Add(float64(n))
+	if rec.Aggregated {
+		l.aggregates.Inc()
+		l.aggregated.Add(float64(n))
+	}
+	l.countLocked(rec.Time, reasonLabel(rec.Reason), n)
 	l.updateGauges()
 }
 
-func (l *Log) countLocked(t time.Time, reason string) {
+// writeAggregatesLocked writes the aggregates of the interval that ends
+// now, each timed as it is written.
+func (l *Log) writeAggregatesLocked() {
+	for _, rec := range l.agg.take() {
+		l.writeLocked(rec)
+	}
+}
+
+func (l *Log) countLocked(t time.Time, reason string, n int64) {
 	m := t.Unix() / 60
 	b := &l.minutes[(m%60+60)%60]
 	if b.minute != m || b.byReason == nil {
 		b.minute, b.byReason = m, map[string]int{}
 	}
-	b.byReason[reason]++
+	b.byReason[reason] += int(n)
 }
 
 // ReasonCounts counts records by reason over a stretch of time.
@@ -573,7 +686,7 @@ func (l *Log) makeRoomLocked(n int64) {
 		if l.w != nil && len(l.segments) == 1 {
 			return // only the open segment is left; it is under SegmentBytes
 		}
-		l.removeLocked(0)
+		l.removeLocked(0, deletedMaxBytes)
 	}
 }
 
@@ -589,17 +702,18 @@ func (l *Log) maintainLocked() {
 		if l.w != nil && i == len(l.segments)-1 {
 			l.closeSegmentLocked()
 		}
-		l.removeLocked(i)
+		l.removeLocked(i, deletedRetention)
 	}
 	l.makeRoomLocked(0)
 	l.updateGauges()
 }
 
-func (l *Log) removeLocked(i int) {
+func (l *Log) removeLocked(i int, cause string) {
 	s := l.segments[i]
 	if err := os.Remove(filepath.Join(l.dir, s.name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		l.logger.Warn("deleting an audit segment", "file", s.name, "err", err)
 	}
+	l.deleted.WithLabelValues(cause).Inc()
 	l.total -= s.size
 	l.segments = slices.Delete(l.segments, i, i+1)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,6 +60,12 @@ func start(t *testing.T, dir string, cfg audit.Config, now func() time.Time) (*r
 	}
 	t.Cleanup(stop)
 	return &running{log: l, reg: reg, dir: dir}, stop
+}
+
+// unlimited lifts cfg's rate so that every record is written on its own.
+func unlimited(cfg audit.Config) audit.Config {
+	cfg.MaxRecordsPerSecond, cfg.BurstRecords = 1_000_000, 1_000_000
+	return cfg
 }
 
 func rec(i int, at time.Time, reason string) audit.Record {
@@ -189,7 +196,7 @@ func TestSegmentsRotateBySizeAndDay(t *testing.T) {
 
 func TestMaxBytesDeletesOldestSegments(t *testing.T) {
 	dir := t.TempDir()
-	cfg := audit.Config{SegmentBytes: 4096, MaxBytes: 16384}
+	cfg := unlimited(audit.Config{SegmentBytes: 4096, MaxBytes: 16384})
 	r, _ := start(t, dir, cfg, newNow(day0).Now)
 	for i := range 500 {
 		r.log.Record(rec(i, day0.Add(time.Duration(i)*time.Millisecond), audit.ReasonDuplicate))
@@ -204,6 +211,12 @@ func TestMaxBytesDeletesOldestSegments(t *testing.T) {
 	require.Equal(t, fmt.Sprintf("b%05d", 500-n), res.Records[n-1].BatchID, "what is left is contiguous")
 	require.Equal(t, float64(total), gauge(t, r.reg, "gateway_audit_disk_bytes"))
 	require.Equal(t, 500.0, counter(t, r.reg, "gateway_audit_records_total", audit.ReasonDuplicate))
+	names, _ := segments(t, dir)
+	first, err := strconv.ParseUint(strings.TrimSuffix(names[0][9:], ".ndjson"), 10, 64)
+	require.NoError(t, err)
+	require.Equal(t, float64(first), counter(t, r.reg, "gateway_audit_deleted_segments_total", "max_bytes"),
+		"every segment before the oldest left was deleted for the cap, and counted")
+	require.Zero(t, counter(t, r.reg, "gateway_audit_deleted_segments_total", "retention"))
 }
 
 func TestRetentionDeletesWholeExpiredSegments(t *testing.T) {
@@ -297,7 +310,7 @@ func TestRecordsAreBoundedAndTimed(t *testing.T) {
 }
 
 func TestConcurrentRecordAndQuery(t *testing.T) {
-	r, _ := start(t, t.TempDir(), audit.Config{SegmentBytes: 4096, MaxBytes: 1 << 20, QueueRecords: 100000}, newNow(day0).Now)
+	r, _ := start(t, t.TempDir(), unlimited(audit.Config{SegmentBytes: 4096, MaxBytes: 1 << 20, QueueRecords: 100000}), newNow(day0).Now)
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Add(1)
@@ -329,6 +342,12 @@ func TestConfigValidate(t *testing.T) {
 		{"segment over half", audit.Config{MaxBytes: 1 << 20, SegmentBytes: 1 << 20}, "audit.segment_bytes: 1048576 is over half"},
 		{"small max_bytes takes a smaller segment", audit.Config{MaxBytes: 1 << 20}, ""},
 		{"negative queue", audit.Config{QueueRecords: -1}, "audit.queue_records"},
+		{"negative rate", audit.Config{MaxRecordsPerSecond: -1}, "audit.max_records_per_second: must be between 1 and"},
+		{"huge burst", audit.Config{BurstRecords: 1 << 30}, "audit.burst_records: must be between 1 and"},
+		{"short interval", audit.Config{AggregateInterval: time.Millisecond}, "audit.aggregate_interval: must be between 1s and 1h"},
+		{"long interval", audit.Config{AggregateInterval: 2 * time.Hour}, "audit.aggregate_interval: must be between 1s and 1h"},
+		{"too many keys", audit.Config{MaxAggregateKeys: 1 << 20}, "audit.max_aggregate_keys: must be between 1 and"},
+		{"negative floor", audit.Config{MinFreeBytes: -1}, "free-space floor must not be negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -360,12 +379,16 @@ func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64
 	return 0
 }
 
+// gauge reads a metric without labels: a gauge or a counter.
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
 		if mf.GetName() == name {
+			if m := mf.GetMetric()[0]; m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
 			return mf.GetMetric()[0].GetGauge().GetValue()
 		}
 	}
