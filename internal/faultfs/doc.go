@@ -14,14 +14,20 @@
 // again. The durable state is:
 //
 //   - File data: the content and size a file had when it was last fsynced
-//     (fsync, fdatasync, msync with MS_SYNC and sync_file_range-free
-//     writeback all arrive as FUSE fsync; data and size are made durable
-//     alike). A write, truncation, fallocate hole punch or O_TRUNC since
-//     then is undone; a file created since has size 0 until its first
-//     fsync. Pre-images are kept in memory page by page (4 KiB), only for
-//     pages below the durable size that changed since the last fsync, and a
-//     page of zeros costs no copy; their total is capped by
-//     Options.MaxUndoBytes (ENOSPC beyond it).
+//     (fsync, fdatasync and msync with MS_SYNC all arrive as FUSE fsync;
+//     data and size are made durable alike). A write, truncation,
+//     fallocate hole punch or O_TRUNC since then is undone; a file created
+//     since has size 0 until its first fsync. Pre-images are kept in memory
+//     page by page (4 KiB), only for pages below the durable size that
+//     changed since the last fsync, and a page of zeros costs no copy;
+//     their total is capped by Options.MaxUndoBytes (ENOSPC beyond it).
+//   - Sizes set by truncate, ftruncate or a size-changing fallocate are
+//     metadata: under Journaled any later fsync (of any file or directory)
+//     makes them durable, as ext4 journals i_size with the commit, while
+//     the data written since stays undone (a file extended by ftruncate
+//     and never fsynced comes back at its new size, full of zeros). A size
+//     grown by writing past the end is data: only the file's own fsync
+//     makes it durable (ext4's delayed allocation).
 //   - Names (create, mkdir, unlink, rmdir, rename, link, symlink): with
 //     Journaled (the default, like ext4 or xfs with a metadata journal) any
 //     fsync of a file or a directory makes every name change made before it
@@ -40,7 +46,10 @@
 // Writes through a shared mapping reach faultfs as writes when the kernel
 // writes the pages back (msync, munmap, memory pressure, the end of the
 // process), so what a process wrote through mmap and did not msync is
-// lost like any other unsynced write. flock and POSIX locks are passed to
+// lost like any other unsynced write. A Go process must not touch a mapping
+// of a file it serves itself: a thread blocked in a page fault cannot stop
+// for the garbage collector while the server goroutines wait for it, so
+// tests run mmap users (Badger in gatewayd) in another process. flock and POSIX locks are passed to
 // the backing files. Passthrough to the kernel (FUSE backing files) is off,
 // so that every write goes through faultfs.
 //

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -195,22 +196,47 @@ func TestPowerCutStrictNamesNeedDirectoryFsync(t *testing.T) {
 	wantFile(t, f.path("d/synced-data-only"), []byte("data2"))
 }
 
+// TestPowerCutMmap writes through a shared mapping in another process: a
+// page fault on a file served by this process would block a thread the Go
+// runtime must stop for garbage collection while the server waits for it.
 func TestPowerCutMmap(t *testing.T) {
 	f := mount(t)
-	const size = 64 << 10
-	fh, err := os.OpenFile(f.path("wal"), os.O_CREATE|os.O_RDWR, 0o644)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMmapWriterProcess$")
+	cmd.Env = append(os.Environ(), envMmapFile+"="+f.path("wal"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("mmap writer: %v\n%s", err, out)
+	}
+	cut(t, f)
+	want := make([]byte, mmapSize)
+	copy(want, pattern(20000, 7))
+	wantFile(t, f.path("wal"), want)
+}
+
+const (
+	envMmapFile = "FAULTFS_TEST_MMAP_FILE"
+	mmapSize    = 64 << 10
+)
+
+// TestMmapWriterProcess is TestPowerCutMmap's writer: it maps a new file,
+// msyncs 20000 bytes, then writes more without msync and unmaps.
+func TestMmapWriterProcess(t *testing.T) {
+	p := os.Getenv(envMmapFile)
+	if p == "" {
+		t.Skip("run by TestPowerCutMmap")
+	}
+	fh, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fh.Truncate(size); err != nil {
+	defer fh.Close()
+	if err := fh.Truncate(mmapSize); err != nil {
 		t.Fatal(err)
 	}
-	m, err := unix.Mmap(int(fh.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	m, err := unix.Mmap(int(fh.Fd()), 0, mmapSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := pattern(20000, 7)
-	copy(m, first)
+	copy(m, pattern(20000, 7))
 	if err := unix.Msync(m, unix.MS_SYNC); err != nil {
 		t.Fatal(err)
 	}
@@ -219,11 +245,6 @@ func TestPowerCutMmap(t *testing.T) {
 	if err := unix.Munmap(m); err != nil {
 		t.Fatal(err)
 	}
-	fh.Close()
-	cut(t, f)
-	want := make([]byte, size)
-	copy(want, first)
-	wantFile(t, f.path("wal"), want)
 }
 
 func TestPowerCutFallocate(t *testing.T) {
@@ -369,4 +390,36 @@ func TestPowerCutRefusedWhileInUse(t *testing.T) {
 	if err := f.PowerCut(); err == nil {
 		t.Fatal("PowerCut succeeded with a file open on the mount")
 	}
+}
+
+func TestPowerCutJournalCommitsSizes(t *testing.T) {
+	f := mount(t)
+	fh, err := os.Create(f.path("00002.mem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fh.Truncate(3 * pageSize); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fh.WriteAt([]byte("unsynced"), 10); err != nil {
+		t.Fatal(err)
+	}
+	fh.Close()
+	writeFile(t, f.path("other"), nil, true) // a journal commit
+	cut(t, f)
+	wantFile(t, f.path("00002.mem"), make([]byte, 3*pageSize))
+
+	// Under Strict the size needs the file's own fsync.
+	g := mount(t, strict)
+	fh, err = os.Create(g.path("00002.mem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fh.Truncate(3 * pageSize); err != nil {
+		t.Fatal(err)
+	}
+	fh.Close()
+	syncDir(t, g.Dir())
+	cut(t, g)
+	wantFile(t, g.path("00002.mem"), []byte{})
 }

@@ -2,7 +2,6 @@ package faultfs
 
 import (
 	"context"
-	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -87,14 +86,19 @@ func (f *FS) removeFileLocked(rel string) syscall.Errno {
 }
 
 // commitNamesLocked makes the name changes an fsync of dir (or of a file,
-// dir "" with file true) makes durable, and drops the removed files no
-// durable name refers to any longer.
+// isDir false) makes durable, under Journaled with every size change
+// (truncate, fallocate), and drops the removed files no durable name
+// refers to any longer.
 func (f *FS) commitNamesLocked(dir string, isDir bool) {
 	switch {
-	case f.opts.Names == Journaled && f.namesDirty:
+	case f.opts.Names == Journaled:
+		f.undo.commitSizes()
+		if !f.namesDirty {
+			return
+		}
 		f.durable = f.cur.clone()
 		f.namesDirty = false
-	case f.opts.Names == Strict && isDir:
+	case isDir:
 		f.durable.syncDir(dir, f.cur)
 	default:
 		return
@@ -111,8 +115,8 @@ func (f *FS) commitNamesLocked(dir string, isDir bool) {
 	}
 }
 
-// saveRangePathLocked keeps the pre-image of [off, end) of the file at p.
-func (f *FS) saveRangePathLocked(p string, off, end int64) syscall.Errno {
+// truncatingPathLocked keeps what truncating the file at p to size changes.
+func (f *FS) truncatingPathLocked(p string, size int64) syscall.Errno {
 	fd, err := syscall.Open(p, syscall.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return fs.ToErrno(err)
@@ -125,7 +129,7 @@ func (f *FS) saveRangePathLocked(p string, off, end int64) syscall.Errno {
 	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return 0
 	}
-	return toErrno(f.undo.save(st.Ino, fd, off, end))
+	return toErrno(f.undo.truncating(st.Ino, fd, size))
 }
 
 func toErrno(err error) syscall.Errno {
@@ -170,7 +174,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	_, statErr := os.Lstat(f.backing(rel))
 	existed := statErr == nil
 	if existed && flags&syscall.O_TRUNC != 0 {
-		if errno := f.saveRangePathLocked(f.backing(rel), 0, math.MaxInt64); errno != 0 {
+		if errno := f.truncatingPathLocked(f.backing(rel), 0); errno != 0 {
 			return nil, nil, 0, errno
 		}
 	}
@@ -201,7 +205,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		if r := f.faultLocked(OpTruncate, rel); r != nil {
 			return nil, 0, r.errno()
 		}
-		if errno := f.saveRangePathLocked(f.backing(rel), 0, math.MaxInt64); errno != 0 {
+		if errno := f.truncatingPathLocked(f.backing(rel), 0); errno != 0 {
 			return nil, 0, errno
 		}
 	}
@@ -325,9 +329,9 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		}
 		var errno syscall.Errno
 		if ff, ok := fh.(*file); ok {
-			errno = toErrno(f.undo.save(ff.ino, ff.fd, int64(size), math.MaxInt64))
+			errno = toErrno(f.undo.truncating(ff.ino, ff.fd, int64(size)))
 		} else {
-			errno = f.saveRangePathLocked(f.backing(rel), int64(size), math.MaxInt64)
+			errno = f.truncatingPathLocked(f.backing(rel), int64(size))
 		}
 		if errno != 0 {
 			return errno
@@ -500,5 +504,18 @@ func (f *file) Allocate(ctx context.Context, off, size uint64, mode uint32) sysc
 			return toErrno(err)
 		}
 	}
-	return f.LoopbackFile.Allocate(ctx, off, size, mode)
+	var before, after syscall.Stat_t
+	if err := syscall.Fstat(f.fd, &before); err != nil {
+		return fs.ToErrno(err)
+	}
+	if errno := f.LoopbackFile.Allocate(ctx, off, size, mode); errno != 0 {
+		return errno
+	}
+	if err := syscall.Fstat(f.fd, &after); err != nil {
+		return fs.ToErrno(err)
+	}
+	if after.Size == before.Size {
+		return 0
+	}
+	return toErrno(ffs.undo.extended(f.ino, f.fd, after.Size))
 }

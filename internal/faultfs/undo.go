@@ -3,6 +3,7 @@ package faultfs
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sort"
 	"strconv"
@@ -14,12 +15,44 @@ const pageSize = 4096
 
 // fileUndo is what it takes to bring one file back to its durable content:
 // the durable size, the pre-image of every page below it changed since
-// the last fsync (nil for a page of zeros), and the torn writes made
-// durable on purpose, replayed after the rollback.
+// the last fsync (nil for a page of zeros), the size changes (truncate,
+// fallocate) a journal commit made durable since, and the torn writes
+// made durable on purpose, replayed after the rollback.
 type fileUndo struct {
 	durable int64
 	pages   map[int64][]byte
 	forced  []forcedWrite
+
+	// low is the smallest size a committed truncation left since the
+	// last fsync, size the last committed size: a rollback cuts the file
+	// to low, then extends it with zeros to size.
+	low, size int64
+	// pendingLow and pendingSize are the same for size changes no commit
+	// made durable yet; pendingSize is -1 without any.
+	pendingLow, pendingSize int64
+}
+
+func newFileUndo(durable int64) *fileUndo {
+	return &fileUndo{durable: durable, pages: map[int64][]byte{}, low: durable, size: durable,
+		pendingLow: math.MaxInt64, pendingSize: -1}
+}
+
+// resized records a truncation or extension of the file to size.
+func (fu *fileUndo) resized(size int64, truncation bool) {
+	if truncation {
+		fu.pendingLow = min(fu.pendingLow, size)
+	}
+	fu.pendingSize = size
+}
+
+// commitSize makes the size changes recorded so far durable.
+func (fu *fileUndo) commitSize() {
+	if fu.pendingSize < 0 {
+		return
+	}
+	fu.low = min(fu.low, fu.pendingLow)
+	fu.size = fu.pendingSize
+	fu.pendingLow, fu.pendingSize = math.MaxInt64, -1
 }
 
 type forcedWrite struct {
@@ -42,7 +75,7 @@ func newUndoLog(max int64) *undoLog {
 // created records a new, empty file: nothing of it is durable yet.
 func (u *undoLog) created(ino uint64) {
 	u.forget(ino)
-	u.files[ino] = &fileUndo{durable: 0, pages: map[int64][]byte{}}
+	u.files[ino] = newFileUndo(0)
 }
 
 // forget drops what is kept for ino (it was fsynced, or it is gone).
@@ -71,7 +104,7 @@ func (u *undoLog) state(ino uint64, fd int) (*fileUndo, error) {
 	if err := syscall.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("fstat: %w", err)
 	}
-	fu := &fileUndo{durable: st.Size, pages: map[int64][]byte{}}
+	fu := newFileUndo(st.Size)
 	u.files[ino] = fu
 	return fu, nil
 }
@@ -116,6 +149,34 @@ func (u *undoLog) save(ino uint64, fd int, off, end int64) error {
 		fu.pages[page] = append([]byte(nil), buf[:n]...)
 		u.bytes += n
 	}
+	return nil
+}
+
+// commitSizes makes every recorded size change durable (a journal
+// commit).
+func (u *undoLog) commitSizes() {
+	for _, fu := range u.files {
+		fu.commitSize()
+	}
+}
+
+// truncating keeps what truncating the file open at fd to size changes;
+// it must run before the truncation.
+func (u *undoLog) truncating(ino uint64, fd int, size int64) error {
+	if err := u.save(ino, fd, size, math.MaxInt64); err != nil {
+		return err
+	}
+	u.files[ino].resized(size, true)
+	return nil
+}
+
+// extended records that fallocate extended the file open at fd to size.
+func (u *undoLog) extended(ino uint64, fd int, size int64) error {
+	fu, err := u.state(ino, fd)
+	if err != nil {
+		return err
+	}
+	fu.resized(size, false)
 	return nil
 }
 
@@ -194,8 +255,10 @@ func (fu *fileUndo) rollback(path string) error {
 			return fmt.Errorf("restore %s at %d: %w", path, p*pageSize, err)
 		}
 	}
-	if err := f.Truncate(fu.durable); err != nil {
-		return fmt.Errorf("truncate %s to %d: %w", path, fu.durable, err)
+	for _, size := range []int64{min(fu.durable, fu.low), fu.size} {
+		if err := f.Truncate(size); err != nil {
+			return fmt.Errorf("truncate %s to %d: %w", path, size, err)
+		}
 	}
 	for _, w := range fu.forced {
 		if _, err := f.WriteAt(w.data, w.off); err != nil {
