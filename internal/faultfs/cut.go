@@ -23,9 +23,12 @@ func (f *FS) rollback() error {
 		if !ok || !f.durable.references(ino) {
 			continue
 		}
-		if err := fu.rollback(p); err != nil {
+		undone, err := fu.rollback(p)
+		if err != nil {
 			return err
 		}
+		f.stats.FilesRolled++
+		f.stats.BytesUndone += undone
 	}
 	stage := f.stageDir()
 	for ino, p := range files {
@@ -113,6 +116,16 @@ func (f *FS) rebuild(stage string) error {
 			return fmt.Errorf("rebuild %s: %w", rel, err)
 		}
 		made[rel] = true
+	}
+	for _, e := range f.cur {
+		if !e.isDir() && placed[e.ino] == "" {
+			f.stats.FilesDropped++
+		}
+	}
+	for rel, e := range f.durable {
+		if c, ok := f.cur[rel]; !e.isDir() && made[rel] && (!ok || c.ino != e.ino) {
+			f.stats.NamesRestored++
+		}
 	}
 	if err := clearDir(stage); err != nil {
 		return err

@@ -63,7 +63,16 @@ type FS struct {
 	rules      []*rule
 	nextRule   int
 	fsyncDelay time.Duration
-	cuts       int
+	stats      Stats
+}
+
+// Stats counts what power cuts undid.
+type Stats struct {
+	Cuts          int   // power cuts made
+	FilesRolled   int   // files whose content or size was rolled back
+	BytesUndone   int64 // bytes of pre-images written back, plus bytes cut off
+	FilesDropped  int   // files whose name was not durable, deleted
+	NamesRestored int   // removed or renamed files brought back
 }
 
 // Start mounts opts.Backing at opts.Mountpoint. Everything in Backing at
@@ -104,10 +113,13 @@ func Start(opts Options) (*FS, error) {
 func (f *FS) Dir() string { return f.opts.Mountpoint }
 
 // Cuts is how many power cuts have been made.
-func (f *FS) Cuts() int {
+func (f *FS) Cuts() int { return f.Stats().Cuts }
+
+// Stats returns what the power cuts so far undid.
+func (f *FS) Stats() Stats {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.cuts
+	return f.stats
 }
 
 // resetState makes the backing tree as it is the durable state.
@@ -205,7 +217,7 @@ func (f *FS) PowerCut() error {
 	if err == nil {
 		err = f.resetState()
 	}
-	f.cuts++
+	f.stats.Cuts++
 	f.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("faultfs: power cut: %w", err)

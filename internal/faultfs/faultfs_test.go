@@ -124,6 +124,9 @@ func TestPowerCutKeepsOnlyFsyncedData(t *testing.T) {
 	wantFile(t, f.path("a"), synced[:100])
 
 	cut(t, f)
+	if st := f.Stats(); st.FilesRolled != 1 || st.BytesUndone != 10000 {
+		t.Fatalf("stats %+v, want a rolled back, its 3 pages rewritten", st)
+	}
 	wantFile(t, f.path("a"), synced)
 	// b's name was made durable by a's fsync? No: b was created after it.
 	wantFile(t, f.path("b"), nil)
@@ -151,6 +154,9 @@ func TestPowerCutNames(t *testing.T) {
 	wantFile(t, f.path("d/moved"), nil)
 	wantFile(t, f.path("d/old"), []byte("old"))
 	wantFile(t, f.path("d/gone"), nil)
+	if st := f.Stats(); st.FilesDropped != 1 || st.NamesRestored != 2 {
+		t.Fatalf("stats %+v, want 1 file dropped, 2 names restored", st)
+	}
 	if fi, err := os.Stat(f.path("d")); err != nil || fi.Mode().Perm() != 0o750 {
 		t.Fatalf("d after the cut: %v %v", fi, err)
 	}

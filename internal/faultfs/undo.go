@@ -234,12 +234,19 @@ func isZero(b []byte) bool {
 
 // rollback writes the pre-images back into the file at path, cuts it to
 // its durable size and replays the forced writes.
-func (fu *fileUndo) rollback(path string) error {
+func (fu *fileUndo) rollback(path string) (undone int64, err error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return fmt.Errorf("open %s: %w", path, err)
+		return 0, fmt.Errorf("open %s: %w", path, err)
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	if cut := fi.Size() - min(fu.durable, fu.low); cut > 0 {
+		undone += cut
+	}
 	pages := make([]int64, 0, len(fu.pages))
 	for p := range fu.pages {
 		pages = append(pages, p)
@@ -252,18 +259,19 @@ func (fu *fileUndo) rollback(path string) error {
 			img = zeros[:min(int64(pageSize), fu.durable-p*pageSize)]
 		}
 		if _, err := f.WriteAt(img, p*pageSize); err != nil {
-			return fmt.Errorf("restore %s at %d: %w", path, p*pageSize, err)
+			return undone, fmt.Errorf("restore %s at %d: %w", path, p*pageSize, err)
 		}
+		undone += int64(len(img))
 	}
 	for _, size := range []int64{min(fu.durable, fu.low), fu.size} {
 		if err := f.Truncate(size); err != nil {
-			return fmt.Errorf("truncate %s to %d: %w", path, size, err)
+			return undone, fmt.Errorf("truncate %s to %d: %w", path, size, err)
 		}
 	}
 	for _, w := range fu.forced {
 		if _, err := f.WriteAt(w.data, w.off); err != nil {
-			return fmt.Errorf("replay torn write to %s at %d: %w", path, w.off, err)
+			return undone, fmt.Errorf("replay torn write to %s at %d: %w", path, w.off, err)
 		}
 	}
-	return nil
+	return undone, nil
 }
