@@ -63,6 +63,10 @@ func TestPowerCutLosesNothingAcknowledged(t *testing.T) {
 	local, view, key, prefix := setup(t)
 	dataDir := filepath.Join(ffs.Dir(), "gateway")
 	require.NoError(t, os.Mkdir(dataDir, 0o755))
+	root, err := os.Open(ffs.Dir()) // the data directory exists before gatewayd runs, durably
+	require.NoError(t, err)
+	require.NoError(t, root.Sync())
+	require.NoError(t, root.Close())
 
 	d := startDaemon(t, dataDir, local.Endpoint, prefix)
 	load := &powerCutLoad{key: key, ledger: map[string]int{}}
