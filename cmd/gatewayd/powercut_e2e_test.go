@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,15 +20,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/internal/contract"
-	"greenhouse-gateway/internal/faultfs"
 )
 
 // envPowerCutCycles sets how many power cuts TestPowerCutLosesNothingAcknowledged
 // makes (default 10).
 const envPowerCutCycles = "GATEWAY_POWERCUT_CYCLES"
 
-// envPowerCutStrict, when set, runs the power-cut test with faultfs.Strict:
-// only a directory fsync makes a name or a size change durable.
+// envPowerCutStrict, when set, runs the power-cut tests with faultfs.Strict:
+// only a directory fsync makes a name durable, only a file's own fsync its
+// size.
 const envPowerCutStrict = "GATEWAY_POWERCUT_STRICT"
 
 func powerCutCycles(t *testing.T) int {
@@ -55,18 +54,9 @@ func TestPowerCutLosesNothingAcknowledged(t *testing.T) {
 		t.Skip("integration test")
 	}
 	cycles := powerCutCycles(t)
-	ffs := faultfs.Mount(t, filepath.Join(t.TempDir(), "disk"), func(o *faultfs.Options) {
-		if os.Getenv(envPowerCutStrict) != "" {
-			o.Names = faultfs.Strict
-		}
-	})
+	ffs := mountPowerCutDisk(t)
 	local, view, key, prefix := setup(t)
-	dataDir := filepath.Join(ffs.Dir(), "gateway")
-	require.NoError(t, os.Mkdir(dataDir, 0o755))
-	root, err := os.Open(ffs.Dir()) // the data directory exists before gatewayd runs, durably
-	require.NoError(t, err)
-	require.NoError(t, root.Sync())
-	require.NoError(t, root.Close())
+	dataDir := powerCutDataDir(t, ffs)
 
 	d := startDaemon(t, dataDir, local.Endpoint, prefix)
 	load := &powerCutLoad{key: key, ledger: map[string]int{}}
