@@ -35,6 +35,9 @@ func (s *scenario) powerCuts(ctx context.Context, until time.Time) {
 		}
 		return true
 	})
+	st := s.disk.Stats()
+	s.log.Info("power cuts undid", "cuts", st.Cuts, "files_rolled_back", st.FilesRolled, "bytes", st.BytesUndone,
+		"files_dropped", st.FilesDropped, "names_restored", st.NamesRestored)
 }
 
 // mountDisk mounts faultfs over the scenario's disk directory for the
