@@ -244,9 +244,10 @@ func (fu *fileUndo) rollback(path string) (undone int64, err error) {
 	if err != nil {
 		return 0, err
 	}
-	if cut := fi.Size() - min(fu.durable, fu.low); cut > 0 {
-		undone += cut
-	}
+	// Bytes past the final size are cut off; those between the durable
+	// data and the final size (a committed extension) become zeros.
+	keep := min(fu.durable, fu.low)
+	undone += max(0, fi.Size()-fu.size) + max(0, min(fi.Size(), fu.size)-keep)
 	pages := make([]int64, 0, len(fu.pages))
 	for p := range fu.pages {
 		pages = append(pages, p)
