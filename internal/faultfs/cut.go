@@ -10,10 +10,10 @@ import (
 )
 
 // rollback turns the (unmounted) backing directory into the durable
-// state: file contents are rolled back, every file is set aside by inode
+// state: file contents are rolled back (but for the pages keepPage keeps), every file is set aside by inode
 // number, the directories are rebuilt from the durable names and the
 // files put back under them; a file no durable name refers to is deleted.
-func (f *FS) rollback() error {
+func (f *FS) rollback(keepPage func(page int64) bool) error {
 	files, err := f.backingFiles()
 	if err != nil {
 		return err
@@ -23,10 +23,11 @@ func (f *FS) rollback() error {
 		if !ok || !f.durable.references(ino) {
 			continue
 		}
-		undone, err := fu.rollback(p)
+		undone, kept, err := fu.rollback(p, keepPage)
 		if err != nil {
 			return err
 		}
+		f.stats.PagesKept += kept
 		f.stats.FilesRolled++
 		f.stats.BytesUndone += undone
 	}

@@ -3,6 +3,7 @@ package faultfs
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
@@ -70,7 +71,8 @@ type FS struct {
 type Stats struct {
 	Cuts          int   // power cuts made
 	FilesRolled   int   // files whose content or size was rolled back
-	BytesUndone   int64 // bytes of pre-images written back, plus bytes cut off
+	BytesUndone   int64 // bytes of pre-images written back, cut off or zeroed
+	PagesKept     int   // unsynced pages a torn cut kept
 	FilesDropped  int   // files whose name was not durable, deleted
 	NamesRestored int   // removed or renamed files brought back
 }
@@ -207,13 +209,27 @@ func (f *FS) Unmount() error {
 // file system must have exited), rolls the backing directory back to what
 // was durable (see the package documentation) and mounts it again.
 func (f *FS) PowerCut() error {
+	return f.powerCut(func(int64) bool { return false })
+}
+
+// PowerCutTorn is PowerCut with a power failure during writeback: each
+// page (4 KiB) overwritten since its file's last fsync, below the durable
+// size, keeps its new content with probability keep (drawn from seed), as
+// the kernel may have written any subset of dirty pages before the power
+// went. Data past the durable size is still lost.
+func (f *FS) PowerCutTorn(keep float64, seed uint64) error {
+	rng := rand.New(rand.NewPCG(seed, 0x7f5))
+	return f.powerCut(func(int64) bool { return rng.Float64() < keep })
+}
+
+func (f *FS) powerCut(keepPage func(page int64) bool) error {
 	f.ctl.Lock()
 	defer f.ctl.Unlock()
 	if err := f.unmount(); err != nil {
 		return err
 	}
 	f.mu.Lock()
-	err := f.rollback()
+	err := f.rollback(keepPage)
 	if err == nil {
 		err = f.resetState()
 	}

@@ -234,15 +234,15 @@ func isZero(b []byte) bool {
 
 // rollback writes the pre-images back into the file at path, cuts it to
 // its durable size and replays the forced writes.
-func (fu *fileUndo) rollback(path string) (undone int64, err error) {
+func (fu *fileUndo) rollback(path string, keepPage func(page int64) bool) (undone int64, kept int, err error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return 0, fmt.Errorf("open %s: %w", path, err)
+		return 0, 0, fmt.Errorf("open %s: %w", path, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// Bytes past the final size are cut off; those between the durable
 	// data and the final size (a committed extension) become zeros.
@@ -255,24 +255,28 @@ func (fu *fileUndo) rollback(path string) (undone int64, err error) {
 	sort.Slice(pages, func(i, j int) bool { return pages[i] < pages[j] })
 	zeros := make([]byte, pageSize)
 	for _, p := range pages {
+		if p*pageSize < fi.Size() && keepPage(p) {
+			kept++
+			continue
+		}
 		img := fu.pages[p]
 		if img == nil {
 			img = zeros[:min(int64(pageSize), fu.durable-p*pageSize)]
 		}
 		if _, err := f.WriteAt(img, p*pageSize); err != nil {
-			return undone, fmt.Errorf("restore %s at %d: %w", path, p*pageSize, err)
+			return undone, kept, fmt.Errorf("restore %s at %d: %w", path, p*pageSize, err)
 		}
 		undone += int64(len(img))
 	}
 	for _, size := range []int64{min(fu.durable, fu.low), fu.size} {
 		if err := f.Truncate(size); err != nil {
-			return undone, fmt.Errorf("truncate %s to %d: %w", path, size, err)
+			return undone, kept, fmt.Errorf("truncate %s to %d: %w", path, size, err)
 		}
 	}
 	for _, w := range fu.forced {
 		if _, err := f.WriteAt(w.data, w.off); err != nil {
-			return undone, fmt.Errorf("replay torn write to %s at %d: %w", path, w.off, err)
+			return undone, kept, fmt.Errorf("replay torn write to %s at %d: %w", path, w.off, err)
 		}
 	}
-	return undone, nil
+	return undone, kept, nil
 }

@@ -26,10 +26,19 @@ func (s *scenario) kill9(ctx context.Context, until time.Time) {
 
 // powerCuts is kill9 with a power cut of the data directory's file system
 // (faultfs) between the kill and the restart: gatewayd restarts on what
-// was fsynced, the rest is lost.
+// was fsynced, the rest is lost; every other cut is torn (half of the
+// pages overwritten since their file's last fsync keep their new content).
 func (s *scenario) powerCuts(ctx context.Context, until time.Time) {
+	cut := 0
 	s.killCycles(ctx, until, s.cfg.PowerCutCycles, func() bool {
-		if err := s.disk.PowerCut(); err != nil {
+		cut++
+		var err error
+		if cut%2 == 0 { // torn: some unsynced pages reached the disk
+			err = s.disk.PowerCutTorn(0.5, s.rng.Uint64())
+		} else {
+			err = s.disk.PowerCut()
+		}
+		if err != nil {
 			s.problem("power cut: %v", err)
 			return false
 		}
@@ -37,7 +46,7 @@ func (s *scenario) powerCuts(ctx context.Context, until time.Time) {
 	})
 	st := s.disk.Stats()
 	s.log.Info("power cuts undid", "cuts", st.Cuts, "files_rolled_back", st.FilesRolled, "bytes", st.BytesUndone,
-		"files_dropped", st.FilesDropped, "names_restored", st.NamesRestored)
+		"pages_kept", st.PagesKept, "files_dropped", st.FilesDropped, "names_restored", st.NamesRestored)
 }
 
 // mountDisk mounts faultfs over the scenario's disk directory for the
