@@ -3,7 +3,7 @@
 // exits 1 if any acknowledged batch was lost or duplicated or anything else
 // went wrong.
 //
-//	go run ./cmd/soak --duration 10m --kill-cycles 100 --devices 10
+//	go run ./cmd/soak --duration 10m --kill-cycles 100 --powercut-cycles 50 --devices 10
 package main
 
 import (
@@ -34,6 +34,7 @@ func run(args []string) int {
 	)
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Minute, "load time of the whole soak, split evenly across the scenarios (setup, drain and checks come on top)")
 	fs.IntVar(&cfg.KillCycles, "kill-cycles", 100, "kill -9 cycles of gatewayd in the kill9 scenario")
+	fs.IntVar(&cfg.PowerCutCycles, "powercut-cycles", 50, "power cuts in the powercut scenario (gatewayd's data directory on a FUSE file system that drops what was not fsynced; needs /dev/fuse and root)")
 	fs.IntVar(&cfg.Devices, "devices", 10, "simulated devices per scenario, half MQTT, half HTTP")
 	fs.DurationVar(&cfg.Interval, "interval", 500*time.Millisecond, "time between two batches of a device")
 	fs.StringVar(&scenarios, "scenarios", strings.Join(soak.Scenarios(), ","), "comma-separated scenarios to run")

@@ -22,7 +22,12 @@
 //     lost after the write, reset, blackhole, latency, throttling, 5xx);
 //   - sigterm: gatewayd stopped with SIGTERM and restarted; it must exit 0
 //     within its shutdown deadline, half of the time while its uplink
-//     hangs on a blackholed request.
+//     hangs on a blackholed request;
+//   - powercut: gatewayd's data directory on internal/faultfs (FUSE);
+//     gatewayd killed with SIGKILL, everything not fsynced dropped (a power
+//     cut), gatewayd restarted on what survived, Config.PowerCutCycles
+//     times. Skipped, and said so in the report, where FUSE cannot be
+//     mounted (no /dev/fuse, not root).
 //
 // Then the faults end, the devices get their last batches confirmed, the
 // gateway's buffer drains (gateway_buffer_pending_batches 0), and the

@@ -2,7 +2,12 @@ package soak
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"time"
+
+	"greenhouse-gateway/internal/faultfs"
 
 	"greenhouse-gateway/internal/faultproxy"
 )
@@ -16,18 +21,68 @@ const maxFaultCycles = 100_000
 // planned (a busy machine), the cycles left go on for at most half the
 // load time more, while the devices still send what they hold.
 func (s *scenario) kill9(ctx context.Context, until time.Time) {
+	s.killCycles(ctx, until, s.cfg.KillCycles, func() bool { return true })
+}
+
+// powerCuts is kill9 with a power cut of the data directory's file system
+// (faultfs) between the kill and the restart: gatewayd restarts on what
+// was fsynced, the rest is lost; every other cut is torn (half of the
+// pages overwritten since their file's last fsync keep their new content).
+func (s *scenario) powerCuts(ctx context.Context, until time.Time) {
+	cut := 0
+	s.killCycles(ctx, until, s.cfg.PowerCutCycles, func() bool {
+		cut++
+		var err error
+		if cut%2 == 0 { // torn: some unsynced pages reached the disk
+			err = s.disk.PowerCutTorn(0.5, s.rng.Uint64())
+		} else {
+			err = s.disk.PowerCut()
+		}
+		if err != nil {
+			s.problem("power cut: %v", err)
+			return false
+		}
+		return true
+	})
+	st := s.disk.Stats()
+	s.log.Info("power cuts undid", "cuts", st.Cuts, "files_rolled_back", st.FilesRolled, "bytes", st.BytesUndone,
+		"pages_kept", st.PagesKept, "files_dropped", st.FilesDropped, "names_restored", st.NamesRestored)
+}
+
+// mountDisk mounts faultfs over the scenario's disk directory for the
+// powercut scenario; without FUSE it marks the scenario skipped and
+// returns nil.
+func (s *scenario) mountDisk() (*faultfs.FS, error) {
+	backing, mnt := filepath.Join(s.dir, "disk"), filepath.Join(s.dir, "mnt")
+	for _, d := range []string{backing, mnt} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return nil, err
+		}
+	}
+	disk, err := faultfs.Start(faultfs.Options{Backing: backing, Mountpoint: mnt})
+	if errors.Is(err, faultfs.ErrUnavailable) {
+		s.fig.Skipped = err.Error()
+		s.log.Warn("scenario skipped", "reason", err)
+		return nil, nil
+	}
+	return disk, err
+}
+
+// killCycles kills gatewayd with SIGKILL cycles times under load, runs
+// between (false ends the cycles) and restarts it.
+func (s *scenario) killCycles(ctx context.Context, until time.Time, cycles int, between func() bool) {
 	hardStop := until.Add(s.load / 2)
 	restart := 500 * time.Millisecond // running estimate of a restart's length
-	for i := 0; i < s.cfg.KillCycles && ctx.Err() == nil; i++ {
+	for i := 0; i < cycles && ctx.Err() == nil; i++ {
 		left := time.Until(until)
 		if left <= 0 {
 			left = time.Until(hardStop)
 			if left <= 0 {
-				s.log.Info("time over before every kill cycle ran", "cycles", s.fig.Cycles, "wanted", s.cfg.KillCycles)
+				s.log.Info("time over before every kill cycle ran", "cycles", s.fig.Cycles, "wanted", cycles)
 				return
 			}
 		}
-		mean := max(left/time.Duration(s.cfg.KillCycles-i)-restart, 300*time.Millisecond)
+		mean := max(left/time.Duration(cycles-i)-restart, 300*time.Millisecond)
 		sleep(ctx, min(s.between(mean/2, mean*3/2), left))
 		if !s.ensureGateway(ctx) {
 			return
@@ -39,7 +94,7 @@ func (s *scenario) kill9(ctx context.Context, until time.Time) {
 		}
 		s.fig.Cycles++
 		begin := time.Now()
-		if !s.restartGateway(ctx) {
+		if !between() || !s.restartGateway(ctx) {
 			return
 		}
 		restart = (3*restart + time.Since(begin)) / 4

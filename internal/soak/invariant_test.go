@@ -139,4 +139,5 @@ func TestConfigValidate(t *testing.T) {
 	require.Equal(t, Scenarios(), c.Scenarios)
 	require.NotZero(t, c.Seed)
 	require.Equal(t, 100, c.KillCycles)
+	require.Equal(t, 50, c.PowerCutCycles)
 }

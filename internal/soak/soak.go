@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"greenhouse-gateway/internal/cloud"
+	"greenhouse-gateway/internal/faultfs"
 	"greenhouse-gateway/internal/faultproxy"
 )
 
@@ -29,11 +30,12 @@ const (
 	ScenarioDynamoDB = "dynamodb"
 	ScenarioProxy    = "proxy"
 	ScenarioSIGTERM  = "sigterm"
+	ScenarioPowerCut = "powercut"
 )
 
 // Scenarios returns every scenario name, in running order.
 func Scenarios() []string {
-	return []string{ScenarioKill9, ScenarioDynamoDB, ScenarioProxy, ScenarioSIGTERM}
+	return []string{ScenarioKill9, ScenarioDynamoDB, ScenarioProxy, ScenarioSIGTERM, ScenarioPowerCut}
 }
 
 // Config configures a soak. The zero value of a field means its default.
@@ -46,6 +48,10 @@ type Config struct {
 	// spread over its share of Duration (fewer if restarts are too slow to
 	// fit). Default 100.
 	KillCycles int
+	// PowerCutCycles is the number of power cuts of the powercut scenario
+	// (gatewayd's data directory on faultfs: kill -9, drop everything not
+	// fsynced, restart), spread like KillCycles. Default 50.
+	PowerCutCycles int
 	// Devices is the number of simulated devices per scenario, half over
 	// MQTT and half over HTTP. Default 10.
 	Devices int
@@ -91,6 +97,9 @@ func (c Config) withDefaults() Config {
 	if c.KillCycles <= 0 {
 		c.KillCycles = 100
 	}
+	if c.PowerCutCycles <= 0 {
+		c.PowerCutCycles = 50
+	}
 	if c.Devices <= 0 {
 		c.Devices = 10
 	}
@@ -133,8 +142,8 @@ func (c Config) Validate() error {
 	if c.Devices > 1000 {
 		return errors.New("soak: at most 1000 devices")
 	}
-	if c.KillCycles > 100_000 {
-		return errors.New("soak: at most 100000 kill cycles")
+	if c.KillCycles > 100_000 || c.PowerCutCycles > 100_000 {
+		return errors.New("soak: at most 100000 kill or power-cut cycles")
 	}
 	return nil
 }
@@ -177,6 +186,9 @@ type Figures struct {
 	Elapsed time.Duration
 	// Problems lists what went wrong, the first few of each kind in full.
 	Problems []string
+	// Skipped says why the scenario could not run here (powercut without
+	// FUSE); a skipped scenario has no figures.
+	Skipped string
 	// Dir is the scenario's work directory (removed unless Config.Keep).
 	Dir string
 }
@@ -234,6 +246,9 @@ func (r Report) WriteTable(w io.Writer) {
 	fmt.Fprintln(tw, "scenario\tcycles\tacknowledged\tdelivered\tlost\tduplicated\tstray\trejected\treadings\tredelivered\tanswers lost\tmax stop\ttime\tresult\t")
 	row := func(f Figures) {
 		result := "ok"
+		if f.Skipped != "" {
+			result = "skipped"
+		}
 		if !f.OK() {
 			result = "FAIL"
 		}
@@ -256,6 +271,9 @@ func (r Report) WriteTable(w io.Writer) {
 	_ = tw.Flush()
 	fmt.Fprintf(w, "seed %d; work directory %s\n", r.Seed, r.Dir)
 	for _, f := range r.Scenarios {
+		if f.Skipped != "" {
+			fmt.Fprintf(w, "\n%s skipped: %s\n", f.Scenario, f.Skipped)
+		}
 		if len(f.Problems) == 0 {
 			continue
 		}
@@ -347,6 +365,7 @@ type scenario struct {
 	dynamo *dynamoLocal
 	gw     *gatewayd
 	proxy  *faultproxy.Proxy
+	disk   *faultfs.FS // the powercut scenario's data directory file system
 	fig    Figures
 }
 
@@ -420,6 +439,20 @@ func (s *scenario) drive(ctx context.Context, client *dynamodb.Client, tables cl
 	if s.gw, err = newGatewayd(s.bin, s.dir, endpoint, prefix); err != nil {
 		return err
 	}
+	if s.name == ScenarioPowerCut {
+		if s.disk, err = s.mountDisk(); err != nil {
+			return err
+		}
+		if s.disk == nil {
+			return nil // skipped
+		}
+		defer func() {
+			if err := s.disk.Unmount(); err != nil {
+				s.problem("%v", err)
+			}
+		}()
+		s.gw.dataDir = filepath.Join(s.disk.Dir(), "gateway-data")
+	}
 	if s.cfg.WriteMode == "alternate" {
 		s.gw.writeModes, s.gw.offset = []string{"transaction", "batch"}, s.index
 	} else {
@@ -450,6 +483,8 @@ func (s *scenario) drive(ctx context.Context, client *dynamodb.Client, tables cl
 		s.proxyFaults(ctx, until)
 	case ScenarioSIGTERM:
 		s.sigterm(ctx, until)
+	case ScenarioPowerCut:
+		s.powerCuts(ctx, until)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
