@@ -457,6 +457,9 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 			"buffer.memtable_size applies after the next clean stop",
 			"memtable_size", bopts.MemTableSize, "configured", opts.MemTableSize)
 	}
+	if err := removeEmptyLogs(dir, logger); err != nil {
+		return nil, fmt.Errorf("opening buffer %s: %w", dir, err)
+	}
 	free := freeSpace{dir: dir, override: opts.freeBytes}
 	reserve := newBallast(dir, bopts.MemTableSize, logger)
 	freeNow, known := free.bytes()

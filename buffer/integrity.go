@@ -483,7 +483,10 @@ func scanWAL(path string) (walScan, error) {
 	}
 	size := int(fi.Size())
 	if size == 0 {
-		return s, fmt.Errorf("write-ahead log %s is empty: it was cut short", filepath.Base(path))
+		// A new log whose size was never synced (the file system made its
+		// name durable, not its length): nothing in it was acknowledged,
+		// since every commit syncs the log. Open removes it.
+		return s, nil
 	}
 	// Read, not mapped: a write-ahead log is sparse past its last entry,
 	// and on a full tmpfs a mapped read of a hole is a SIGBUS.
@@ -720,4 +723,33 @@ func syncDir(dir string) error {
 		err = cerr
 	}
 	return err
+}
+
+// removeEmptyLogs deletes the write-ahead logs and value log files of no
+// bytes in dir: files created just before a power cut, whose names reached
+// the disk but not their sizes (a file system that makes names durable
+// without sizes). Nothing in them was acknowledged (every commit syncs
+// them, sizes included), no value pointer points into them, and Badger
+// refuses to open an empty log it did not just create.
+func removeEmptyLogs(dir string, logger *slog.Logger) error {
+	var logs []string
+	for _, pattern := range []string{"*.mem", "*.vlog"} {
+		found, err := filepath.Glob(filepath.Join(dir, pattern))
+		if err != nil {
+			return err
+		}
+		logs = append(logs, found...)
+	}
+	for _, path := range logs {
+		fi, err := os.Stat(path)
+		if err != nil || fi.Size() != 0 {
+			continue
+		}
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("removing the empty log file %s: %w", filepath.Base(path), err)
+		}
+		logger.Warn("removed an empty log file (created just before a crash; it held nothing)",
+			"file", filepath.Base(path))
+	}
+	return nil
 }

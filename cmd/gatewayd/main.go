@@ -145,7 +145,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		return err
 	}
 
-	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+	if err := makeDataDir(cfg.DataDir); err != nil {
 		return fmt.Errorf("creating data directory: %w", err)
 	}
 	buf, err := buffer.Open(cfg.DataDir, cfg.Buffer, logger, reg)
@@ -340,4 +340,21 @@ func endpointName(e string) string {
 		return "AWS"
 	}
 	return e
+}
+
+// makeDataDir creates dir when it is missing, and syncs its parent so that
+// a power cut does not take the new directory, with what gatewayd writes
+// and syncs in it, away.
+func makeDataDir(dir string) error {
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return err
+	}
+	parent, err := os.Open(filepath.Dir(filepath.Clean(dir)))
+	if err != nil {
+		return err
+	}
+	return errors.Join(parent.Sync(), parent.Close())
 }
