@@ -21,6 +21,7 @@ import (
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/contract"
 	"greenhouse-gateway/internal/dynamotest"
+	"greenhouse-gateway/internal/faultfs"
 )
 
 // denseBatch is a batch of 4 readings of 24 random sensors: about 2.7 KiB
@@ -276,4 +277,74 @@ func tryPost(d *daemon, key string, batches [][]byte) (int, []contract.Result, e
 		return resp.StatusCode, nil, err
 	}
 	return resp.StatusCode, r.Results, nil
+}
+
+// TestFailingDiskEIO runs gatewayd on the fault-injecting file system and,
+// under load, makes every fsync of its data directory fail with EIO (then,
+// in a second round, every write): gatewayd withholds the acknowledgement
+// of what it could not sync, stops with one clear line and no crash, and
+// once the disk works again a restart delivers every acknowledged batch
+// exactly once.
+func TestFailingDiskEIO(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs gatewayd on a FUSE file system")
+	}
+	ffs := mountPowerCutDisk(t)
+	local, view, key, prefix := setup(t)
+	dataDir := powerCutDataDir(t, ffs)
+	hw := "02:00:00:00:D1:E0"
+	boot := uuid.NewString()
+	acked := map[string]bool{}
+	next := 0
+	for _, op := range []faultfs.Op{faultfs.OpFsync, faultfs.OpWrite} {
+		d := startDaemon(t, dataDir, local.Endpoint, prefix)
+		for range 20 {
+			code, results, err := tryPost(d, key, [][]byte{denseBatch(hw, boot, next)})
+			next++
+			require.NoError(t, err)
+			require.Equal(t, http.StatusOK, code)
+			acked[results[0].BatchID] = true
+		}
+		id := ffs.Inject(faultfs.Rule{Op: op, Err: syscall.EIO})
+		refused := 0
+		for range 200 {
+			code, results, err := tryPost(d, key, [][]byte{denseBatch(hw, boot, next)})
+			next++
+			if err != nil {
+				break // gatewayd stopped
+			}
+			if code == http.StatusOK {
+				acked[results[0].BatchID] = true
+			} else {
+				refused++
+			}
+		}
+		select {
+		case err := <-d.exited:
+			d.exited <- err
+			require.Error(t, err, "gatewayd exits non-zero")
+		case <-time.After(60 * time.Second):
+			t.Fatalf("gatewayd did not stop on a failing disk (%s: EIO); logs:\n%s", op, d.logs.String())
+		}
+		logs := d.logs.String()
+		for _, crash := range []string{"SIGBUS", "unexpected fault address", "fatal error", "panic:", "Assert failed"} {
+			require.NotContains(t, logs, crash)
+		}
+		require.Contains(t, logs, "a write to the data directory failed")
+		require.Contains(t, logs, "input/output error")
+		require.Positive(t, ffs.Failed(id), "the fault was hit")
+		t.Logf("%s EIO: %d batches refused before gatewayd stopped", op, refused)
+		ffs.ClearFaults()
+	}
+	d := startDaemon(t, dataDir, local.Endpoint, prefix)
+	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" },
+		60*time.Second, 200*time.Millisecond)
+	markers := view.markers(t)
+	for id := range acked {
+		require.Equal(t, 1, markers[id], "acknowledged batch %s delivered once", id)
+	}
+	for k, n := range view.readings(t, hw) {
+		require.Equal(t, 1, n, "reading %s stored once", k)
+	}
+	t.Logf("%d acknowledged batches delivered once after the disk recovered", len(acked))
 }
