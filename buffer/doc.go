@@ -212,6 +212,14 @@
 // leave a new write-ahead log or value log file empty; Open removes such
 // files (removeEmptyLogs), which held nothing acknowledged.
 //
+// Not yet handled: a torn power cut (GATEWAY_POWERCUT_TORN), where any
+// subset of the pages written since the last sync survives. Badger syncs
+// a write-ahead log once per write batch, which may hold several
+// transactions, so such a cut can leave complete transactions after lost
+// pages; none of them was acknowledged, and Badger would drop them, but
+// Open's damage check (checkDirectory) takes a complete transaction after
+// unreadable bytes for damage and refuses the directory.
+//
 // What it cannot protect against: a disk that lies about flushes, losing
 // the data directory itself, a non-journaling file system losing a new L0
 // table's directory entry (then the next start refuses: the MANIFEST lists
