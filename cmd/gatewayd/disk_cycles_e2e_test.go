@@ -27,7 +27,9 @@ import (
 // denseBatch is a batch of 4 readings of 24 random sensors: about 2.7 KiB
 // that compress poorly, few readings for DynamoDB Local to write.
 func denseBatch(hw, boot string, i int) []byte {
-	end := time.Now().Add(-7*24*time.Hour).UnixMilli() + int64(i)*60_000
+	// 5 s apart from a week ago: 120,000 batches before they would reach
+	// the present (10 full-disk cycles send about 25,000).
+	end := time.Now().Add(-7*24*time.Hour).UnixMilli() + int64(i)*5_000
 	var readings []string
 	for k := range 4 {
 		var sensors []string
@@ -37,7 +39,7 @@ func denseBatch(hw, boot string, i int) []byte {
 		readings = append(readings, fmt.Sprintf(`{"timestamp_ms":%d,"sensors":{%s}}`, end-int64(4-k)*1000, strings.Join(sensors, ",")))
 	}
 	return []byte(fmt.Sprintf(`{"batch_id":"%s_%s_%d_%d","hardware_id":"%s","boot_id":"%s","firmware_version":"1.0.16","seq":%d,"readings":[%s]}`,
-		hw, boot, end-60_000, end, hw, boot, i, strings.Join(readings, ",")))
+		hw, boot, end-5_000, end, hw, boot, i, strings.Join(readings, ",")))
 }
 
 // TestFullDiskCyclesWithFrozenUplink fills a 48 MiB tmpfs through gatewayd
