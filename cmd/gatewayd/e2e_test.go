@@ -205,6 +205,13 @@ type cloudView struct {
 
 func (c cloudView) readings(t *testing.T, hw string) map[string]int {
 	t.Helper()
+	out, err := c.tryReadings(hw)
+	require.NoError(t, err)
+	return out
+}
+
+// tryReadings counts hw's readings by ts_batch.
+func (c cloudView) tryReadings(hw string) (map[string]int, error) {
 	out := map[string]int{}
 	p := dynamodb.NewQueryPaginator(c.client, &dynamodb.QueryInput{
 		TableName:                 aws.String(c.tables.Readings),
@@ -213,12 +220,14 @@ func (c cloudView) readings(t *testing.T, hw string) map[string]int {
 	})
 	for p.HasMorePages() {
 		page, err := p.NextPage(context.Background())
-		require.NoError(t, err)
+		if err != nil {
+			return nil, err
+		}
 		for _, it := range page.Items {
 			out[it["ts_batch"].(*types.AttributeValueMemberS).Value]++
 		}
 	}
-	return out
+	return out, nil
 }
 
 func (c cloudView) markers(t *testing.T) map[string]int {
