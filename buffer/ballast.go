@@ -19,7 +19,7 @@ const ballastName = "GATEWAY-BALLAST"
 
 // ballastSize is the ballast's size for a memtable of memTableSize bytes:
 // what Badger allocates at open (a write-ahead log of twice the memtable
-// and a value log file), twice over. 64 MiB with the default memtable.
+// and a value log file), twice over: 12 memtables, 96 MiB with the default memtable.
 func ballastSize(memTableSize int64) int64 {
 	return 2 * (2*memTableSize + 2*valueLogFileSize(memTableSize))
 }

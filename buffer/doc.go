@@ -252,7 +252,7 @@
 // so it ends the same way: a failed commit, one log line, a clean exit.
 //
 // The data directory also holds a ballast (GATEWAY-BALLAST, ballast.go): a
-// file of 8 memtables (64 MiB by default) made when free space allows it
+// file of 12 memtables (96 MiB by default) made when free space allows it
 // on top of buffer.min_free_bytes, and deleted when another program fills
 // the disk, so that Badger can still open, take the uplink's deletions and
 // compact them, which is what frees the disk.
