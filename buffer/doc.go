@@ -203,29 +203,26 @@
 // runs gatewayd on internal/faultfs, which drops everything not fsynced at
 // a simulated power cut (file data since the file's last fsync or msync;
 // name changes and ftruncate/fallocate sizes no fsync committed, as a
-// journaling file system commits them; on a torn cut also any subset of
-// the pages written since the last fsync), under MQTT and HTTP load with
+// journaling file system commits them), under MQTT and HTTP load with
 // SIGKILL at random moments: 10 cuts in make test, 50 in make soak, and
 // every acknowledged batch reaches the cloud exactly once with none stored
-// twice. Under the stricter POSIX model (only a directory fsync commits
-// names, only a file's own fsync its size), a cut right after a start can
-// leave a new write-ahead log or value log file empty; Open removes such
-// files (removeEmptyLogs), which held nothing acknowledged.
-//
-// Not yet handled: a torn power cut (GATEWAY_POWERCUT_TORN), where any
-// subset of the pages written since the last sync survives. Badger syncs
-// a write-ahead log once per write batch, which may hold several
-// transactions, so such a cut can leave complete transactions after lost
-// pages; none of them was acknowledged, and Badger would drop them, but
-// Open's damage check (checkDirectory) takes a complete transaction after
-// unreadable bytes for damage and refuses the directory.
+// twice. Every other cut is torn: a random half of the pages written since
+// their file's last sync survive, as a disk may have written any subset of
+// them when the power went. In a write-ahead log such a cut can leave the
+// end of the unacknowledged last transaction after its lost beginning; the
+// open check tells that from damage by what a lost write leaves (the
+// sectors as last synced: zeros in a preallocated log), see scanWAL. Under
+// the stricter POSIX model (only a directory fsync commits names, only a
+// file's own fsync its size), a cut right after a start can leave a new
+// write-ahead log or value log file empty; Open removes such files
+// (removeEmptyLogs), which held nothing acknowledged.
 //
 // What it cannot protect against: a disk that lies about flushes, losing
 // the data directory itself, a non-journaling file system losing a new L0
 // table's directory entry (then the next start refuses: the MANIFEST lists
 // a missing table), and a damaged last transaction of a write-ahead log:
-// Badger drops it, and damage to its final entry cannot be told from a
-// torn write.
+// Badger drops it, and damage to its final entry, or a sector of it that
+// reads back as zeros, cannot be told from a torn write.
 //
 // # Failing disks
 //

@@ -117,7 +117,8 @@ const (
 	walBitTxn         = 1 << 6
 	walBitFinTxn      = 1 << 7
 	walMaxKeyLen      = 1 << 16 // safeRead.Entry
-	sectorSize        = 4096    // page size: the unit a torn mmap write loses
+	sectorSize        = 4096    // page size: the unit the kernel writes back
+	tornSectorSize    = 512     // a disk sector: the unit a power cut tears a page write into
 	defaultCompressed = options.Snappy
 )
 
@@ -461,13 +462,14 @@ func entryVersion(e walEntry) uint64 {
 // it before the commit returns; the next transaction starts only after
 // that. A crash can therefore leave, after the last complete transaction,
 // only part of one transaction — a prefix of it (process killed mid-copy),
-// or for a power cut during its msync any subset of its 4 KiB pages, the
-// rest zero — and zeros beyond. That tail is dropped and is normal: its
+// or for a power cut during its msync any subset of its sectors, the rest
+// as last synced: zero, since the log is preallocated — and zeros beyond. That tail is dropped and is normal: its
 // commit had not returned, so no batch in it was acknowledged. Anything
 // else is damage, because acknowledged commits would be dropped with it:
 //   - a checksummed entry of a different transaction after the stop point,
-//   - a complete transaction after unreadable bytes that are not a zeroed
-//     page (bytes that were written and then damaged, not never written),
+//   - a complete transaction after unreadable bytes that hold no sector
+//     left unwritten (bytes that were written and then damaged, not never
+//     written; see hasUnwrittenSector),
 //   - non-zero bytes further than one transaction from the stop point,
 //   - a file that ends inside its data (cut short).
 func scanWAL(path string) (walScan, error) {
@@ -596,18 +598,31 @@ func scanWAL(path string) (walScan, error) {
 	case len(versions) > 1:
 		s.problem = fmt.Sprintf("is damaged at offset %d: Badger's replay stops there, but checksummed entries "+
 			"of later transactions follow; they would be dropped", off)
-	case firstFound >= 0 && fin && open == 0 && !hasZeroSector(data, off, firstFound):
+	case firstFound >= 0 && fin && open == 0 && !hasUnwrittenSector(data, off, firstFound):
 		s.problem = fmt.Sprintf("is damaged at offset %d: a complete transaction follows unreadable bytes "+
 			"that were written, not left unwritten by a crash; it would be dropped", off)
 	}
 	return s, nil
 }
 
-// hasZeroSector reports whether a whole, aligned, all-zero page lies in
-// data[from:to]: what a page left unwritten by a power cut looks like.
-func hasZeroSector(data []byte, from, to int) bool {
-	for p := (from + sectorSize - 1) / sectorSize * sectorSize; p+sectorSize <= to; p += sectorSize {
-		if bytes.IndexFunc(data[p:p+sectorSize], func(r rune) bool { return r != 0 }) < 0 {
+// hasUnwrittenSector reports whether data[from:to], the unreadable bytes
+// between the last complete transaction and a later checksummed one, holds
+// what a sector left unwritten by a power cut looks like: zeros from from
+// to the next sector boundary (the part of the transaction that shared a
+// sector with the synced one before it, reverted to what was synced), or a
+// whole aligned sector of zeros. A disk persists any subset of the sectors
+// written since the last sync; bytes that were written and later damaged
+// are not zero.
+func hasUnwrittenSector(data []byte, from, to int) bool {
+	zero := func(a, b int) bool {
+		return bytes.IndexFunc(data[a:b], func(r rune) bool { return r != 0 }) < 0
+	}
+	first := (from/tornSectorSize + 1) * tornSectorSize
+	if from%tornSectorSize != 0 && first <= to && zero(from, first) {
+		return true
+	}
+	for p := (from + tornSectorSize - 1) / tornSectorSize * tornSectorSize; p+tornSectorSize <= to; p += tornSectorSize {
+		if zero(p, p+tornSectorSize) {
 			return true
 		}
 	}

@@ -196,6 +196,28 @@ func TestTornWriteAheadLogTailIsDropped(t *testing.T) {
 			next := (start/sectorSize + 1) * sectorSize
 			writeAt(tb, mem, int64(start), make([]byte, next+sectorSize-start))
 		}},
+		{"power cut: the commit's part of the page it shares with the one before missing, the rest kept",
+			func(tb testing.TB, mem string, start, end int) {
+				require.NotZero(tb, start%sectorSize, "the commit starts inside a page")
+				next := (start/sectorSize + 1) * sectorSize
+				writeAt(tb, mem, int64(start), make([]byte, next-start))
+			}},
+		{"power cut: the commit's part of the sector it shares with the one before missing, the rest kept",
+			func(tb testing.TB, mem string, start, end int) {
+				require.NotZero(tb, start%tornSectorSize, "the commit starts inside a sector")
+				next := (start/tornSectorSize + 1) * tornSectorSize
+				writeAt(tb, mem, int64(start), make([]byte, next-start))
+			}},
+		{"power cut: one sector inside the commit's first entry missing, the rest kept",
+			func(tb testing.TB, mem string, start, end int) {
+				sector := (start/tornSectorSize + 1) * tornSectorSize
+				data, err := os.ReadFile(mem)
+				require.NoError(tb, err)
+				e, st := readWALEntry(data, start)
+				require.Equal(tb, walOK, st)
+				require.Greater(tb, start+e.size, sector, "the first entry spans a sector boundary")
+				writeAt(tb, mem, int64(sector), make([]byte, tornSectorSize))
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -34,7 +34,7 @@ func run(args []string) int {
 	)
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Minute, "load time of the whole soak, split evenly across the scenarios (setup, drain and checks come on top)")
 	fs.IntVar(&cfg.KillCycles, "kill-cycles", 100, "kill -9 cycles of gatewayd in the kill9 scenario")
-	fs.BoolVar(&cfg.PowerCutTorn, "powercut-torn", false, "make every other power cut torn (some pages written since the last fsync survive)")
+	torn := fs.Bool("powercut-torn", true, "make every other power cut torn (a random half of the pages written since the last fsync survive); false: every cut drops all of them")
 	fs.IntVar(&cfg.PowerCutCycles, "powercut-cycles", 50, "power cuts in the powercut scenario (gatewayd's data directory on a FUSE file system that drops what was not fsynced; needs /dev/fuse and root)")
 	fs.IntVar(&cfg.Devices, "devices", 10, "simulated devices per scenario, half MQTT, half HTTP")
 	fs.DurationVar(&cfg.Interval, "interval", 500*time.Millisecond, "time between two batches of a device")
@@ -57,6 +57,7 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "soak: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
+	cfg.PowerCutUntorn = !*torn
 	for _, s := range strings.Split(scenarios, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			cfg.Scenarios = append(cfg.Scenarios, s)

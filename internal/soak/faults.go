@@ -26,15 +26,15 @@ func (s *scenario) kill9(ctx context.Context, until time.Time) {
 
 // powerCuts is kill9 with a power cut of the data directory's file system
 // (faultfs) between the kill and the restart: gatewayd restarts on what
-// was fsynced, the rest is lost; with Config.PowerCutTorn every other cut
-// is torn (half of the pages overwritten since their file's last fsync
+// was fsynced, the rest is lost; unless Config.PowerCutUntorn, every
+// other cut is torn (half of the pages overwritten since their file's last fsync
 // keep their new content).
 func (s *scenario) powerCuts(ctx context.Context, until time.Time) {
 	cut := 0
 	s.killCycles(ctx, until, s.cfg.PowerCutCycles, func() bool {
 		cut++
 		var err error
-		if s.cfg.PowerCutTorn && cut%2 == 0 { // torn: some unsynced pages reached the disk
+		if !s.cfg.PowerCutUntorn && cut%2 == 0 { // torn: some unsynced pages reached the disk
 			err = s.disk.PowerCutTorn(0.5, s.rng.Uint64())
 		} else {
 			err = s.disk.PowerCut()

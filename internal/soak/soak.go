@@ -52,10 +52,10 @@ type Config struct {
 	// (gatewayd's data directory on faultfs: kill -9, drop everything not
 	// fsynced, restart), spread like KillCycles. Default 50.
 	PowerCutCycles int
-	// PowerCutTorn makes every other power cut torn (some unsynced pages
-	// survive). Off by default: the buffer's open check still refuses some
-	// write-ahead logs such a cut leaves (see buffer/doc.go, Durability).
-	PowerCutTorn bool
+	// PowerCutUntorn makes every power cut drop everything not fsynced.
+	// By default every other cut is torn: a random half of the pages
+	// written since their file's last fsync survive.
+	PowerCutUntorn bool
 	// Devices is the number of simulated devices per scenario, half over
 	// MQTT and half over HTTP. Default 10.
 	Devices int
