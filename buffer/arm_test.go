@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/debpkg"
+	"greenhouse-gateway/harness/debpkg"
 )
 
 // armTests are the tests run on 32-bit ARM: open, commit, restart, pending,

@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/syncbuf"
+	"greenhouse-gateway/harness/syncbuf"
 )
 
 // cost is what the budget counts for e while it is pending.

@@ -200,7 +200,7 @@
 // absorbs it) or keeps a marker longer.
 //
 // This is tested, not only argued: TestPowerCutLosesNothingAcknowledged
-// runs gatewayd on internal/faultfs, which drops everything not fsynced at
+// runs gatewayd on harness/faultfs, which drops everything not fsynced at
 // a simulated power cut (file data since the file's last fsync or msync;
 // name changes and ftruncate/fallocate sizes no fsync committed, as a
 // journaling file system commits them), under MQTT and HTTP load with

@@ -27,8 +27,8 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/internal/dynamotest"
-	"greenhouse-gateway/internal/syncbuf"
+	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/harness/syncbuf"
 )
 
 const (

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/debpkg"
-	"greenhouse-gateway/internal/dynamotest"
+	"greenhouse-gateway/harness/debpkg"
+	"greenhouse-gateway/harness/dynamotest"
 )
 
 func TestMain(m *testing.M) { dynamotest.Main(m) }

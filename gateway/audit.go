@@ -13,7 +13,7 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 
 	"greenhouse-gateway/internal/audit"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // SetAudit makes the ingest path, and the MQTT broker and HTTP API built

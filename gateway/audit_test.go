@@ -19,7 +19,7 @@ import (
 
 	"greenhouse-gateway/gateway"
 	"greenhouse-gateway/internal/audit"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 type auditAnswer struct {

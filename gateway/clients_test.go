@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/contract"
-	"greenhouse-gateway/internal/mosquittotest"
+	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/mosquittotest"
 )
 
 // TestMosquittoClientsAgainstTheEmbeddedBroker uses Debian's mosquitto_pub

@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/uplink"
 )
 

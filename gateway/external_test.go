@@ -16,8 +16,8 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/gateway"
-	"greenhouse-gateway/internal/contract"
-	"greenhouse-gateway/internal/mosquittotest"
+	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/mosquittotest"
 )
 
 // The external broker mode against a real mosquitto: devices are played by

@@ -22,7 +22,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/gateway"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // fuzzVectors returns the payloads of firmware-contract/testdata/<dir>

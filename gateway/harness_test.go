@@ -22,7 +22,7 @@ import (
 	"greenhouse-gateway/gateway"
 	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 const (

@@ -25,7 +25,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/gateway"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // hostileOptions sizes a test gateway for hostile input: short timeouts so

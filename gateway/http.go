@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"greenhouse-gateway/internal/audit"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/uplink"
 )
 

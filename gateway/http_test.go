@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/gateway"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 func multi(batches ...[]byte) []byte {

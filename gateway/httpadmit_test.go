@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/syncbuf"
+	"greenhouse-gateway/harness/syncbuf"
 )
 
 // admitServer is an http.Server behind the admission listener whose

@@ -7,7 +7,7 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 
 	"greenhouse-gateway/internal/audit"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // principalKey carries the Principal of a device request in its context.

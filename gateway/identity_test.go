@@ -17,7 +17,7 @@ import (
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/gateway"
 	"greenhouse-gateway/internal/audit"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/uplink"
 )
 

@@ -21,7 +21,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // rawDevice is a minimal MQTT 3.1.1 client on the test's own goroutine,

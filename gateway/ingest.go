@@ -16,7 +16,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/audit"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // Transports, as metric labels.

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // benchPayloads returns n distinct batches of one device in the shape the

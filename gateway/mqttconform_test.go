@@ -16,7 +16,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/gateway"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // gateStore commits through the buffer set with use, each commit waiting

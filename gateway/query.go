@@ -16,7 +16,7 @@ import (
 	_ "time/tzdata"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // History is what the operator's reading queries read: a device's batches

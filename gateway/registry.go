@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/uplink"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/gateway"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // sessionMetric returns a gateway_mqtt_* series' value: a gauge, or a

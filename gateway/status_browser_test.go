@@ -15,7 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/chromiumtest"
+	"greenhouse-gateway/harness/chromiumtest"
 )
 
 // browserURL serves the status fixture behind a loopback proxy that signs

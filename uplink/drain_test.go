@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/uplink"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/clock"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // markerTTL is the lifetime of a processed_batches marker (schema 002).

@@ -20,8 +20,8 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/internal/contract"
-	"greenhouse-gateway/internal/dynamotest"
+	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/dynamotest"
 	"greenhouse-gateway/uplink"
 )
 

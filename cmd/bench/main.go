@@ -5,7 +5,7 @@
 // empty data directory) and prints each figure with its baseline, the ratio
 // and, where there is one, whether it meets its target. It starts its own
 // DynamoDB Local, mosquitto and gatewayd on 127.0.0.1 and writes the results
-// as JSON. "make bench" runs it; it is not part of CI. See internal/bench.
+// as JSON. "make bench" runs it; it is not part of CI. See harness/bench.
 package main
 
 import (
@@ -20,7 +20,7 @@ import (
 	"strings"
 	"syscall"
 
-	"greenhouse-gateway/internal/bench"
+	"greenhouse-gateway/harness/bench"
 )
 
 func main() {

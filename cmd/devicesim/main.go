@@ -80,7 +80,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"greenhouse-gateway/internal/devicesim"
+	"greenhouse-gateway/harness/devicesim"
 )
 
 const (

@@ -14,7 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/devicesim"
+	"greenhouse-gateway/harness/devicesim"
 )
 
 func noEnv(string) string { return "" }

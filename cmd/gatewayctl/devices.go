@@ -9,7 +9,7 @@ import (
 	"net/http"
 	"net/url"
 
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // resetKeyAnswer is the answer of POST /v1/devices/{hardware_id}/reset-key.

@@ -45,7 +45,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".

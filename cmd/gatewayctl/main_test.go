@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/internal/dynamotest"
+	"greenhouse-gateway/harness/dynamotest"
 )
 
 func TestMain(m *testing.M) { dynamotest.Main(m) }

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // deviceDeadline is what the issue asks of a device under attack: CONNACK

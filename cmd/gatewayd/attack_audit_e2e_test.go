@@ -23,7 +23,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/audit"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // auditFlood counts what an unauthenticated flood was answered.

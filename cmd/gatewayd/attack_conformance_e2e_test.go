@@ -15,8 +15,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/contract"
-	"greenhouse-gateway/internal/mosquittotest"
+	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/mosquittotest"
 )
 
 // mosquittoPubQoS2 publishes payload on hw's readings topic at QoS 2 with

@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // The offline-session attack: a device with a valid key leaves persistent

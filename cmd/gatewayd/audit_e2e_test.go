@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/internal/audit"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // auditRecords queries the daemon's GET /v1/audit.

@@ -19,9 +19,9 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/internal/contract"
-	"greenhouse-gateway/internal/dynamotest"
-	"greenhouse-gateway/internal/faultfs"
+	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/harness/faultfs"
 )
 
 // denseBatch is a batch of 4 readings of 24 random sensors: about 2.7 KiB

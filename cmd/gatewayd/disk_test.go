@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // diskMemTable is the buffer's memtable in these tests (the smallest

@@ -25,10 +25,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/internal/contract"
-	"greenhouse-gateway/internal/dynamotest"
-	"greenhouse-gateway/internal/mosquittotest"
-	"greenhouse-gateway/internal/syncbuf"
+	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/harness/mosquittotest"
+	"greenhouse-gateway/harness/syncbuf"
 )
 
 func TestMain(m *testing.M) { dynamotest.Main(m) }

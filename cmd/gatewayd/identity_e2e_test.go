@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/internal/contract"
-	"greenhouse-gateway/internal/dynamotest"
-	"greenhouse-gateway/internal/mosquittotest"
+	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/harness/mosquittotest"
 )
 
 // curlJSON sends body (empty: none) with Debian's curl, authenticated with

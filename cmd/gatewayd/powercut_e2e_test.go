@@ -19,7 +19,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // envPowerCutCycles sets how many power cuts TestPowerCutLosesNothingAcknowledged

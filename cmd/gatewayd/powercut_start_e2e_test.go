@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/faultfs"
+	"greenhouse-gateway/harness/faultfs"
 )
 
 // TestPowerCutRightAfterStart cuts the power right after gatewayd became

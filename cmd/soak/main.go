@@ -1,4 +1,4 @@
-// Command soak runs the gateway's fault scenarios (internal/soak) against
+// Command soak runs the gateway's fault scenarios (harness/soak) against
 // real gatewayd processes and DynamoDB Local, prints their figures, and
 // exits 1 if any acknowledged batch was lost or duplicated or anything else
 // went wrong.
@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"greenhouse-gateway/internal/soak"
+	"greenhouse-gateway/harness/soak"
 )
 
 func main() {

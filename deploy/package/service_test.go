@@ -24,8 +24,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/internal/dynamotest"
-	"greenhouse-gateway/internal/syncbuf"
+	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/harness/syncbuf"
 )
 
 const (

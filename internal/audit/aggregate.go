@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"greenhouse-gateway/internal/contract"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // SourceOther is the source of an aggregate that folds the attempts of

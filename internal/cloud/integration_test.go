@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/internal/dynamotest"
+	"greenhouse-gateway/harness/dynamotest"
 )
 
 func testContext(t *testing.T) context.Context {

@@ -3,7 +3,7 @@ package cloud_test
 import (
 	"testing"
 
-	"greenhouse-gateway/internal/dynamotest"
+	"greenhouse-gateway/harness/dynamotest"
 )
 
 func TestMain(m *testing.M) { dynamotest.Main(m) }

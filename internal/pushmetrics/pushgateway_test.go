@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"greenhouse-gateway/internal/debpkg"
+	"greenhouse-gateway/harness/debpkg"
 )
 
 // pushgatewayBinary is the Debian package prometheus-pushgateway's program.
