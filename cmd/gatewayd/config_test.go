@@ -78,13 +78,15 @@ func TestConfigReportsUnknownEnvironment(t *testing.T) {
 	require.Equal(t, []string{"GATEWAY_MQTT_ADRR"}, unknown)
 }
 
-// TestREADMEDocumentsEverySetting keeps the README's configuration
-// reference in step with the settings gatewayd has.
-func TestREADMEDocumentsEverySetting(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+// TestConfigurationDocumentsEverySetting keeps the configuration reference,
+// docs/configuration.md, in step with the settings gatewayd has: each one
+// has a row giving its YAML path and its environment variable.
+func TestConfigurationDocumentsEverySetting(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/configuration.md")
 	require.NoError(t, err)
 	cfg := defaultConfig()
 	for _, v := range config.Vars(envPrefix, &cfg) {
-		require.True(t, strings.Contains(string(readme), "| `"+v.Path+"` |"), "README.md's configuration table lacks %s", v.Path)
+		row := "| `" + v.Path + "` | `" + v.Name + "` |"
+		require.True(t, strings.Contains(string(doc), row), "docs/configuration.md's table lacks the row %s", row)
 	}
 }
