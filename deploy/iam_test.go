@@ -878,7 +878,7 @@ func TestGatewayPolicyIsExactlyWhatGatewaydCalls(t *testing.T) {
 	// api_keys: a gateway writes only the attributes it names (key use, rehash, the device keys
 	// it issues and revokes) and can neither read keys other than by their hash nor delete
 	// them. Enrollment needs is_active: IAM cannot tell a revocation from an activation, so a
-	// gateway's credentials can create active keys (the README's threat model says so).
+	// gateway's credentials can create active keys (docs/security.md says so).
 	for _, s := range p.Statement {
 		for _, r := range s.Resource {
 			if !strings.HasSuffix(r, "table/"+tablePlaceholder+cloud.APIKeysTable) {

@@ -21,7 +21,7 @@ import (
 // The attack tests (TestAttack*) run what a hostile or broken host on the
 // LAN does against a real gatewayd on the loopback. make test runs small
 // variants; `make attack` sets GATEWAY_ATTACK_FULL=1 for the sizes the
-// README's figures come from (thousands of sockets).
+// figures in cmd/bench/MEASUREMENTS.md come from (thousands of sockets).
 const envAttackFull = "GATEWAY_ATTACK_FULL"
 
 // attackFull reports whether the full-size variants run.
