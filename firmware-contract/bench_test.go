@@ -63,7 +63,8 @@ func BenchmarkCanonicalIdentity(b *testing.B) {
 	}
 }
 
-// BenchmarkCanonicalAndIdentityHash encodes twice, as the ingest path did.
+// BenchmarkCanonicalAndIdentityHash encodes twice (Canonical, then
+// IdentityHash): what BenchmarkCanonicalIdentity is compared with.
 func BenchmarkCanonicalAndIdentityHash(b *testing.B) {
 	batch, err := DecodeBatch(benchBatch(), testHW, DefaultLimits(), time.Time{})
 	if err != nil {

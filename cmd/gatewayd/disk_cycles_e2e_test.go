@@ -45,14 +45,14 @@ func denseBatch(hw, boot string, i int) []byte {
 // TestFullDiskCyclesWithFrozenUplink fills a 48 MiB tmpfs through gatewayd
 // while DynamoDB Local is frozen (SIGSTOP), until devices are answered 507,
 // then thaws it: the uplink drains, Badger flushes and compacts on the
-// nearly full disk (where a write through a sparse mmap used to be a
-// SIGBUS), and ingest resumes once space is back. Each cycle asserts the
-// process is alive, free space never fell under the watermark by more than
-// a commit group and Badger's next files, and at the end every acknowledged
-// batch is in DynamoDB
-// exactly once. Then gatewayd is restarted on a disk filled to the brim by
-// another writer: it must start, answer 507, and accept again once space
-// returns, without a restart.
+// nearly full disk (its files are allocated before they are mapped, so a
+// write through the map is never a SIGBUS), and ingest resumes once space
+// is back. Each cycle asserts the process is alive, free space never fell
+// under the watermark by more than a commit group and Badger's next files,
+// and at the end every acknowledged batch is in DynamoDB exactly once. Then
+// gatewayd is restarted on a disk filled to the brim by another writer: it
+// must start, answer 507, and accept again once space returns, without a
+// restart.
 func TestFullDiskCyclesWithFrozenUplink(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs gatewayd on a tmpfs")

@@ -27,9 +27,9 @@ const sdkAttempts = 5
 
 // newTables creates the four tables under a fresh prefix, with the schema's
 // TTL settings when ttl is set. Without them DynamoDB Local skips its TTL
-// sweeps, which take about a fifth of its throughput on this workload (on
-// AWS, TTL deletes are free and asynchronous): the drain's tables have
-// none, for both gatewayd and its baseline.
+// sweeps, which compete with the writes for its throughput (on AWS, TTL
+// deletes are free and asynchronous): the drain's tables have none, for
+// both gatewayd and its baseline.
 func newTables(ctx context.Context, client *dynamodb.Client, ttl bool) (string, cloud.Tables, error) {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
