@@ -69,7 +69,7 @@ package: ## Debian packages dist/greenhouse-gateway_*_ARCH.deb for ARCHES (nfpm 
 # Benchmarks, not part of CI: go run ./cmd/bench -h lists BENCH_FLAGS.
 BENCH_FLAGS ?=
 .PHONY: bench
-bench: dynamodb-local ## benchmarks against same-run baselines (mosquitto, SDK loop); table, bench/results.json
+bench: dynamodb-local ## benchmarks against same-run baselines (mosquitto, SDK loop); a table, and .cache/bench/results.json (ignored)
 	$(GO) run ./cmd/bench $(BENCH_FLAGS)
 .PHONY: attack
 ATTACK_TIMEOUT ?= 40m

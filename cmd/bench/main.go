@@ -34,7 +34,7 @@ func run(args []string) int {
 		return discardServer(ctx, args[1:])
 	}
 	cfg := bench.DefaultConfig()
-	out := "bench/results.json"
+	out := ".cache/bench/results.json"
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	scenarios := fs.String("scenarios", strings.Join(cfg.Scenarios, ","),
 		"comma-separated scenarios to run: mqtt (closed-loop MQTT ingest; idle RSS and CPU per reading), "+
@@ -57,7 +57,7 @@ func run(args []string) int {
 	fs.IntVar(&cfg.ReadyRuns, "ready-runs", cfg.ReadyRuns, "starts measured for the time-to-ready figure (median reported)")
 	fs.StringVar(&cfg.CacheDir, "cache-dir", cfg.CacheDir, "where the time-to-ready data directory is cached (relative to the module root)")
 	fs.BoolVar(&cfg.Profile, "profile", false, "record gatewayd with perf during the largest MQTT run")
-	fs.StringVar(&cfg.ProfileOut, "profile-out", "bench/gatewayd-mqtt-perf.txt", "report of --profile")
+	fs.StringVar(&cfg.ProfileOut, "profile-out", ".cache/bench/gatewayd-mqtt-perf.txt", "report of --profile")
 	fs.DurationVar(&cfg.IdleSettle, "idle-settle", cfg.IdleSettle, "idle scenario: when, after the fleet's first batches, the settled sample is taken")
 	fs.StringVar(&cfg.IdleBaselineBin, "idle-baseline-bin", "", "idle scenario: a gatewayd `binary` (e.g. built from an earlier revision) measured the same way first")
 	fs.StringVar(&cfg.CPUProfileDir, "cpu-profile-dir", "", "save gatewayd's Go CPU profile of each MQTT run's measured window here (cpu-mqtt-N.pb.gz)")

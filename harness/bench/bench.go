@@ -108,7 +108,7 @@ func DefaultConfig() Config {
 		UplinkConcurrency:     16,
 		ReadyReadings:         1_000_000,
 		ReadyRuns:             3,
-		CacheDir:              "bench/cache",
+		CacheDir:              ".cache/bench",
 		IdleSettle:            75 * time.Second,
 	}
 }

@@ -23,7 +23,7 @@
 //     against a minimal SDK loop writing the same items at the same
 //     concurrency; requests and write capacity units per reading.
 //   - footprint: the time to /readyz with 1,000,000 readings pending (the
-//     data directory is built once and cached under bench/cache), and the
+//     data directory is built once and cached under .cache/bench), and the
 //     bytes on disk per buffered reading.
 //   - idle: the largest fleet connected, each device having sent one batch,
 //     and gatewayd's memory broken down while it idles (RSS by mapping,
