@@ -17,6 +17,8 @@ import (
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"greenhouse-gateway/internal/adaptive"
 )
 
 // Errors returned by the buffer.
@@ -389,8 +391,9 @@ type Buffer struct {
 	// nextSeq is the next queue sequence number; guarded by wmu (the
 	// committer's groups and Reforward take numbers from it).
 	nextSeq uint64
-	// arrivals is owned by the committer goroutine.
-	arrivals arrivalRate
+	// arrivals is the rate of concurrent commit requests (newArrivalRate),
+	// owned by the committer goroutine.
+	arrivals adaptive.Rate
 
 	free    freeSpace
 	ballast ballast
@@ -484,6 +487,7 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 		vlogSyncFailed: vlogSyncFailed,
 		fullLog:        logEvery{interval: time.Minute},
 		evictLog:       logEvery{interval: time.Minute},
+		arrivals:       newArrivalRate(),
 	}
 	if err := b.load(); err != nil {
 		return nil, errors.Join(damaged(dir, "reading its records: %v", err), db.Close())

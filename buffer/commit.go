@@ -46,7 +46,7 @@ func (b *Buffer) gather(first *commitReq) []*commitReq {
 	// The first request found the committer idle; those behind it arrived
 	// while another commit was waiting or being written. Only they count:
 	// a lone device committing as fast as it can never waits for itself.
-	rate := b.arrivals.observe(time.Now(), len(group)-1)
+	rate := b.arrivals.Add(len(group)-1, time.Now())
 	wait := groupWait(rate, b.opts.GroupMaxWait, b.opts.GroupWaitRate)
 	if wait <= 0 || n >= b.opts.MaxGroupBatches {
 		b.metrics.commitWait.Observe(0)
@@ -68,7 +68,7 @@ collect:
 			break collect
 		}
 	}
-	b.arrivals.observe(time.Now(), len(group)-taken)
+	b.arrivals.Add(len(group)-taken, time.Now())
 	b.metrics.commitWait.Observe(time.Since(start).Seconds())
 	return group
 }

@@ -259,8 +259,8 @@ type Uplink struct {
 
 	limiter  *aimd
 	marks    deliveryGroup
-	drain    ewmaRate // delivered batches per second
-	arrivals ewmaRate // queued batches per second
+	drain    *ewmaRate // delivered batches per second
+	arrivals *ewmaRate // queued batches per second
 	index    *backlogIndex
 	lastSeq  uint64 // the newest queue entry seen (Run's goroutine only)
 	seqKnown bool   // lastSeq was read from the queue
@@ -314,8 +314,8 @@ func New(cfg Config, store Store, devices DeviceSource, clock Clock, db DynamoDB
 		clock:     clock,
 		txLimit:   cfg.TransactionMaxItems,
 		status:    Status{Up: true, Since: time.Now()},
-		drain:     ewmaRate{tau: drainTau},
-		arrivals:  ewmaRate{tau: arrivalTau},
+		drain:     newEWMARate(drainTau),
+		arrivals:  newEWMARate(arrivalTau),
 		uncertain: map[string]bool{},
 		settled:   map[string]bool{},
 	}
@@ -383,7 +383,7 @@ func (u *Uplink) Run(ctx context.Context) error {
 
 // nextWait is the adaptive wait for the current arrival rate.
 func (u *Uplink) nextWait() time.Duration {
-	return AdaptiveWait(u.arrivals.at(time.Now()), u.cfg.MaxWait, u.cfg.WaitTargetRate, u.cfg.WaitSteepness)
+	return adaptiveWait(u.arrivals.at(time.Now()), u.cfg.MaxWait, u.cfg.WaitTargetRate, u.cfg.WaitSteepness)
 }
 
 // gather waits up to wait for more batches to arrive, less when
