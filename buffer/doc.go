@@ -167,8 +167,10 @@
 // writes all new batches in one transaction, commits it (the syncs above:
 // one msync of the write-ahead log, one of the value log), fsyncs the
 // directory if it changed, and only then answers every request of the
-// group. Concurrent devices therefore share one sync instead of paying one
-// each, and a device is never acknowledged before its batch is on disk. A
+// group (commit.go: writeGroup returns after commitDurably, and
+// commitGroup answers after writeGroup). Concurrent devices therefore
+// share one sync rather than paying one each, and a device is never
+// acknowledged before its batch is on disk. A
 // group larger than one Badger transaction allows (15% of a memtable) is
 // split into several transactions, each synced, before any member is
 // answered. BenchmarkCommitConcurrency measures it against one synced
