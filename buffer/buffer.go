@@ -331,12 +331,11 @@ func badgerSettings(dir string, o Options, logger badger.Logger) badger.Options 
 		// an arena of about 1.3 memtables on the heap, and a flush's
 		// table builder about twice the memtable.
 		WithNumMemtables(2).
-		// 16 KiB blocks instead of 4 KiB: a batch of ten readings
-		// (about 2.4 KB) filled a 4 KiB block alone, and table builders
-		// hold every block of a table twice (as written and compressed)
-		// in allocations of the block size, so that under sustained
-		// ingest the builders of memtable flushes and compactions held
-		// over 100 MB of heap (BenchmarkIngestFootprint).
+		// 16 KiB blocks: a block holds several batches of ten readings
+		// (about 2.4 KB each), and table builders hold every block of a
+		// table twice (as written and compressed) in allocations of the
+		// block size, so fewer, fuller blocks keep the builders of
+		// memtable flushes and compactions small (doc.go, Memory).
 		WithBlockSize(16 << 10).
 		WithBlockCacheSize(o.BlockCacheSize).
 		WithValueLogFileSize(vlog).
