@@ -192,7 +192,7 @@ func realisticBatch(i, n int) []byte {
 var footprintHeap = flag.String("footprint-heap", "", "BenchmarkIngestFootprint: directory for heap profiles")
 
 // BenchmarkIngestFootprint measures the memory Badger takes under
-// sustained ingest with the buffer's options against earlier settings, in
+// sustained ingest with the buffer's options against alternatives, in
 // the same run: 256 committers (devices waiting for their ack) commit b.N
 // batches of ten readings as devices send them (realisticBatch). It reports
 // commits/s, the largest heap in use seen during the run (sampled every
@@ -208,7 +208,7 @@ func BenchmarkIngestFootprint(b *testing.B) {
 		memtable int64
 		tune     func(*badger.Options)
 	}{
-		{"memtable=16MiB/memtables=3 (before)", 16 << 20, func(o *badger.Options) { o.NumMemtables = 3 }},
+		{"memtable=16MiB/memtables=3", 16 << 20, func(o *badger.Options) { o.NumMemtables = 3 }},
 		{"memtable=16MiB/memtables=2", 16 << 20, nil},
 		{"memtable=8MiB/memtables=2", 8 << 20, nil},
 		{"memtable=8MiB/memtables=2/index_cache=4MiB", 8 << 20, func(o *badger.Options) { o.IndexCacheSize = 4 << 20 }},

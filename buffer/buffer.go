@@ -17,6 +17,8 @@ import (
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"greenhouse-gateway/internal/adaptive"
 )
 
 // Errors returned by the buffer.
@@ -329,12 +331,11 @@ func badgerSettings(dir string, o Options, logger badger.Logger) badger.Options 
 		// an arena of about 1.3 memtables on the heap, and a flush's
 		// table builder about twice the memtable.
 		WithNumMemtables(2).
-		// 16 KiB blocks instead of 4 KiB: a batch of ten readings
-		// (about 2.4 KB) filled a 4 KiB block alone, and table builders
-		// hold every block of a table twice (as written and compressed)
-		// in allocations of the block size, so that under sustained
-		// ingest the builders of memtable flushes and compactions held
-		// over 100 MB of heap (BenchmarkIngestFootprint).
+		// 16 KiB blocks: a block holds several batches of ten readings
+		// (about 2.4 KB each), and table builders hold every block of a
+		// table twice (as written and compressed) in allocations of the
+		// block size, so fewer, fuller blocks keep the builders of
+		// memtable flushes and compactions small (doc.go, Memory).
 		WithBlockSize(16 << 10).
 		WithBlockCacheSize(o.BlockCacheSize).
 		WithValueLogFileSize(vlog).
@@ -389,8 +390,9 @@ type Buffer struct {
 	// nextSeq is the next queue sequence number; guarded by wmu (the
 	// committer's groups and Reforward take numbers from it).
 	nextSeq uint64
-	// arrivals is owned by the committer goroutine.
-	arrivals arrivalRate
+	// arrivals is the rate of concurrent commit requests (newArrivalRate),
+	// owned by the committer goroutine.
+	arrivals adaptive.Rate
 
 	free    freeSpace
 	ballast ballast
@@ -436,34 +438,17 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 		logger = slog.New(slog.DiscardHandler)
 	}
 	logger = logger.With("component", "buffer")
-
-	if err := checkNotInUse(dir); err != nil {
-		return nil, err
-	}
-	if err := checkDirectory(dir, logger); err != nil {
-		return nil, err
-	}
-	clean, err := readCleanRecord(dir)
+	clean, memTableSize, err := prepareDirectory(dir, opts, logger)
 	if err != nil {
-		logger.Warn("ignoring the clean-shutdown record", "err", err)
+		return nil, err
 	}
-	vlogSyncFailed := new(atomic.Bool)
 	bopts := opts
-	if bopts.MemTableSize, err = memTableSizeFor(dir, opts.MemTableSize); err != nil {
-		return nil, fmt.Errorf("opening buffer %s: %w", dir, err)
-	}
-	if bopts.MemTableSize != opts.MemTableSize {
-		logger.Info("write-ahead logs of a larger memtable are replayed with their size; "+
-			"buffer.memtable_size applies after the next clean stop",
-			"memtable_size", bopts.MemTableSize, "configured", opts.MemTableSize)
-	}
-	if err := removeEmptyLogs(dir, logger); err != nil {
-		return nil, fmt.Errorf("opening buffer %s: %w", dir, err)
-	}
+	bopts.MemTableSize = memTableSize
 	free := freeSpace{dir: dir, override: opts.freeBytes}
 	reserve := newBallast(dir, bopts.MemTableSize, logger)
 	freeNow, known := free.bytes()
 	reserve.keep(freeNow, known, opts.MinFreeBytes)
+	vlogSyncFailed := new(atomic.Bool)
 	db, err := badger.Open(badgerOptions(dir, bopts, badgerLogger{l: logger, vlogSyncFailed: vlogSyncFailed}))
 	if err != nil {
 		return nil, openError(dir, err)
@@ -484,20 +469,10 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 		vlogSyncFailed: vlogSyncFailed,
 		fullLog:        logEvery{interval: time.Minute},
 		evictLog:       logEvery{interval: time.Minute},
+		arrivals:       newArrivalRate(),
 	}
-	if err := b.load(); err != nil {
-		return nil, errors.Join(damaged(dir, "reading its records: %v", err), db.Close())
-	}
-	if clean != nil {
-		if err := clean.matches(b.cleanRecord()); err != nil {
-			return nil, errors.Join(damaged(dir, "%v", err), db.Close())
-		}
-	}
-	if err := removeCleanRecord(dir); err != nil {
-		return nil, errors.Join(fmt.Errorf("opening buffer %s: %w", dir, err), db.Close())
-	}
-	if err := b.dirSync.init(); err != nil {
-		return nil, errors.Join(fmt.Errorf("opening buffer %s: %w", dir, err), db.Close())
+	if err := b.restore(clean); err != nil {
+		return nil, errors.Join(err, db.Close())
 	}
 	b.metrics = newMetrics(reg, b)
 	go b.committer()
@@ -506,6 +481,60 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 		"budget_bytes", opts.MaxPendingBytes, "full_policy", opts.FullPolicy,
 		"min_free_bytes", opts.MinFreeBytes, "clean_shutdown", clean != nil)
 	return b, nil
+}
+
+// prepareDirectory runs what must hold before Badger opens dir: no other
+// process holds it, and opening it loses nothing (checkDirectory). It
+// returns the clean-shutdown record (nil: none, or unreadable, which is
+// logged) and the memtable size to open with: a larger one than
+// configured while write-ahead logs of that size remain. It removes the
+// empty logs a crash right after a start can leave (removeEmptyLogs).
+func prepareDirectory(dir string, opts Options, logger *slog.Logger) (*cleanRecord, int64, error) {
+	if err := checkNotInUse(dir); err != nil {
+		return nil, 0, err
+	}
+	if err := checkDirectory(dir, logger); err != nil {
+		return nil, 0, err
+	}
+	clean, err := readCleanRecord(dir)
+	if err != nil {
+		logger.Warn("ignoring the clean-shutdown record", "err", err)
+	}
+	memTableSize, err := memTableSizeFor(dir, opts.MemTableSize)
+	if err != nil {
+		return nil, 0, fmt.Errorf("opening buffer %s: %w", dir, err)
+	}
+	if memTableSize != opts.MemTableSize {
+		logger.Info("write-ahead logs of a larger memtable are replayed with their size; "+
+			"buffer.memtable_size applies after the next clean stop",
+			"memtable_size", memTableSize, "configured", opts.MemTableSize)
+	}
+	if err := removeEmptyLogs(dir, logger); err != nil {
+		return nil, 0, fmt.Errorf("opening buffer %s: %w", dir, err)
+	}
+	return clean, memTableSize, nil
+}
+
+// restore reads the records Badger opened (load), checks them against the
+// clean-shutdown record, if any, and removes that record once they match
+// (a crash from now on leaves none), then records the directory's state
+// for the fsyncs of later commits (dirSyncer).
+func (b *Buffer) restore(clean *cleanRecord) error {
+	if err := b.load(); err != nil {
+		return damaged(b.dir, "reading its records: %v", err)
+	}
+	if clean != nil {
+		if err := clean.matches(b.cleanRecord()); err != nil {
+			return damaged(b.dir, "%v", err)
+		}
+	}
+	if err := removeCleanRecord(b.dir); err != nil {
+		return fmt.Errorf("opening buffer %s: %w", b.dir, err)
+	}
+	if err := b.dirSync.init(); err != nil {
+		return fmt.Errorf("opening buffer %s: %w", b.dir, err)
+	}
+	return nil
 }
 
 // load reads every record once: it restores the queue counters, the usage
@@ -698,74 +727,14 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
 	now := b.opts.now()
-	var n, payload, pendingFreed, deliveredAdded, historyAdded, kept int64
+	var d deliveryCounts
 	wb := newTxnWriter(b.db, nil, b.failure)
 	for _, p := range batches {
-		// The queue entry's value is read only when the history keeps it.
-		var val []byte
-		var valLen int
-		var queued, leased bool
-		var err error
-		if b.historyEnabled() && !p.SpanKnown {
-			val, queued, err = wb.queuedValue(p.Seq)
-			valLen = len(val)
-		} else {
-			valLen, queued, err = wb.queued(p.Seq)
-			// A queue entry is never rewritten: one the size of the
-			// leased entry is the leased payload.
-			leased = p.SpanKnown && valLen == pendingHeaderLen(p)+len(p.Payload)
-		}
-		if err != nil {
-			wb.discard()
+		if err := b.markOneDelivered(wb, p, now, &d); err != nil {
 			return err
 		}
-		m, found, err := wb.marker(p.BatchID)
-		if err != nil {
-			wb.discard()
-			return err
-		}
-		if !queued || !found || m.state != statePending || m.seq != p.Seq {
-			continue
-		}
-		if b.historyEnabled() && !leased && val == nil {
-			if val, _, err = wb.queuedValue(p.Seq); err != nil {
-				wb.discard()
-				return err
-			}
-		}
-		m.state = stateDelivered
-		m.doneAt = now
-		if err := wb.set(markerKey(p.BatchID), m.encode()); err != nil {
-			return err
-		}
-		if err := wb.set(expiryKey(now, p.BatchID), nil); err != nil {
-			return err
-		}
-		if err := wb.delete(queueKey(p.Seq)); err != nil {
-			return err
-		}
-		if b.historyEnabled() {
-			var added int64
-			if leased {
-				added, err = b.keepHistorySpan(wb, p, p.FirstMS, p.LastMS, now)
-			} else {
-				added, err = b.keepHistory(wb, p, val, now)
-			}
-			if err != nil {
-				wb.discard()
-				return err
-			}
-			if added > 0 {
-				historyAdded += added
-				kept++
-			}
-		}
-		n++
-		payload += int64(valLen)
-		pendingFreed += pendingCost(len(p.BatchID), valLen)
-		deliveredAdded += deliveredCost(len(p.BatchID))
 	}
-	if n == 0 {
+	if d.n == 0 {
 		wb.discard()
 		return nil
 	}
@@ -775,15 +744,111 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 		}
 		return fmt.Errorf("marking %d batches delivered: %w", len(batches), err)
 	}
-	b.pendingBatches.Add(-n)
-	b.pendingBytes.Add(-payload)
-	b.usage.pending.Add(-pendingFreed)
-	b.usage.delivered.Add(deliveredAdded)
-	b.usage.deliveredMarkers.Add(n)
-	b.usage.history.Add(historyAdded)
-	b.usage.historyBatches.Add(kept)
-	b.metrics.delivered.Add(float64(n))
+	b.pendingBatches.Add(-d.n)
+	b.pendingBytes.Add(-d.payload)
+	b.usage.pending.Add(-d.pendingFreed)
+	b.usage.delivered.Add(d.deliveredAdded)
+	b.usage.deliveredMarkers.Add(d.n)
+	b.usage.history.Add(d.historyAdded)
+	b.usage.historyBatches.Add(d.kept)
+	b.metrics.delivered.Add(float64(d.n))
 	return nil
+}
+
+// deliveryCounts is what MarkDelivered changes in the counters once its
+// transaction is committed.
+type deliveryCounts struct {
+	n, payload, pendingFreed, deliveredAdded int64
+	// historyAdded is the bytes of the history records kept for kept
+	// batches.
+	historyAdded, kept int64
+}
+
+// markOneDelivered turns p's marker to delivered, indexes it for
+// collection, deletes its queue entry and keeps its history record,
+// through wb, and adds what that changes to d. A batch no longer queued
+// under p.Seq is skipped. A failed read or history record discards the
+// transaction; a failed write already did.
+func (b *Buffer) markOneDelivered(wb *txnWriter, p Pending, now time.Time, d *deliveryCounts) error {
+	q, err := b.readQueued(wb, p)
+	if err != nil {
+		wb.discard()
+		return err
+	}
+	m, found, err := wb.marker(p.BatchID)
+	if err != nil {
+		wb.discard()
+		return err
+	}
+	if !q.queued || !found || m.state != statePending || m.seq != p.Seq {
+		return nil
+	}
+	if b.historyEnabled() && !q.leased && q.val == nil {
+		if q.val, _, err = wb.queuedValue(p.Seq); err != nil {
+			wb.discard()
+			return err
+		}
+	}
+	m.state = stateDelivered
+	m.doneAt = now
+	if err := wb.set(markerKey(p.BatchID), m.encode()); err != nil {
+		return err
+	}
+	if err := wb.set(expiryKey(now, p.BatchID), nil); err != nil {
+		return err
+	}
+	if err := wb.delete(queueKey(p.Seq)); err != nil {
+		return err
+	}
+	if b.historyEnabled() {
+		var added int64
+		if q.leased {
+			added, err = b.keepHistorySpan(wb, p, p.FirstMS, p.LastMS, now)
+		} else {
+			added, err = b.keepHistory(wb, p, q.val, now)
+		}
+		if err != nil {
+			wb.discard()
+			return err
+		}
+		if added > 0 {
+			d.historyAdded += added
+			d.kept++
+		}
+	}
+	d.n++
+	d.payload += int64(q.size)
+	d.pendingFreed += pendingCost(len(p.BatchID), q.size)
+	d.deliveredAdded += deliveredCost(len(p.BatchID))
+	return nil
+}
+
+// queuedEntry is what readQueued learns of a batch's queue entry.
+type queuedEntry struct {
+	queued bool
+	size   int
+	// val is the entry's value, read only when the history needs it.
+	val []byte
+	// leased is set when the entry is the leased payload itself, so the
+	// history can keep the leased span without reading the value.
+	leased bool
+}
+
+// readQueued reads p's queue entry: its value only when the history keeps
+// it and p does not carry its span, its size otherwise.
+func (b *Buffer) readQueued(wb *txnWriter, p Pending) (queuedEntry, error) {
+	var q queuedEntry
+	var err error
+	if b.historyEnabled() && !p.SpanKnown {
+		q.val, q.queued, err = wb.queuedValue(p.Seq)
+		q.size = len(q.val)
+		return q, err
+	}
+	q.size, q.queued, err = wb.queued(p.Seq)
+	// A queue entry is never rewritten: one the size of the leased entry
+	// is the leased payload.
+	q.leased = p.SpanKnown && q.size == pendingHeaderLen(p)+len(p.Payload)
+	return q, err
 }
 
 // DeadLetter moves a batch the cloud refuses permanently out of the queue

@@ -46,7 +46,7 @@ func (b *Buffer) gather(first *commitReq) []*commitReq {
 	// The first request found the committer idle; those behind it arrived
 	// while another commit was waiting or being written. Only they count:
 	// a lone device committing as fast as it can never waits for itself.
-	rate := b.arrivals.observe(time.Now(), len(group)-1)
+	rate := b.arrivals.Add(len(group)-1, time.Now())
 	wait := groupWait(rate, b.opts.GroupMaxWait, b.opts.GroupWaitRate)
 	if wait <= 0 || n >= b.opts.MaxGroupBatches {
 		b.metrics.commitWait.Observe(0)
@@ -68,7 +68,7 @@ collect:
 			break collect
 		}
 	}
-	b.arrivals.observe(time.Now(), len(group)-taken)
+	b.arrivals.Add(len(group)-taken, time.Now())
 	b.metrics.commitWait.Observe(time.Since(start).Seconds())
 	return group
 }
@@ -179,8 +179,27 @@ type candidate struct {
 	cost int64
 }
 
-// writeGroup decides every entry's outcome, makes room within the budget
-// and writes the new batches, all under wmu.
+// follower is an entry that repeats the batch_id of a candidate earlier
+// in the same group.
+type follower struct {
+	req  *commitReq
+	i    int
+	cand int  // the candidate's index
+	same bool // the same hash as the candidate
+}
+
+// admission is how many of a group's candidates are stored (the first n,
+// in order) and what they cost.
+type admission struct {
+	n    int
+	cost int64
+}
+
+// writeGroup decides every entry's outcome, makes room within the budget,
+// writes the new batches and commits them, all under wmu. When it returns
+// without error the group is on disk: its transactions are committed
+// (synced) and the directory fsynced if it changed (commitDurably), so
+// commitGroup answers the requests only after that (doc.go, Durability).
 func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
@@ -194,17 +213,40 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 			b.recount()
 		}
 	}()
+	cands, followers, err := dedupGroup(w, group)
+	if err != nil {
+		w.discard()
+		return res, err
+	}
+	adm, err := b.admit(w, cands, &res)
+	if err != nil {
+		w.discard()
+		return res, err
+	}
+	if seq, err = storeCandidates(w, cands, adm.n, seq, &res); err != nil {
+		return res, err
+	}
+	resolveFollowers(followers, adm.n, &res)
+	if res.wroteNothing() {
+		w.discard()
+		return res, nil
+	}
+	if err := b.commitDurably(w, seq, res.stored); err != nil {
+		return res, err
+	}
+	b.account(cands[:adm.n], adm.cost, res)
+	return res, nil
+}
 
-	// Decide duplicates and conflicts; collect the new batches in order.
+// dedupGroup answers the entries whose batch_id is already stored
+// (Duplicate, or Conflict when the hash differs) and returns the others:
+// the new batches in order, encoded (candidates), and the entries that
+// repeat a candidate's batch_id, whose outcome follows that candidate's
+// (resolveFollowers). Only one copy of a batch_id is ever written.
+func dedupGroup(w *txnWriter, group []*commitReq) ([]candidate, []follower, error) {
 	type seen struct {
 		hash [32]byte
-		cand int // index in cands
-	}
-	type follower struct {
-		req  *commitReq
-		i    int
 		cand int
-		same bool
 	}
 	inGroup := make(map[string]seen)
 	var cands []candidate
@@ -217,8 +259,7 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 			}
 			m, found, err := w.marker(e.BatchID)
 			if err != nil {
-				w.discard()
-				return res, err
+				return nil, nil, err
 			}
 			if found {
 				req.out[i] = sameOrConflict(m.hash, e.Hash)
@@ -230,62 +271,105 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 			cands = append(cands, candidate{req: req, i: i, val: val, cost: pendingCost(len(e.BatchID), len(val))})
 		}
 	}
+	return cands, followers, nil
+}
 
-	// Admit new batches in order while they fit: the free-space watermark
-	// refuses all, the budget what eviction cannot make room for.
-	admitted := 0
-	var admittedCost int64
-	if len(cands) > 0 {
-		if free, ok := b.free.bytes(); ok && free < uint64(b.opts.MinFreeBytes) {
-			res.refusedBy, res.free = refusedFreeSpace, int64(free)
-			b.reclaim.refused.Store(time.Now().UnixNano())
-		} else {
-			used := b.usage.total()
-			room := b.opts.MaxPendingBytes - used + b.usage.history.Load() + b.usage.delivered.Load()
-			if b.opts.FullPolicy == PolicyDropOldest {
-				room += b.usage.pending.Load()
-			}
-			for _, c := range cands {
-				if admittedCost+c.cost > room {
-					res.refusedBy, res.used, res.need = refusedBudget, used, c.cost
-					break
-				}
-				admittedCost += c.cost
-				admitted++
-			}
-			// Make room: history first, then delivered markers, then
-			// (drop_oldest) the oldest undelivered batches.
-			if need := used + admittedCost - b.opts.MaxPendingBytes; need > 0 {
-				if err := b.evictHistory(w, need, &res.ev); err != nil {
-					w.discard()
-					return res, err
-				}
-				if need -= res.ev.historyBytes; need > 0 {
-					if err := b.evictMarkers(w, need, &res.ev); err != nil {
-						w.discard()
-						return res, err
-					}
-					need -= res.ev.markerBytes
-				}
-				if need > 0 && b.opts.FullPolicy == PolicyDropOldest {
-					if err := b.dropOldest(w, need, &res.ev); err != nil {
-						w.discard()
-						return res, err
-					}
-					need -= res.ev.droppedBytes
-				}
-				// The scans free what usage counted; should they fall short
-				// (usage drifted), refuse the batches that do not fit.
-				for need > 0 && admitted > 0 {
-					admitted--
-					admittedCost -= cands[admitted].cost
-					need -= cands[admitted].cost
-					res.refusedBy, res.used, res.need = refusedBudget, used, cands[admitted].cost
-				}
-			}
-		}
+// admit decides how many candidates are stored, in order, and makes room
+// for them through w. Below the free-space watermark
+// (buffer.min_free_bytes) it refuses them all and evicts nothing: deleting
+// records frees disk space only after compaction, too late to help (doc.go,
+// Capacity). Otherwise it admits what fits in the budget counting
+// evictable records as free (fitBudget), evicts what the admitted batches
+// need (makeRoom) and refuses again what eviction could not free
+// (refuseShortfall).
+func (b *Buffer) admit(w *txnWriter, cands []candidate, res *groupResult) (admission, error) {
+	if len(cands) == 0 {
+		return admission{}, nil
 	}
+	if free, ok := b.free.bytes(); ok && free < uint64(b.opts.MinFreeBytes) {
+		res.refusedBy, res.free = refusedFreeSpace, int64(free)
+		b.reclaim.refused.Store(time.Now().UnixNano())
+		return admission{}, nil
+	}
+	used := b.usage.total()
+	adm := b.fitBudget(cands, used, res)
+	need := used + adm.cost - b.opts.MaxPendingBytes
+	if need <= 0 {
+		return adm, nil
+	}
+	need, err := b.makeRoom(w, need, &res.ev)
+	if err != nil {
+		return adm, err
+	}
+	refuseShortfall(cands, &adm, need, used, res)
+	return adm, nil
+}
 
+// fitBudget admits candidates in order while they fit in the room
+// buffer.max_pending_bytes leaves when every evictable record counts as
+// free: history and delivered markers, and with drop_oldest the
+// undelivered batches too. The first candidate that does not fit ends the
+// admission: it and every one after it are refused.
+func (b *Buffer) fitBudget(cands []candidate, used int64, res *groupResult) admission {
+	room := b.opts.MaxPendingBytes - used + b.usage.history.Load() + b.usage.delivered.Load()
+	if b.opts.FullPolicy == PolicyDropOldest {
+		room += b.usage.pending.Load()
+	}
+	var adm admission
+	for _, c := range cands {
+		if adm.cost+c.cost > room {
+			res.refusedBy, res.used, res.need = refusedBudget, used, c.cost
+			break
+		}
+		adm.cost += c.cost
+		adm.n++
+	}
+	return adm
+}
+
+// makeRoom evicts through w until need bytes are free, losing the least
+// first: history (copies of delivered batches), then delivered markers
+// (a resend of those batches is no longer recognised here; the cloud's
+// marker still absorbs it), then, with drop_oldest only, the oldest
+// undelivered batches. It returns the bytes still missing.
+func (b *Buffer) makeRoom(w *txnWriter, need int64, ev *evicted) (int64, error) {
+	if err := b.evictHistory(w, need, ev); err != nil {
+		return need, err
+	}
+	if need -= ev.historyBytes; need > 0 {
+		if err := b.evictMarkers(w, need, ev); err != nil {
+			return need, err
+		}
+		need -= ev.markerBytes
+	}
+	if need > 0 && b.opts.FullPolicy == PolicyDropOldest {
+		if err := b.dropOldest(w, need, ev); err != nil {
+			return need, err
+		}
+		need -= ev.droppedBytes
+	}
+	return need, nil
+}
+
+// refuseShortfall refuses admitted candidates, the last first, until the
+// need bytes eviction could not free are covered. The eviction scans free
+// what usage counted, so this happens only when usage drifted from what
+// is on disk.
+func refuseShortfall(cands []candidate, adm *admission, need, used int64, res *groupResult) {
+	for need > 0 && adm.n > 0 {
+		adm.n--
+		adm.cost -= cands[adm.n].cost
+		need -= cands[adm.n].cost
+		res.refusedBy, res.used, res.need = refusedBudget, used, cands[adm.n].cost
+	}
+}
+
+// storeCandidates writes a pending marker and a queue entry for each of the
+// first admitted candidates, numbered from seq on, and answers Full for
+// the others. It returns the next sequence number, also after a failed
+// write: an earlier transaction of a split group may be on disk with
+// the numbers before it.
+func storeCandidates(w *txnWriter, cands []candidate, admitted int, seq uint64, res *groupResult) (uint64, error) {
 	for k, c := range cands {
 		if k >= admitted {
 			c.req.out[c.i] = Full
@@ -295,15 +379,23 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 		e := c.req.entries[c.i]
 		mk := marker{state: statePending, hash: e.Hash, seq: seq, receivedAt: e.ReceivedAt}
 		if err := w.set(markerKey(e.BatchID), mk.encode()); err != nil {
-			return res, err
+			return seq, err
 		}
 		if err := w.set(queueKey(seq), c.val); err != nil {
-			return res, err
+			return seq, err
 		}
 		c.req.out[c.i] = Stored
 		seq++
 		res.stored++
 	}
+	return seq, nil
+}
+
+// resolveFollowers answers the entries that repeat a candidate's batch_id:
+// Full when the candidate was refused, otherwise what a resend right after
+// the candidate was stored gets (Duplicate, or Conflict when the hash
+// differs).
+func resolveFollowers(followers []follower, admitted int, res *groupResult) {
 	for _, f := range followers {
 		switch {
 		case f.cand >= admitted:
@@ -315,39 +407,58 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 			f.req.out[f.i] = Conflict
 		}
 	}
-	if res.stored == 0 && res.ev.markers == 0 && res.ev.markerBytes == 0 && res.ev.dropped == 0 && res.ev.history == 0 {
-		w.discard()
-		return res, nil
-	}
+}
+
+// wroteNothing reports whether the group stored and evicted nothing, so
+// that there is no transaction to commit.
+func (r groupResult) wroteNothing() bool {
+	return r.stored == 0 && r.ev.markers == 0 && r.ev.markerBytes == 0 && r.ev.dropped == 0 && r.ev.history == 0
+}
+
+// commitDurably records the next sequence number and commits the group's
+// last transaction, synced, then fsyncs the data directory if its entries
+// changed (a new write-ahead log or value log file): the group may be
+// acknowledged only after it returns nil. Badger only logs a failed msync
+// of the value log, so a commit during which its logger saw one fails too
+// (vlogSyncFailed). A failure after the commit marks w written: the group
+// may be on disk, and writeGroup recounts.
+func (b *Buffer) commitDurably(w *txnWriter, seq uint64, stored int) error {
 	var seqVal [8]byte
 	binary.BigEndian.PutUint64(seqVal[:], seq)
 	if err := w.set(seqKey, seqVal[:]); err != nil {
-		return res, err
+		return err
 	}
 	b.vlogSyncFailed.Store(false)
 	if b.opts.beforeCommit != nil {
 		if err := b.opts.beforeCommit(); err != nil {
 			w.discard()
-			return res, err
+			return err
 		}
 	}
 	if err := w.commit(); err != nil {
-		return res, fmt.Errorf("committing %d batches: %w", res.stored, err)
+		return fmt.Errorf("committing %d batches: %w", stored, err)
 	}
 	if b.vlogSyncFailed.Swap(false) {
 		w.written = true
-		return res, fmt.Errorf("committing %d batches: badger could not sync its value log", res.stored)
+		return fmt.Errorf("committing %d batches: badger could not sync its value log", stored)
 	}
-	if synced, err := b.dirSync.sync(); err != nil {
+	synced, err := b.dirSync.sync()
+	if err != nil {
 		w.written = true
 		b.failure.fail(fmt.Errorf("syncing the directory: %w", err))
-		return res, fmt.Errorf("committing %d batches: %w", res.stored, err)
-	} else if synced {
+		return fmt.Errorf("committing %d batches: %w", stored, err)
+	}
+	if synced {
 		b.syncs.Add(1)
 	}
+	return nil
+}
 
+// account adds the admitted batches to the counters and takes off what
+// eviction freed, once the group is on disk.
+func (b *Buffer) account(admitted []candidate, admittedCost int64, res groupResult) {
 	var payload int64
-	for _, c := range cands[:admitted] {
+	for _, c := range admitted {
 		payload += int64(len(c.val))
 	}
 	b.pendingBatches.Add(int64(res.stored) - res.ev.dropped)
@@ -357,7 +468,6 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 	b.usage.deliveredMarkers.Add(-res.ev.markers)
 	b.usage.history.Add(-res.ev.historyBytes)
 	b.usage.historyBatches.Add(-res.ev.history)
-	return res, nil
 }
 
 func sameOrConflict(stored, got [32]byte) Outcome {

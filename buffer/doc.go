@@ -167,8 +167,10 @@
 // writes all new batches in one transaction, commits it (the syncs above:
 // one msync of the write-ahead log, one of the value log), fsyncs the
 // directory if it changed, and only then answers every request of the
-// group. Concurrent devices therefore share one sync instead of paying one
-// each, and a device is never acknowledged before its batch is on disk. A
+// group (commit.go: writeGroup returns after commitDurably, and
+// commitGroup answers after writeGroup). Concurrent devices therefore
+// share one sync rather than paying one each, and a device is never
+// acknowledged before its batch is on disk. A
 // group larger than one Badger transaction allows (15% of a memtable) is
 // split into several transactions, each synced, before any member is
 // answered. BenchmarkCommitConcurrency measures it against one synced
@@ -179,10 +181,10 @@
 // smoothed rate of concurrent requests (those that arrived while another
 // was waiting or being written), 0 at rate 0, half the maximum at
 // buffer.group_wait_rate, and ends early when the group is full. A lone
-// device never waits for itself. It is off by default:
-// BenchmarkCommitGroupWait found no gain at 1 or 16 committers (16 lost
-// half their throughput to the wait) and a gain within the noise at 256,
-// because commits arriving during a sync already queue for the next group.
+// device never waits for itself. It is off by default: commits arriving
+// during a sync already queue for the next group, so waiting mostly adds
+// latency (BenchmarkCommitGroupWait measures it; cmd/bench/MEASUREMENTS.md,
+// "Group commit wait", has the figures).
 //
 // Every write (group commits, delivery, dead-lettering, collection, state)
 // holds one mutex, so that the committer's duplicate decisions, the budget
@@ -266,36 +268,37 @@
 // compressed, each in an allocation of at least the block size, in
 // buffers that double as they fill (2, 4, 8, ... MiB), and a compaction
 // runs several builders at once: under sustained ingest the builders are
-// most of the heap. BenchmarkIngestFootprint (256 committers, batches of
-// ten readings, GOMEMLIMIT=192MiB) measured with 8 MiB memtables, two of
-// them and Badger's 4 KiB blocks 7,000-8,000 commits/s and 207-238 MB in
-// use after a GC (above the limit: the collector ran without pause); with
-// 16 KiB blocks 8,300-10,100 (and 51 instead of 87 bytes of disk per
-// buffered reading: larger blocks compress better). With 4
-// MiB memtables (tables of 512 KiB) the benchmark gave 14,400-15,800 and
-// 114-149 MB, with a third memtable 17,100-18,900, but through MQTT the
-// smaller memtables, flushed and compacted twice as often, raised the ack
-// p99 at 1,000 batches/s to 39-58 ms (8 MiB: 27-31 ms with 4 KiB blocks,
-// 24-35 ms with 16 KiB blocks and three memtables; two runs each) and did
-// not raise the full-load rate beyond the noise. The defaults: 8 MiB
-// memtables, two (the one being written and one being flushed; Badger's
-// default is five), 16 KiB blocks. Batches stay in the
-// LSM tree (ValueThreshold above any batch): the same benchmark measured
-// values in the value log at a fifth of the heap and twice the commits,
-// but their space only comes back through value log GC, which in turn
-// waits for compactions to count what is garbage (nothing came back after
-// 30,000 delivered batches with 8 MiB memtables), values are not
-// compressed there (about five times the disk), and every value read or
-// written stays mapped in the resident set. Mapped files (memtable logs,
-// tables, the value log) count in the resident set as the kernel pages
-// them in, and are given back under memory pressure.
+// most of the heap. Hence the settings:
+//
+//   - 16 KiB blocks, not Badger's 4 KiB: a batch of ten readings (about
+//     2.4 KB) would fill a 4 KiB block alone, and the builders would hold
+//     every such block twice; larger blocks also compress better, so a
+//     reading takes fewer bytes of disk.
+//   - 8 MiB memtables, two of them (the one being written and one being
+//     flushed; Badger's default is five). Smaller memtables shrink the
+//     heap, but they are flushed and compacted more often, which on two
+//     cores raises the ack latency under MQTT load, not the ingest rate.
+//   - Batches stay in the LSM tree (ValueThreshold above any batch). The
+//     value log would keep them out of the table builders, but its space
+//     only comes back through value log GC, which waits for compactions to
+//     count what is garbage, values are not compressed there (about five
+//     times the disk), and every value read or written stays mapped in the
+//     resident set.
+//
+// BenchmarkIngestFootprint measures the heap and the commit rate of these
+// settings against the alternatives; cmd/bench/MEASUREMENTS.md ("Badger's
+// table builders under load") records the figures.
+//
+// Mapped files (memtable logs, tables, the value log) count in the
+// resident set as the kernel pages them in, and are given back under
+// memory pressure.
 //
 // # 32-bit machines
 //
 // On a 32-bit machine (armhf) every mapping shares one address space of
 // 3 GiB or less: the memtable logs (twice the memtable each), the tables
-// (about the data held) and the value log files. The buffer then uses
-// 16 MiB value log files (mapped at 32 MiB) instead of 64 MiB. Badger
+// (about the data held) and the value log files, which are twice the
+// memtable (16 MiB, each mapped at 32 MiB, with the default). Badger
 // itself works on 32-bit ARM; TestOn32BitARM cross-compiles this package's
 // tests with GOARCH=arm GOARM=7 and runs the core ones under qemu-arm.
 // The default budget (1 GiB) fits there; a much larger

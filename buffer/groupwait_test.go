@@ -43,59 +43,48 @@ func TestGroupWait(t *testing.T) {
 	}
 }
 
-func TestGroupWaitGrowsWithTheRate(t *testing.T) {
-	prev := time.Duration(0)
-	for rate := 0.0; rate <= 10_000; rate += 50 {
-		w := groupWait(rate, 4*time.Millisecond, 1000)
-		require.GreaterOrEqual(t, w, prev, "rate %v", rate)
-		require.LessOrEqual(t, w, 4*time.Millisecond)
-		prev = w
-	}
-}
-
-func TestArrivalRate(t *testing.T) {
-	t0 := time.Unix(1_700_000_000, 0)
-	tests := []struct {
-		name string
-		// arrivals: at offset, n requests.
-		arrivals []arrival
-		min, max float64
+// TestGroupWaitPinned pins groupWait and the committer's rate estimate to
+// the figures they gave before they were built on internal/adaptive, to the
+// nanosecond and to the last bit.
+func TestGroupWaitPinned(t *testing.T) {
+	const ms = time.Millisecond
+	waits := []struct {
+		rate     float64
+		maxWait  time.Duration
+		halfRate float64
+		want     time.Duration
 	}{
-		{"first request", []arrival{{0, 1}}, 0, 0},
-		{"steady 1000/s for a second", steady(1000, time.Second), 900, 1100},
-		{"steady 10/s for a second", steady(10, time.Second), 5, 15},
-		{"a lone request after a second of idle follows a burst", append(steady(5000, 500*time.Millisecond),
-			arrival{1500 * time.Millisecond, 1}), 0, 100},
-		{"a lone request after three seconds of idle", append(steady(5000, 500*time.Millisecond),
-			arrival{3500 * time.Millisecond, 1}), 0, 1},
+		{10, 2 * ms, 2000, 726},
+		{200, 2 * ms, 2000, 17536},
+		{1000, 2 * ms, 2000, 206141},
+		{2000, 2 * ms, 2000, 981684},
+		{2500, 2 * ms, 2000, 1452265},
+		{4000, 2 * ms, 2000, 1963368},
+		{123.456, 4 * ms, 1000, 45420},
+		{777, 100 * ms, 500, 89987629},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var a arrivalRate
-			var got float64
-			for _, ar := range tt.arrivals {
-				got = a.observe(t0.Add(ar.at), ar.n)
-			}
-			require.GreaterOrEqual(t, got, tt.min)
-			require.LessOrEqual(t, got, tt.max)
-		})
+	for _, w := range waits {
+		require.Equal(t, w.want, groupWait(w.rate, w.maxWait, w.halfRate), "rate %v", w.rate)
 	}
-}
-
-// arrival is n commit requests arriving at an offset.
-type arrival struct {
-	at time.Duration
-	n  int
-}
-
-// steady is one request every 1/rate seconds for d.
-func steady(rate float64, d time.Duration) []arrival {
-	var out []arrival
-	step := time.Duration(float64(time.Second) / rate)
-	for at := time.Duration(0); at <= d; at += step {
-		out = append(out, arrival{at, 1})
+	t0 := time.Unix(1_700_000_000, 0)
+	rates := []struct {
+		at   time.Duration
+		n    int
+		want float64
+	}{
+		{0, 3, 0},
+		{10 * ms, 2, 0},
+		{60 * ms, 5, 35.56202315557442},
+		{61 * ms, 1, 35.56202315557442},
+		{130 * ms, 7, 54.787628462172265},
+		{400 * ms, 0, 18.605633486451026},
+		{410 * ms, 4, 18.605633486451026},
+		{1500 * ms, 1, 4.7180761414111245},
 	}
-	return out
+	r := newArrivalRate()
+	for _, x := range rates {
+		require.Equal(t, x.want, r.Add(x.n, t0.Add(x.at)), "at %v", x.at)
+	}
 }
 
 // TestGroupWaitCommits runs concurrent committers with the wait on: every

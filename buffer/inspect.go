@@ -191,71 +191,20 @@ func (b *Buffer) Reforward(batchID string) (Pending, error) {
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
 	w := newTxnWriter(b.db, nil, b.failure)
-	m, found, err := w.marker(batchID)
+	m, p, deadLen, err := deadLetterFor(w, batchID)
 	if err != nil {
 		w.discard()
 		return Pending{}, err
-	}
-	if !found {
-		w.discard()
-		return Pending{}, fmt.Errorf("%w: %s", ErrNotFound, batchID)
-	}
-	switch m.state {
-	case statePending:
-		w.discard()
-		return Pending{}, fmt.Errorf("%w: %s is pending (queued, waiting for the uplink), there is nothing to re-forward",
-			ErrNotDeadLettered, batchID)
-	case stateDelivered:
-		w.discard()
-		return Pending{}, fmt.Errorf("%w: %s was delivered at %s, there is nothing to re-forward",
-			ErrNotDeadLettered, batchID, m.doneAt.UTC().Format(time.RFC3339))
-	}
-	item, err := w.txn.Get(deadKey(batchID))
-	if errors.Is(err, badger.ErrKeyNotFound) {
-		w.discard()
-		return Pending{}, fmt.Errorf("re-forwarding %s: its marker says dead-lettered but the dead letter is missing", batchID)
-	}
-	if err != nil {
-		w.discard()
-		return Pending{}, fmt.Errorf("reading dead letter %s: %w", batchID, err)
-	}
-	var p Pending
-	var deadLen int
-	if err := item.Value(func(v []byte) error {
-		deadLen = len(v)
-		p, _, err = decodeDead(v, true)
-		return err
-	}); err != nil {
-		w.discard()
-		return Pending{}, fmt.Errorf("reading dead letter %s: %w", batchID, err)
 	}
 	seq := b.nextSeq
 	// Sequence numbers are never reused, even if the commit fails.
 	b.nextSeq++
 	p.Seq = seq
 	val := encodePending(p)
-	m.state, m.seq, m.doneAt = statePending, seq, time.Time{}
-	var seqVal [8]byte
-	binary.BigEndian.PutUint64(seqVal[:], seq+1)
-	for _, kv := range []struct{ k, v []byte }{
-		{markerKey(batchID), m.encode()}, {queueKey(seq), val}, {seqKey, seqVal[:]},
-	} {
-		if err := w.set(kv.k, kv.v); err != nil {
-			return Pending{}, fmt.Errorf("re-forwarding %s: %w", batchID, err)
-		}
-	}
-	if err := w.delete(deadKey(batchID)); err != nil {
+	if err := requeue(w, batchID, m, seq, val); err != nil {
 		return Pending{}, fmt.Errorf("re-forwarding %s: %w", batchID, err)
 	}
-	b.vlogSyncFailed.Store(false)
-	err = w.commit()
-	if err == nil && b.vlogSyncFailed.Swap(false) {
-		err = errors.New("badger could not sync its value log")
-	}
-	if err == nil {
-		err = b.dirSync.syncIfChanged()
-	}
-	if err != nil {
+	if err := b.commitReforward(w); err != nil {
 		b.recount()
 		return Pending{}, fmt.Errorf("re-forwarding %s: %w", batchID, err)
 	}
@@ -271,6 +220,77 @@ func (b *Buffer) Reforward(batchID string) (Pending, error) {
 	default:
 	}
 	return p, nil
+}
+
+// deadLetterFor reads batchID's marker and dead letter through w: the
+// marker, the batch and the dead letter's value size. It fails with
+// ErrNotFound for an unknown batch and ErrNotDeadLettered for a pending or
+// delivered one.
+func deadLetterFor(w *txnWriter, batchID string) (marker, Pending, int, error) {
+	m, found, err := w.marker(batchID)
+	if err != nil {
+		return m, Pending{}, 0, err
+	}
+	if !found {
+		return m, Pending{}, 0, fmt.Errorf("%w: %s", ErrNotFound, batchID)
+	}
+	switch m.state {
+	case statePending:
+		return m, Pending{}, 0, fmt.Errorf("%w: %s is pending (queued, waiting for the uplink), there is nothing to re-forward",
+			ErrNotDeadLettered, batchID)
+	case stateDelivered:
+		return m, Pending{}, 0, fmt.Errorf("%w: %s was delivered at %s, there is nothing to re-forward",
+			ErrNotDeadLettered, batchID, m.doneAt.UTC().Format(time.RFC3339))
+	}
+	item, err := w.txn.Get(deadKey(batchID))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return m, Pending{}, 0, fmt.Errorf("re-forwarding %s: its marker says dead-lettered but the dead letter is missing", batchID)
+	}
+	if err != nil {
+		return m, Pending{}, 0, fmt.Errorf("reading dead letter %s: %w", batchID, err)
+	}
+	var p Pending
+	var deadLen int
+	if err := item.Value(func(v []byte) error {
+		deadLen = len(v)
+		p, _, err = decodeDead(v, true)
+		return err
+	}); err != nil {
+		return m, Pending{}, 0, fmt.Errorf("reading dead letter %s: %w", batchID, err)
+	}
+	return m, p, deadLen, nil
+}
+
+// requeue writes, through w, batchID's marker back to pending at seq, its
+// queue entry val and the next sequence number, and deletes its dead
+// letter.
+func requeue(w *txnWriter, batchID string, m marker, seq uint64, val []byte) error {
+	m.state, m.seq, m.doneAt = statePending, seq, time.Time{}
+	var seqVal [8]byte
+	binary.BigEndian.PutUint64(seqVal[:], seq+1)
+	for _, kv := range []struct{ k, v []byte }{
+		{markerKey(batchID), m.encode()}, {queueKey(seq), val}, {seqKey, seqVal[:]},
+	} {
+		if err := w.set(kv.k, kv.v); err != nil {
+			return err
+		}
+	}
+	return w.delete(deadKey(batchID))
+}
+
+// commitReforward commits w, synced, and fsyncs the directory if its
+// entries changed; Badger only logs a failed msync of the value log, so a
+// commit during which its logger saw one fails too.
+func (b *Buffer) commitReforward(w *txnWriter) error {
+	b.vlogSyncFailed.Store(false)
+	err := w.commit()
+	if err == nil && b.vlogSyncFailed.Swap(false) {
+		err = errors.New("badger could not sync its value log")
+	}
+	if err == nil {
+		err = b.dirSync.syncIfChanged()
+	}
+	return err
 }
 
 // Snapshot is a read-only view of a stopped gateway's buffer, for
@@ -445,67 +465,106 @@ func (s *Snapshot) Inspect(top, deadLimit int) (Inspection, error) {
 
 	devices := map[string]*DeviceCount{}
 	err = s.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: queuePrefix, PrefetchValues: true, PrefetchSize: 16})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			if err := it.Item().Value(func(v []byte) error {
-				p, err := decodePendingHeader(0, v)
-				if err != nil {
-					return fmt.Errorf("queue entry %q: %w", it.Item().Key(), err)
-				}
-				if in.OldestPending.IsZero() || p.ReceivedAt.Before(in.OldestPending) {
-					in.OldestPending = p.ReceivedAt
-				}
-				if p.ReceivedAt.After(in.NewestPending) {
-					in.NewestPending = p.ReceivedAt
-				}
-				d := devices[p.HardwareID]
-				if d == nil {
-					d = &DeviceCount{HardwareID: p.HardwareID}
-					devices[p.HardwareID] = d
-				}
-				d.Batches++
-				d.Bytes += int64(len(v))
-				return nil
-			}); err != nil {
-				return err
-			}
+		if err := summarizeQueue(txn, &in, devices); err != nil {
+			return err
 		}
-		eit := txn.NewIterator(badger.IteratorOptions{Prefix: expiryPrefix})
-		defer eit.Close()
-		if eit.Rewind(); eit.Valid() {
-			k := eit.Item().Key()
-			if len(k) >= len(expiryPrefix)+8 {
-				in.OldestDelivery = time.UnixMilli(int64(binary.BigEndian.Uint64(k[len(expiryPrefix):])))
-			}
-		}
-		sit := txn.NewIterator(badger.IteratorOptions{Prefix: statePrefix})
-		defer sit.Close()
-		for sit.Rewind(); sit.Valid(); sit.Next() {
-			in.StateRecords = append(in.StateRecords, StateRecord{
-				Name: string(sit.Item().Key()[len(statePrefix):]), Bytes: int(sit.Item().ValueSize())})
-		}
+		in.OldestDelivery = oldestDelivery(txn)
+		in.StateRecords = stateRecords(txn)
 		return nil
 	})
 	if err != nil {
 		return in, fmt.Errorf("reading the buffer: %w", err)
 	}
-	for _, d := range devices {
-		in.Devices = append(in.Devices, *d)
-	}
-	slices.SortFunc(in.Devices, func(a, b DeviceCount) int {
-		return cmp.Or(cmp.Compare(b.Batches, a.Batches), strings.Compare(a.HardwareID, b.HardwareID))
-	})
-	in.DeviceCount = len(in.Devices)
-	if top > 0 && len(in.Devices) > top {
-		in.Devices = in.Devices[:top]
-	}
+	in.Devices, in.DeviceCount = topDevices(devices, top)
 	if in.DeadLetters, _, err = deadLetters(s.db, deadLimit); err != nil {
 		return in, err
 	}
-	entries, err := os.ReadDir(s.dir)
+	return in, addFileBytes(s.dir, in.Files)
+}
+
+// summarizeQueue reads every queue entry's header: the oldest and newest
+// pending batch go to in, the batches and bytes of each device to
+// devices.
+func summarizeQueue(txn *badger.Txn, in *Inspection, devices map[string]*DeviceCount) error {
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: queuePrefix, PrefetchValues: true, PrefetchSize: 16})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		if err := it.Item().Value(func(v []byte) error {
+			p, err := decodePendingHeader(0, v)
+			if err != nil {
+				return fmt.Errorf("queue entry %q: %w", it.Item().Key(), err)
+			}
+			if in.OldestPending.IsZero() || p.ReceivedAt.Before(in.OldestPending) {
+				in.OldestPending = p.ReceivedAt
+			}
+			if p.ReceivedAt.After(in.NewestPending) {
+				in.NewestPending = p.ReceivedAt
+			}
+			d := devices[p.HardwareID]
+			if d == nil {
+				d = &DeviceCount{HardwareID: p.HardwareID}
+				devices[p.HardwareID] = d
+			}
+			d.Batches++
+			d.Bytes += int64(len(v))
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// oldestDelivery is the delivery time of the oldest kept delivered
+// marker, from the first collection index entry (zero: none).
+func oldestDelivery(txn *badger.Txn) time.Time {
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: expiryPrefix})
+	defer it.Close()
+	if it.Rewind(); it.Valid() {
+		k := it.Item().Key()
+		if len(k) >= len(expiryPrefix)+8 {
+			return time.UnixMilli(int64(binary.BigEndian.Uint64(k[len(expiryPrefix):])))
+		}
+	}
+	return time.Time{}
+}
+
+// stateRecords lists the state records and their sizes.
+func stateRecords(txn *badger.Txn) []StateRecord {
+	var out []StateRecord
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: statePrefix})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		out = append(out, StateRecord{
+			Name: string(it.Item().Key()[len(statePrefix):]), Bytes: int(it.Item().ValueSize())})
+	}
+	return out
+}
+
+// topDevices returns the devices with the most pending batches, most
+// first (then by hardware_id), at most top of them (all with top <= 0),
+// and how many devices there are.
+func topDevices(devices map[string]*DeviceCount, top int) ([]DeviceCount, int) {
+	var out []DeviceCount
+	for _, d := range devices {
+		out = append(out, *d)
+	}
+	slices.SortFunc(out, func(a, b DeviceCount) int {
+		return cmp.Or(cmp.Compare(b.Batches, a.Batches), strings.Compare(a.HardwareID, b.HardwareID))
+	})
+	n := len(out)
+	if top > 0 && len(out) > top {
+		out = out[:top]
+	}
+	return out, n
+}
+
+// addFileBytes adds the bytes of dir's regular files to files by kind:
+// "tables" (.sst), "value_log" (.vlog), "write_ahead_log" (.mem), "other".
+func addFileBytes(dir string, files map[string]int64) error {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return in, fmt.Errorf("listing %s: %w", s.dir, err)
+		return fmt.Errorf("listing %s: %w", dir, err)
 	}
 	for _, e := range entries {
 		fi, err := e.Info()
@@ -521,9 +580,9 @@ func (s *Snapshot) Inspect(top, deadLimit int) (Inspection, error) {
 		case ".mem":
 			kind = "write_ahead_log"
 		}
-		in.Files[kind] += fileBytes(fi)
+		files[kind] += fileBytes(fi)
 	}
-	return in, nil
+	return nil
 }
 
 // Batch states of Batch.State and of the what argument of Batches.

@@ -149,6 +149,25 @@ func checkDirectory(dir string, logger *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("opening buffer %s: %w", dir, err)
 	}
+	tables, mems := listBadgerFiles(entries)
+	logs, err := checkLogs(dir, mems, logger)
+	if err != nil {
+		return err
+	}
+	listed, deleted, err := readManifest(filepath.Join(dir, manifestName))
+	if err != nil {
+		return damaged(dir, "%v", err)
+	}
+	listedMax, err := checkListedTables(dir, tables, listed)
+	if err != nil {
+		return err
+	}
+	return checkUnlistedTables(dir, tables, listed, deleted, listedMax, logs, logger)
+}
+
+// listBadgerFiles returns the directory's tables by id and its
+// write-ahead logs, sorted by name.
+func listBadgerFiles(entries []fs.DirEntry) (map[uint64]string, []string) {
 	tables := map[uint64]string{}
 	var mems []string
 	for _, e := range entries {
@@ -164,15 +183,20 @@ func checkDirectory(dir string, logger *slog.Logger) error {
 		}
 	}
 	sort.Strings(mems)
+	return tables, mems
+}
 
+// checkLogs scans every write-ahead log (scanWAL): a damaged one is a
+// *DamagedError, a torn tail is logged and dropped.
+func checkLogs(dir string, mems []string, logger *slog.Logger) ([]walScan, error) {
 	var logs []walScan
 	for _, name := range mems {
 		s, err := scanWAL(filepath.Join(dir, name))
 		if err != nil {
-			return damaged(dir, "%v", err)
+			return nil, damaged(dir, "%v", err)
 		}
 		if s.problem != "" {
-			return damaged(dir, "write-ahead log %s %s", name, s.problem)
+			return nil, damaged(dir, "write-ahead log %s %s", name, s.problem)
 		}
 		if s.tornBytes > 0 {
 			logger.Info("write-ahead log ends in a torn, unacknowledged commit; it is dropped", "file", name,
@@ -180,15 +204,16 @@ func checkDirectory(dir string, logger *slog.Logger) error {
 		}
 		logs = append(logs, s)
 	}
+	return logs, nil
+}
 
-	listed, deleted, err := readManifest(filepath.Join(dir, manifestName))
-	if err != nil {
-		return damaged(dir, "%v", err)
-	}
+// checkListedTables checks that every table the MANIFEST lists is there
+// and passes its checksums, and returns the newest version they hold.
+func checkListedTables(dir string, tables map[uint64]string, listed map[uint64]manifestTable) (uint64, error) {
 	ids := slices.Sorted(maps.Keys(listed))
 	for _, id := range ids {
 		if _, ok := tables[id]; !ok {
-			return damaged(dir, "the MANIFEST lists table %06d.sst, which is missing", id)
+			return 0, damaged(dir, "the MANIFEST lists table %06d.sst, which is missing", id)
 		}
 	}
 	infos, errs := inspectTables(len(ids), func(i int) (tableInfo, error) {
@@ -197,10 +222,19 @@ func checkDirectory(dir string, logger *slog.Logger) error {
 	var listedMax uint64
 	for i, id := range ids {
 		if errs[i] != nil {
-			return damaged(dir, "table %s: %v", tables[id], errs[i])
+			return 0, damaged(dir, "table %s: %v", tables[id], errs[i])
 		}
 		listedMax = max(listedMax, infos[i].maxVersion)
 	}
+	return listedMax, nil
+}
+
+// checkUnlistedTables checks the tables the MANIFEST does not list, which
+// Badger deletes at open: each must be compacted away already (deleted),
+// unreadable (a crash interrupted its writing), or hold only versions a
+// listed table (up to listedMax) or a write-ahead log also holds.
+func checkUnlistedTables(dir string, tables map[uint64]string, listed map[uint64]manifestTable, deleted map[uint64]bool,
+	listedMax uint64, logs []walScan, logger *slog.Logger) error {
 	for id, name := range tables {
 		if _, ok := listed[id]; ok {
 			continue
@@ -474,66 +508,78 @@ func entryVersion(e walEntry) uint64 {
 //   - a file that ends inside its data (cut short).
 func scanWAL(path string) (walScan, error) {
 	s := walScan{minVersion: math.MaxUint64}
+	data, err := readWAL(path)
+	if err != nil || len(data) == 0 {
+		return s, err
+	}
+	if len(data) < walHeaderSize {
+		s.problem = fmt.Sprintf("has %d bytes, less than its header: it was cut short", len(data))
+		return s, nil
+	}
+	off, open, stop := s.replay(data)
+	if stop == walMalformed {
+		s.problem = fmt.Sprintf("has a malformed entry at offset %d", off)
+		return s, nil
+	}
+	s.checkTail(data, off, open, stop)
+	return s, nil
+}
+
+// readWAL reads a whole .mem file. An empty file is a new log whose size
+// was never synced (the file system made its name durable, not its
+// length): nothing in it was acknowledged, since every commit syncs the
+// log, and Open removes it.
+func readWAL(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return s, fmt.Errorf("reading write-ahead log: %w", err)
+		return nil, fmt.Errorf("reading write-ahead log: %w", err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return s, fmt.Errorf("reading write-ahead log: %w", err)
-	}
-	size := int(fi.Size())
-	if size == 0 {
-		// A new log whose size was never synced (the file system made its
-		// name durable, not its length): nothing in it was acknowledged,
-		// since every commit syncs the log. Open removes it.
-		return s, nil
+		return nil, fmt.Errorf("reading write-ahead log: %w", err)
 	}
 	// Read, not mapped: a write-ahead log is sparse past its last entry,
 	// and on a full tmpfs a mapped read of a hole is a SIGBUS.
-	data := make([]byte, size)
+	data := make([]byte, int(fi.Size()))
 	if _, err := io.ReadFull(f, data); err != nil {
-		return s, fmt.Errorf("reading write-ahead log %s: %w", filepath.Base(path), err)
+		return nil, fmt.Errorf("reading write-ahead log %s: %w", filepath.Base(path), err)
 	}
-	if size < walHeaderSize {
-		s.problem = fmt.Sprintf("has %d bytes, less than its header: it was cut short", size)
-		return s, nil
-	}
+	return data, nil
+}
 
-	// Replay: complete transactions up to the first entry that fails.
-	off := walHeaderSize
+// replay reads complete transactions from the header on, as Badger's
+// replay does, up to the first entry that fails: it records them in s and
+// returns where it stopped, the commit timestamp of the transaction it
+// was reading there (0: none), and why it stopped.
+func (s *walScan) replay(data []byte) (off int, open uint64, stop int) {
+	off = walHeaderSize
 	s.validEnd = off
-	var open uint64 // commit timestamp of the transaction being read
-	stop := walOK
 	for {
 		e, st := readWALEntry(data, off)
 		if st != walOK {
-			stop = st
-			break
+			return off, open, st
 		}
-		if e.meta&walBitTxn != 0 {
+		switch {
+		case e.meta&walBitTxn != 0:
 			ts := parseTs(e.key)
 			if open == 0 {
 				open = ts
 			}
 			if ts != open {
-				stop = walBad
-				break
+				return off, open, walBad
 			}
-		} else if e.meta&walBitFinTxn != 0 {
+		case e.meta&walBitFinTxn != 0:
 			if entryVersion(e) != open {
-				stop = walBad
-				break
+				return off, open, walBad
 			}
 			s.txns++
 			s.minVersion, s.maxVersion = min(s.minVersion, open), max(s.maxVersion, open)
 			open = 0
 			s.validEnd = off + e.size
-		} else {
+		default:
 			if open != 0 {
-				stop = walBad
-				break
+				return off, open, walBad
 			}
 			ts := parseTs(e.key)
 			s.minVersion, s.maxVersion = min(s.minVersion, ts), max(s.maxVersion, ts)
@@ -541,29 +587,27 @@ func scanWAL(path string) (walScan, error) {
 		}
 		off += e.size
 	}
-	if stop == walMalformed {
-		s.problem = fmt.Sprintf("has a malformed entry at offset %d", off)
-		return s, nil
-	}
+}
 
-	lastNonZero := bytes.LastIndexFunc(data, func(r rune) bool { return r != 0 })
-	if lastNonZero < 0 {
-		lastNonZero = 0
-	}
+// checkTail classifies what lies after the point off where the replay
+// stopped (stop, inside transaction open), and sets s.tornBytes for a torn
+// tail or s.problem for damage (see scanWAL).
+func (s *walScan) checkTail(data []byte, off int, open uint64, stop int) {
+	size := len(data)
+	lastNonZero := max(bytes.LastIndexFunc(data, func(r rune) bool { return r != 0 }), 0)
 	// Badger's own truncation after a replay leaves the file ending exactly
 	// at a transaction; a file ending inside data was cut. (A torn entry in
 	// a live log does not run past the end: the log is preallocated to
 	// twice the memtable and zero beyond what was written.)
 	if stop == walEOF || off >= size || lastNonZero == size-1 {
-		if s.validEnd == size {
-			return s, nil
+		if s.validEnd != size {
+			s.problem = fmt.Sprintf("ends at offset %d inside a transaction that starts at offset %d: it was cut short",
+				size, s.validEnd)
 		}
-		s.problem = fmt.Sprintf("ends at offset %d inside a transaction that starts at offset %d: it was cut short",
-			size, s.validEnd)
-		return s, nil
+		return
 	}
 	if lastNonZero < s.validEnd {
-		return s, nil // clean: zeros after the last transaction
+		return // clean: zeros after the last transaction
 	}
 	s.tornBytes = lastNonZero + 1 - s.validEnd
 	// One transaction is at most 15% of a memtable (Badger's maxBatchSize)
@@ -572,37 +616,52 @@ func scanWAL(path string) (walScan, error) {
 	if s.tornBytes > window {
 		s.problem = fmt.Sprintf("has %d bytes of unreadable data after offset %d, more than one transaction: "+
 			"committed transactions would be dropped", s.tornBytes, s.validEnd)
-		return s, nil
+		return
 	}
+	later := entriesAfter(data, off, lastNonZero, open)
+	switch {
+	case len(later.versions) > 1:
+		s.problem = fmt.Sprintf("is damaged at offset %d: Badger's replay stops there, but checksummed entries "+
+			"of later transactions follow; they would be dropped", off)
+	case later.first >= 0 && later.fin && open == 0 && !hasUnwrittenSector(data, off, later.first):
+		s.problem = fmt.Sprintf("is damaged at offset %d: a complete transaction follows unreadable bytes "+
+			"that were written, not left unwritten by a crash; it would be dropped", off)
+	}
+}
 
-	// Look for checksummed entries after the stop point.
-	versions := map[uint64]bool{}
+// tailEntries is what entriesAfter finds after the replay's stop point.
+type tailEntries struct {
+	// versions holds the commit timestamps of the checksummed entries
+	// found, and of the transaction open at the stop point.
+	versions map[uint64]bool
+	// first is the offset of the first checksummed entry found (-1: none).
+	first int
+	// fin is set when a transaction's closing entry was found.
+	fin bool
+}
+
+// entriesAfter looks for checksummed entries from offset from to offset
+// to (inclusive), stepping byte by byte over what does not read as one;
+// open is the transaction the replay stopped in (0: none).
+func entriesAfter(data []byte, from, to int, open uint64) tailEntries {
+	t := tailEntries{versions: map[uint64]bool{}, first: -1}
 	if open != 0 {
-		versions[open] = true
+		t.versions[open] = true
 	}
-	firstFound, fin := -1, false
-	for p := off; p <= lastNonZero; {
+	for p := from; p <= to; {
 		e, st := readWALEntry(data, p)
 		if st != walOK {
 			p++
 			continue
 		}
-		if firstFound < 0 {
-			firstFound = p
+		if t.first < 0 {
+			t.first = p
 		}
-		versions[entryVersion(e)] = true
-		fin = fin || e.meta&walBitFinTxn != 0
+		t.versions[entryVersion(e)] = true
+		t.fin = t.fin || e.meta&walBitFinTxn != 0
 		p += e.size
 	}
-	switch {
-	case len(versions) > 1:
-		s.problem = fmt.Sprintf("is damaged at offset %d: Badger's replay stops there, but checksummed entries "+
-			"of later transactions follow; they would be dropped", off)
-	case firstFound >= 0 && fin && open == 0 && !hasUnwrittenSector(data, off, firstFound):
-		s.problem = fmt.Sprintf("is damaged at offset %d: a complete transaction follows unreadable bytes "+
-			"that were written, not left unwritten by a crash; it would be dropped", off)
-	}
-	return s, nil
+	return t
 }
 
 // hasUnwrittenSector reports whether data[from:to], the unreadable bytes

@@ -24,6 +24,8 @@ type metrics struct {
 	refused          *prometheus.CounterVec
 }
 
+// newMetrics registers the buffer's metrics on reg (nil: a private
+// registry).
 func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -96,6 +98,13 @@ func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
 	for _, r := range []string{refusedBudget, refusedFreeSpace} {
 		m.refused.WithLabelValues(r)
 	}
+	registerGauges(f, b)
+	return m
+}
+
+// registerGauges registers the gauges read from the buffer's state at
+// each scrape: the queue, the budget's use by kind, free disk space.
+func registerGauges(f promauto.Factory, b *Buffer) {
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "gateway", Subsystem: "buffer", Name: "pending_batches",
 		Help: "Batches stored and not yet delivered.",
@@ -145,5 +154,4 @@ func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
 		free, _ := b.free.bytes()
 		return float64(free)
 	})
-	return m
 }

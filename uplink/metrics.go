@@ -26,6 +26,9 @@ type metrics struct {
 	reg prometheus.Registerer
 }
 
+// newMetrics registers the uplink's metrics on reg (nil: a private
+// registry). It is long because it declares every metric with its help
+// text in one place, where they are read together.
 func newMetrics(reg prometheus.Registerer) *metrics {
 	if reg == nil {
 		reg = prometheus.NewRegistry()

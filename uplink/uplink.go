@@ -259,8 +259,8 @@ type Uplink struct {
 
 	limiter  *aimd
 	marks    deliveryGroup
-	drain    ewmaRate // delivered batches per second
-	arrivals ewmaRate // queued batches per second
+	drain    *ewmaRate // delivered batches per second
+	arrivals *ewmaRate // queued batches per second
 	index    *backlogIndex
 	lastSeq  uint64 // the newest queue entry seen (Run's goroutine only)
 	seqKnown bool   // lastSeq was read from the queue
@@ -314,8 +314,8 @@ func New(cfg Config, store Store, devices DeviceSource, clock Clock, db DynamoDB
 		clock:     clock,
 		txLimit:   cfg.TransactionMaxItems,
 		status:    Status{Up: true, Since: time.Now()},
-		drain:     ewmaRate{tau: drainTau},
-		arrivals:  ewmaRate{tau: arrivalTau},
+		drain:     newEWMARate(drainTau),
+		arrivals:  newEWMARate(arrivalTau),
 		uncertain: map[string]bool{},
 		settled:   map[string]bool{},
 	}
@@ -383,7 +383,7 @@ func (u *Uplink) Run(ctx context.Context) error {
 
 // nextWait is the adaptive wait for the current arrival rate.
 func (u *Uplink) nextWait() time.Duration {
-	return AdaptiveWait(u.arrivals.at(time.Now()), u.cfg.MaxWait, u.cfg.WaitTargetRate, u.cfg.WaitSteepness)
+	return adaptiveWait(u.arrivals.at(time.Now()), u.cfg.MaxWait, u.cfg.WaitTargetRate, u.cfg.WaitSteepness)
 }
 
 // gather waits up to wait for more batches to arrive, less when
@@ -415,88 +415,149 @@ func (u *Uplink) gather(ctx context.Context, wait time.Duration) {
 // took, and whether the lease was full (more are waiting). An error means
 // some batches must be retried later.
 //
-// A lease is the oldest pending batches plus, when those are a backlog,
-// up to FreshReserve batches of devices that have none of their batches
-// among them: each such device's oldest pending batch, the devices with
-// the least backlog first. Forwarding a device's oldest pending batch out
-// of queue order keeps the device's own order.
+// A round first makes sure the clock can be trusted, writes the device
+// records and keys the cloud lacks, then leases batches (lease), checks
+// the ones whose earlier write may have been applied (checkUncertain) and
+// forwards the rest device by device, fresh devices first.
 func (u *Uplink) round(ctx context.Context) (int, bool, error) {
-	if !u.clock.Plausible() {
-		// Any answer from DynamoDB teaches the clock its offset.
-		_ = u.call(ctx, "DescribeTable", func(ctx context.Context) error {
-			_, err := u.db.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(u.tables.ProcessedBatches)})
-			return err
-		})
-		if !u.clock.Plausible() {
-			return 0, false, errClockImplausible
-		}
+	if err := u.checkClock(ctx); err != nil {
+		return 0, false, err
 	}
 	devices, err := u.upsertDevices(ctx)
 	if err != nil {
 		return 0, false, err
 	}
 	u.writeKeys(ctx)
+	l, err := u.lease()
+	if err != nil {
+		return 0, false, err
+	}
+	if len(l.batches) == 0 {
+		u.nothingPending()
+		return devices, false, nil
+	}
+	u.metrics.roundBatches.Observe(float64(len(l.batches)))
+	taken, fresh := len(l.batches), l.freshDevices()
+	batches, err := u.checkUncertain(ctx, l.batches, l.oldest)
+	if err != nil {
+		return 0, false, err
+	}
+	order, byDevice := groupByDevice(batches)
+	freshFirst(order, fresh)
+	if len(order) == 0 {
+		return taken, l.full, nil
+	}
+	if u.cfg.WriteMode == "batch" {
+		return taken, l.full, u.forwardWaves(ctx, order, byDevice)
+	}
+	limit, err := u.transactionLimit(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	return taken, l.full, u.forwardDevices(ctx, order, byDevice, limit)
+}
+
+// checkClock fails while the gateway's clock is not plausible, after one
+// DescribeTable: any answer from DynamoDB teaches the clock its offset.
+func (u *Uplink) checkClock(ctx context.Context) error {
+	if u.clock.Plausible() {
+		return nil
+	}
+	_ = u.call(ctx, "DescribeTable", func(ctx context.Context) error {
+		_, err := u.db.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(u.tables.ProcessedBatches)})
+		return err
+	})
+	if !u.clock.Plausible() {
+		return errClockImplausible
+	}
+	return nil
+}
+
+// lease is one round's batches.
+type lease struct {
+	batches []buffer.Pending
+	// oldest is how many of the oldest pending batches were asked for;
+	// the batches after them are fresh devices' (freshBatches).
+	oldest int
+	// full is set when the oldest pending batches filled their share:
+	// more are waiting.
+	full bool
+}
+
+// lease takes the oldest pending batches plus, when those are a backlog,
+// up to FreshReserve batches of devices that have none of their batches
+// among them: each such device's oldest pending batch, the devices with
+// the least backlog first. Forwarding a device's oldest pending batch out
+// of queue order keeps the device's own order.
+func (u *Uplink) lease() (lease, error) {
 	reserve := 0
 	if u.index != nil {
 		if err := u.index.extend(64); err != nil {
-			return 0, false, err
+			return lease{}, err
 		}
 		reserve = u.cfg.FreshReserve
 	}
-	oldest := u.cfg.LeaseBatches - reserve
-	leased, err := u.store.Pending(0, oldest)
+	l := lease{oldest: u.cfg.LeaseBatches - reserve}
+	batches, err := u.store.Pending(0, l.oldest)
 	if err != nil {
-		return 0, false, fmt.Errorf("reading the buffer: %w", err)
+		return lease{}, fmt.Errorf("reading the buffer: %w", err)
 	}
-	full := len(leased) == oldest
-	u.countArrivals(leased)
-	if len(leased) == 0 {
-		if u.index != nil {
-			u.index.clear()
+	l.full = len(batches) == l.oldest
+	u.countArrivals(batches)
+	if len(batches) == 0 || u.index == nil {
+		l.batches = batches
+		return l, nil
+	}
+	u.index.prune(batches[0].Seq)
+	if l.full {
+		_, byDevice := groupByDevice(batches)
+		fresh, err := u.freshBatches(reserve, batches[len(batches)-1].Seq, byDevice)
+		if err != nil {
+			return lease{}, err
 		}
-		// Nothing was pending at start, so nothing is uncertain.
-		u.mu.Lock()
-		u.startChecked = true
-		u.mu.Unlock()
-		return devices, false, nil
+		batches = append(batches, fresh...)
 	}
-	// Group by device, keeping arrival order within each device.
-	var order []string
-	byDevice := map[string][]buffer.Pending{}
-	for _, p := range leased {
-		if _, ok := byDevice[p.HardwareID]; !ok {
-			order = append(order, p.HardwareID)
-		}
-		byDevice[p.HardwareID] = append(byDevice[p.HardwareID], p)
-	}
-	if u.index != nil {
-		u.index.prune(leased[0].Seq)
-		if full {
-			fresh, err := u.freshBatches(reserve, leased[len(leased)-1].Seq, byDevice)
-			if err != nil {
-				return 0, false, err
-			}
-			leased = append(leased, fresh...)
-		}
-	}
-	u.metrics.roundBatches.Observe(float64(len(leased)))
-	taken := len(leased)
+	l.batches = batches
+	return l, nil
+}
+
+// freshDevices returns the devices whose batches were leased as fresh.
+func (l lease) freshDevices() map[string]bool {
 	fresh := map[string]bool{}
-	for _, p := range leased[min(oldest, len(leased)):] {
+	for _, p := range l.batches[min(l.oldest, len(l.batches)):] {
 		fresh[p.HardwareID] = true
 	}
-	if leased, err = u.checkUncertain(ctx, leased, oldest); err != nil {
-		return 0, false, err
+	return fresh
+}
+
+// nothingPending resets what a lease keeps when the queue is empty.
+func (u *Uplink) nothingPending() {
+	if u.index != nil {
+		u.index.clear()
 	}
-	order, byDevice = order[:0], map[string][]buffer.Pending{}
-	for _, p := range leased {
+	// Nothing was pending at start, so nothing is uncertain.
+	u.mu.Lock()
+	u.startChecked = true
+	u.mu.Unlock()
+}
+
+// groupByDevice groups batches by device, keeping arrival order within
+// each device, and returns the devices in the order of their first batch.
+func groupByDevice(batches []buffer.Pending) ([]string, map[string][]buffer.Pending) {
+	var order []string
+	byDevice := map[string][]buffer.Pending{}
+	for _, p := range batches {
 		if _, ok := byDevice[p.HardwareID]; !ok {
 			order = append(order, p.HardwareID)
 		}
 		byDevice[p.HardwareID] = append(byDevice[p.HardwareID], p)
 	}
-	// Fresh devices first: one batch each, they do not wait for workers
-	// busy with a backlog.
+	return order, byDevice
+}
+
+// freshFirst puts the fresh devices first, keeping the order otherwise:
+// with one batch each, they do not wait for workers busy with a backlog.
+func freshFirst(order []string, fresh map[string]bool) {
 	slices.SortStableFunc(order, func(a, b string) int {
 		switch {
 		case fresh[a] == fresh[b]:
@@ -506,16 +567,12 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 		}
 		return 1
 	})
-	if len(order) == 0 {
-		return taken, full, nil
-	}
-	if u.cfg.WriteMode == "batch" {
-		return taken, full, u.forwardWaves(ctx, order, byDevice)
-	}
-	limit, err := u.transactionLimit(ctx)
-	if err != nil {
-		return 0, false, err
-	}
+}
+
+// forwardDevices forwards each device's batches in order (forwardDevice),
+// devices concurrently, and returns the first error. The AIMD limiter, not
+// the number of workers, bounds the requests in flight.
+func (u *Uplink) forwardDevices(ctx context.Context, order []string, byDevice map[string][]buffer.Pending, limit int) error {
 	work := make(chan []buffer.Pending)
 	var (
 		mu       sync.Mutex
@@ -530,8 +587,6 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 			firstErr = err
 		}
 	}
-	// The AIMD limiter, not the number of workers, bounds the requests in
-	// flight.
 	for range min(u.cfg.MaxConcurrency, len(order)) {
 		wg.Go(func() {
 			for batches := range work {
@@ -554,10 +609,7 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 	close(work)
 	wg.Wait()
 	marks.Wait()
-	if firstErr != nil {
-		return taken, full, firstErr
-	}
-	return taken, full, nil
+	return firstErr
 }
 
 // freshBatches returns the oldest pending batch of up to n devices that

@@ -39,7 +39,7 @@ func TestAdaptiveWait(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := AdaptiveWait(tt.rate, tt.maxWait, tt.target, tt.steepness)
+			got := adaptiveWait(tt.rate, tt.maxWait, tt.target, tt.steepness)
 			require.InDelta(t, float64(tt.want), float64(got), float64(tt.delta), "got %v", got)
 			require.GreaterOrEqual(t, got, time.Duration(0))
 			require.LessOrEqual(t, got, max(tt.maxWait, 0))
@@ -47,49 +47,54 @@ func TestAdaptiveWait(t *testing.T) {
 	}
 }
 
-func TestAdaptiveWaitRisesWithTheRate(t *testing.T) {
-	prev := time.Duration(-1)
-	for rate := 0.0; rate <= 100; rate += 0.5 {
-		w := AdaptiveWait(rate, time.Second, 20, 0.25)
-		require.GreaterOrEqual(t, w, prev, "rate %v", rate)
-		prev = w
-	}
-}
-
 func nanRate() float64 { var z float64; return z / z }
 func posInf() float64  { var z float64; return 1 / z }
 
-func TestEWMARate(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	tests := []struct {
-		name  string
-		every time.Duration
-		n     int
-		steps int
-		want  float64
+// TestAdaptiveWaitPinned pins the round's wait and the uplink's rate
+// estimate to the figures they gave before they were built on
+// internal/adaptive, to the nanosecond and to the last bit; the rate
+// sequence has counts at the last count's instant and before it.
+func TestAdaptiveWaitPinned(t *testing.T) {
+	const ms = time.Millisecond
+	waits := []struct {
+		rate      float64
+		maxWait   time.Duration
+		target    float64
+		steepness float64
+		want      time.Duration
 	}{
-		{"10 a second for 10 time constants", 100 * time.Millisecond, 1, 3000, 10},
-		{"50 every second", time.Second, 50, 300, 50},
-		{"nothing counted", time.Second, 0, 100, 0},
+		{1, 100 * ms, 20, 0.25, 189733},
+		{5, 100 * ms, 20, 0.25, 1639424},
+		{13.7, 100 * ms, 20, 0.25, 16592241},
+		{20, 100 * ms, 20, 0.25, 49663103},
+		{31, 100 * ms, 20, 0.25, 93950849},
+		{50, 100 * ms, 20, 0.25, 99944350},
+		{18, 100 * ms, 20, 2, 1798621},
+		{3, time.Second, 10, 0.5, 22771788},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			e := ewmaRate{tau: 30 * time.Second}
-			now := t0
-			for range tt.steps {
-				e.add(tt.n, now)
-				now = now.Add(tt.every)
-			}
-			require.InDelta(t, tt.want, e.at(now.Add(-tt.every)), tt.want*0.01+1e-9)
-		})
+	for _, w := range waits {
+		require.Equal(t, w.want, adaptiveWait(w.rate, w.maxWait, w.target, w.steepness), "rate %v", w.rate)
 	}
-	e := ewmaRate{tau: 30 * time.Second}
-	require.Zero(t, e.at(t0), "no estimate before any count")
-	e.add(10, t0)
-	e.add(10, t0.Add(time.Second))
-	r := e.at(t0.Add(time.Second))
-	require.Positive(t, r)
-	require.InDelta(t, r/2.718281828, e.at(t0.Add(31*time.Second)), r*0.001, "decays by e per time constant without events")
+	t0 := time.Unix(1_700_000_000, 0)
+	rates := []struct {
+		at           time.Duration
+		n            int
+		now, twoSecs float64
+	}{
+		{0, 0, 0, 0},
+		{100 * ms, 3, 0.5940398007973424, 0.39819678661747654},
+		{100 * ms, 2, 0.9940398007973424, 0.6663248050317322},
+		{90 * ms, 1, 1.1940398007973425, 0.8019911937126853},
+		{1300 * ms, 10, 2.7173661323082685, 1.8215049909045655},
+		{7 * time.Second, 0, 0.8690653783515834, 0.5825519444246136},
+		{7200 * ms, 25, 5.736308943412723, 3.8451628750230658},
+	}
+	e := newEWMARate(arrivalTau)
+	for _, x := range rates {
+		e.add(x.n, t0.Add(x.at))
+		require.Equal(t, x.now, e.at(t0.Add(x.at)), "at %v", x.at)
+		require.Equal(t, x.twoSecs, e.at(t0.Add(x.at+2*time.Second)), "2s after %v", x.at)
+	}
 }
 
 func TestETA(t *testing.T) {

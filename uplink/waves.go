@@ -94,23 +94,24 @@ func (u *Uplink) forwardWaves(ctx context.Context, order []string, byDevice map[
 	return cmp.Or(firstErr, markErr)
 }
 
-// writeWave writes one wave and returns each batch's error. A batch's
-// marker goes up as soon as the last request carrying its readings is
-// answered, while other requests of the wave are still in flight.
-func (u *Uplink) writeWave(ctx context.Context, wave []*cloudBatch) []error {
-	errs := make([]error, len(wave))
-	type chunk struct {
-		reqs   []types.WriteRequest
-		owners []int // wave indexes, ascending
-	}
-	var chunks []*chunk
-	remaining := make([]int, len(wave)) // chunks still to answer per batch
-	cur := &chunk{}
+// waveChunk is one BatchWriteItem request of a wave.
+type waveChunk struct {
+	reqs   []types.WriteRequest
+	owners []int // wave indexes, ascending
+}
+
+// chunkWave packs the readings of a wave's batches, in order, into
+// requests of at most batchWriteMax items, and returns them with how many
+// requests carry each batch's readings.
+func chunkWave(wave []*cloudBatch) ([]*waveChunk, []int) {
+	var chunks []*waveChunk
+	remaining := make([]int, len(wave))
+	cur := &waveChunk{}
 	for i, cb := range wave {
 		for _, r := range cb.readings {
 			if len(cur.reqs) == batchWriteMax {
 				chunks = append(chunks, cur)
-				cur = &chunk{}
+				cur = &waveChunk{}
 			}
 			cur.reqs = append(cur.reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
 			if len(cur.owners) == 0 || cur.owners[len(cur.owners)-1] != i {
@@ -122,7 +123,15 @@ func (u *Uplink) writeWave(ctx context.Context, wave []*cloudBatch) []error {
 	if len(cur.reqs) > 0 {
 		chunks = append(chunks, cur)
 	}
+	return chunks, remaining
+}
 
+// writeWave writes one wave and returns each batch's error. A batch's
+// marker goes up as soon as the last request carrying its readings is
+// answered, while other requests of the wave are still in flight.
+func (u *Uplink) writeWave(ctx context.Context, wave []*cloudBatch) []error {
+	errs := make([]error, len(wave))
+	chunks, remaining := chunkWave(wave)
 	var (
 		mu      sync.Mutex
 		wg      sync.WaitGroup

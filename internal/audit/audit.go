@@ -322,9 +322,19 @@ func Open(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg
 	}
 	l.deleted.WithLabelValues(deletedRetention)
 	l.deleted.WithLabelValues(deletedMaxBytes)
-	entries, err := os.ReadDir(dir)
+	if err := l.loadSegments(); err != nil {
+		return nil, err
+	}
+	l.maintainLocked() // no lock needed yet: l is not shared
+	return l, nil
+}
+
+// loadSegments lists the segments already in the directory, oldest first,
+// with their total size and the next segment number. l is not shared yet.
+func (l *Log) loadSegments() error {
+	entries, err := os.ReadDir(l.dir)
 	if err != nil {
-		return nil, fmt.Errorf("opening audit trail %s: %w", dir, err)
+		return fmt.Errorf("opening audit trail %s: %w", l.dir, err)
 	}
 	for _, e := range entries {
 		s, ok := parseSegmentName(e.Name())
@@ -341,8 +351,7 @@ func Open(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg
 		l.nextSeq = max(l.nextSeq, s.seq+1)
 	}
 	slices.SortFunc(l.segments, func(a, b segment) int { return cmpUint(a.seq, b.seq) })
-	l.maintainLocked() // no lock needed yet: l is not shared
-	return l, nil
+	return nil
 }
 
 func cmpUint(a, b uint64) int {
