@@ -22,7 +22,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/ingest"
+	"greenhouse-gateway/operator"
+	"greenhouse-gateway/registry"
 	"greenhouse-gateway/uplink"
 )
 
@@ -32,11 +34,12 @@ const testAdminToken = "operator-token"
 // /readyz, /metrics) over buf on a loopback port and returns its URL.
 func serveGateway(t *testing.T, buf *buffer.Buffer, reg *prometheus.Registry) string {
 	t.Helper()
-	devices, err := gateway.NewRegistry(gateway.DevicesConfig{}, buf, nil, nil, reg)
+	devices, err := registry.New(registry.Config{}, buf, nil, nil, reg)
 	require.NoError(t, err)
-	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0"}, gateway.HTTPDeps{
-		Devices: devices, AdminToken: testAdminToken, DeadLetters: buf,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return nil },
+	ready := func() error { return nil }
+	ops := operator.New(operator.Deps{Devices: devices, AdminToken: testAdminToken, DeadLetters: buf, Ready: ready}, nil)
+	api, err := ingest.NewHTTPServer(ingest.HTTPConfig{Addr: "127.0.0.1:0"}, ingest.HTTPDeps{
+		Routes: ops.Routes, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: ready,
 	}, nil)
 	require.NoError(t, err)
 	require.NoError(t, api.Listen())

@@ -22,7 +22,9 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/ingest"
+	"greenhouse-gateway/operator"
+	"greenhouse-gateway/registry"
 	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
@@ -120,7 +122,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	if err != nil {
 		return err
 	}
-	peppers := gateway.Peppers{Current: pepper}
+	peppers := ingest.Peppers{Current: pepper}
 	if lookupEnv(environ, envPepperPrevious) != "" || cfg.APIKeyPepperPreviousFile != "" {
 		if peppers.Previous, err = cloud.LoadPepper(lookupEnv(environ, envPepperPrevious), cfg.APIKeyPepperPreviousFile); err != nil {
 			return err
@@ -172,20 +174,20 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	}
 
 	keyStore := cloud.NewKeys(keysClient, tables.APIKeys, pepper)
-	auth, err := gateway.NewAuthenticator(cfg.Auth, peppers, keyStore, buf, logger, reg)
+	auth, err := ingest.NewAuthenticator(cfg.Auth, peppers, keyStore, buf, logger, reg)
 	if err != nil {
 		return err
 	}
-	deviceKeys, err := gateway.NewDeviceKeys(cfg.Auth.DeviceKeys, peppers, buf, logger, reg)
+	deviceKeys, err := ingest.NewDeviceKeys(cfg.Auth.DeviceKeys, peppers, buf, logger, reg)
 	if err != nil {
 		return err
 	}
 	auth.UseDeviceKeys(deviceKeys)
-	devices, err := gateway.NewRegistry(cfg.Devices, buf, clk, logger, reg)
+	devices, err := registry.New(cfg.Devices, buf, clk, logger, reg)
 	if err != nil {
 		return err
 	}
-	ingest, err := gateway.NewIngest(cfg.Ingest, buf, devices, clk, logger, reg)
+	in, err := ingest.New(cfg.Ingest, buf, devices, clk, logger, reg)
 	if err != nil {
 		return err
 	}
@@ -196,20 +198,20 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		return err
 	}
 	defer auditLog.Close() // idempotent: its Run closes it on the way out
-	ingest.SetAudit(auditLog)
-	ingest.SetDeviceKeys(deviceKeys)
+	in.SetAudit(auditLog)
+	in.SetDeviceKeys(deviceKeys)
 	// The MQTT side: the embedded broker, or a consumer of an external one.
 	var mqttRun func(context.Context) error
 	mqttWhere := ""
 	if cfg.MQTT.Mode == "external" {
-		ext, err := gateway.NewExternal(cfg.MQTT.External, ingest, logger, reg)
+		ext, err := ingest.NewExternal(cfg.MQTT.External, in, logger, reg)
 		if err != nil {
 			return err
 		}
 		mqttRun, mqttWhere = ext.Run, "external "+cfg.MQTT.External.URL
 	} else {
 		cfg.MQTT.SessionMemory = sessionMemory(cfg.MQTT.SessionMemory, limit)
-		broker, err := gateway.NewBroker(cfg.MQTT, ingest, auth, logger, reg)
+		broker, err := ingest.NewBroker(cfg.MQTT, in, auth, logger, reg)
 		if err != nil {
 			return err
 		}
@@ -232,16 +234,18 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		}
 		return buf.Err()
 	}
-	api, err := gateway.NewHTTPServer(cfg.HTTP, gateway.HTTPDeps{
-		Ingest: ingest, Auth: auth, Devices: devices, DeviceKeys: deviceKeys, History: buf, AdminToken: adminToken, DeadLetters: buf,
-		Uplink:  up.Report,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready, Audit: auditLog,
-		Registerer: reg,
-		Status: gateway.StatusSources{Version: version, Now: clk.Now, Uplink: up.Report,
+	ops := operator.New(operator.Deps{
+		Devices: devices, DeviceKeys: deviceKeys, History: buf, AdminToken: adminToken, DeadLetters: buf,
+		Uplink: up.Report, Ready: ready, Audit: auditLog, RetryAfter: cfg.HTTP.RetryAfter,
+		Status: operator.StatusSources{Version: version, Now: clk.Now, Uplink: up.Report,
 			Uptime: func() time.Duration { return time.Since(startedAt) },
-			Buffer: buf.Space, Clock: func() gateway.ClockStatus {
-				return gateway.ClockStatus{OffsetSeconds: clk.Offset().Seconds(), Learned: clk.Learned(), Plausible: clk.Plausible()}
+			Buffer: buf.Space, Clock: func() operator.ClockStatus {
+				return operator.ClockStatus{OffsetSeconds: clk.Offset().Seconds(), Learned: clk.Learned(), Plausible: clk.Plausible()}
 			}},
+	}, logger)
+	api, err := ingest.NewHTTPServer(cfg.HTTP, ingest.HTTPDeps{
+		Ingest: in, Auth: auth, Routes: ops.Routes,
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Ready: ready, Registerer: reg,
 	}, logger)
 	if err != nil {
 		return err
@@ -277,7 +281,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		<-gctx.Done()
-		ingest.Stop() // 1.
+		in.Stop() // 1.
 		return nil
 	})
 	g.Go(func() error { return mqttRun(gctx) }) // 2.
