@@ -167,6 +167,8 @@ type Authenticator struct {
 	lookups  *tokenBucket          // lookups of keys not cached
 	inflight map[string]chan struct{}
 	touched  map[string]time.Time // key_id → last_used_at written
+	// touches queues the last_used_at writes for Run.
+	touches chan keyUse
 	// local knows the device keys issued here, before api_keys does, and
 	// those an operator reset (nil: none; see UseDeviceKeys).
 	local *DeviceKeys
@@ -197,7 +199,7 @@ func NewAuthenticator(cfg AuthConfig, peppers Peppers, keys KeyStore, state Stat
 		cfg: cfg.withDefaults(), peppers: peppers, keys: keys, state: state,
 		logger: logger.With("component", "auth"), now: time.Now,
 		cache: map[string]cachedKey{}, unknown: map[string]unknownKey{}, inflight: map[string]chan struct{}{},
-		touched: map[string]time.Time{},
+		touched: map[string]time.Time{}, touches: make(chan keyUse, maxQueuedTouches),
 		lookups: newTokenBucket(float64(cfg.withDefaults().MaxLookupsPerSecond)),
 		outcomes: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "auth", Name: "verifications_total",
@@ -420,29 +422,62 @@ func (a *Authenticator) result(k cachedKey, okLabel string) (Principal, error) {
 	return Principal{KeyID: k.KeyID, HardwareID: k.HardwareID}, nil
 }
 
-// touch writes the key's last_used_at, at most once per LastUsedInterval,
-// in the background: a device's connection does not wait for it, and a
+// keyUse is a key's use to record as its last_used_at.
+type keyUse struct {
+	keyID string
+	at    time.Time
+}
+
+// maxQueuedTouches bounds the last_used_at writes waiting for Run; a use
+// beyond it is written at the key's next use.
+const maxQueuedTouches = 1024
+
+// touch queues the write of the key's last_used_at, at most once per
+// LastUsedInterval: a device's connection does not wait for it, and a
 // failure only means the next use writes it.
 func (a *Authenticator) touch(keyID string) {
 	if keyID == "" {
 		return
 	}
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	now := a.now()
 	if last, ok := a.touched[keyID]; ok && now.Sub(last) < a.cfg.LastUsedInterval {
-		a.mu.Unlock()
 		return
 	}
-	a.touched[keyID] = now
-	a.mu.Unlock()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.LookupTimeout)
-		defer cancel()
-		if err := a.keys.TouchLastUsed(ctx, keyID, now); err != nil {
-			a.logger.Debug("recording an API key's last use", "key_id", keyID, "err", err)
-			a.mu.Lock()
-			delete(a.touched, keyID)
-			a.mu.Unlock()
+	select {
+	case a.touches <- keyUse{keyID: keyID, at: now}:
+		a.touched[keyID] = now
+	default:
+	}
+}
+
+// Run writes the last_used_at of the keys used, each in its own goroutine
+// (bounded by auth.lookup_timeout), until ctx is done; it then waits for
+// the writes in progress. Without Run, uses are verified but not recorded
+// in api_keys.
+func (a *Authenticator) Run(ctx context.Context) error {
+	var writes sync.WaitGroup
+	defer writes.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case u := <-a.touches:
+			writes.Go(func() { a.writeLastUsed(u) })
 		}
-	}()
+	}
+}
+
+// writeLastUsed writes u to api_keys; after a failure the key's next use
+// tries again.
+func (a *Authenticator) writeLastUsed(u keyUse) {
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.LookupTimeout)
+	defer cancel()
+	if err := a.keys.TouchLastUsed(ctx, u.keyID, u.at); err != nil {
+		a.logger.Debug("recording an API key's last use", "key_id", u.keyID, "err", err)
+		a.mu.Lock()
+		delete(a.touched, u.keyID)
+		a.mu.Unlock()
+	}
 }

@@ -98,16 +98,16 @@ func TestPepperRotationRehashesOnUse(t *testing.T) {
 	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
 	require.NoError(t, err)
 	defer buf.Close()
-	keys := gatewaytest.NewFakeKeys() // gatewaytest.GoodKey stored under "test-gatewaytest.Pepper"
-	auth, err := ingest.NewAuthenticator(ingest.AuthConfig{}, ingest.Peppers{Current: "new-gatewaytest.Pepper", Previous: gatewaytest.Pepper}, keys, buf, nil, nil)
+	keys := gatewaytest.NewFakeKeys() // gatewaytest.GoodKey stored under "test-pepper"
+	auth, err := ingest.NewAuthenticator(ingest.AuthConfig{}, ingest.Peppers{Current: "new-pepper", Previous: gatewaytest.Pepper}, keys, buf, nil, nil)
 	require.NoError(t, err)
 	require.NoError(t, auth.Verify(context.Background(), gatewaytest.GoodKey))
 	keys.Mu.Lock()
-	require.Equal(t, cloud.HashKey("new-gatewaytest.Pepper", gatewaytest.GoodKey), keys.Keys["k1"].Hash, "rehashed under the new gatewaytest.Pepper")
+	require.Equal(t, cloud.HashKey("new-pepper", gatewaytest.GoodKey), keys.Keys["k1"].Hash, "rehashed under the new pepper")
 	keys.Mu.Unlock()
 
-	// Once every key is rehashed the previous gatewaytest.Pepper can go.
-	auth, err = ingest.NewAuthenticator(ingest.AuthConfig{}, ingest.Peppers{Current: "new-gatewaytest.Pepper"}, keys, buf, nil, nil)
+	// Once every key is rehashed the previous pepper can go.
+	auth, err = ingest.NewAuthenticator(ingest.AuthConfig{}, ingest.Peppers{Current: "new-pepper"}, keys, buf, nil, nil)
 	require.NoError(t, err)
 	require.NoError(t, auth.Verify(context.Background(), gatewaytest.GoodKey))
 	require.ErrorIs(t, auth.Verify(context.Background(), gatewaytest.OtherKey), ingest.ErrUnauthorized)
@@ -120,6 +120,10 @@ func TestLastUsedIsWrittenAtMostOncePerInterval(t *testing.T) {
 	keys := gatewaytest.NewFakeKeys()
 	auth, err := ingest.NewAuthenticator(ingest.AuthConfig{RefreshInterval: time.Nanosecond}, ingest.Peppers{Current: gatewaytest.Pepper}, keys, buf, nil, nil)
 	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- auth.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-ran) }()
 	for range 50 {
 		require.NoError(t, auth.Verify(context.Background(), gatewaytest.GoodKey))
 	}

@@ -15,7 +15,6 @@ import (
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/registry"
-	"greenhouse-gateway/uplink"
 )
 
 // Device key policies (auth.device_keys).
@@ -91,7 +90,7 @@ func (k *deviceKey) info() cloud.KeyInfo {
 // DeviceKeys keeps the device keys this gateway issued or saw, decides
 // what a key may act for (auth.device_keys) and enrolls devices. Its
 // records are durable (the buffer's state records); the keys it issues
-// and revokes reach api_keys through the uplink (uplink.KeySource).
+// and revokes reach api_keys through the uplink (the uplink's KeySource).
 type DeviceKeys struct {
 	policy  string
 	peppers Peppers
@@ -383,18 +382,18 @@ func (k *DeviceKeys) State(hw string) (s registry.KeyState, ok bool) {
 }
 
 // PendingKeyWrites returns the keys to write to api_keys: issued here and
-// not written, or reset and not yet revoked there (uplink.KeySource).
+// not written, or reset and not yet revoked there (the uplink's KeySource).
 // limit 0 means all.
-func (k *DeviceKeys) PendingKeyWrites(limit int) []uplink.KeyWrite {
+func (k *DeviceKeys) PendingKeyWrites(limit int) []cloud.KeyWrite {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var out []uplink.KeyWrite
+	var out []cloud.KeyWrite
 	for _, dk := range k.byID {
 		switch {
 		case dk.Reset && !dk.ResetWritten:
-			out = append(out, uplink.KeyWrite{Key: dk.info(), Revoked: true})
+			out = append(out, cloud.KeyWrite{Key: dk.info(), Revoked: true})
 		case dk.Minted && !dk.Written && !dk.Reset:
-			out = append(out, uplink.KeyWrite{Key: dk.info()})
+			out = append(out, cloud.KeyWrite{Key: dk.info()})
 		default:
 			continue
 		}
@@ -405,8 +404,8 @@ func (k *DeviceKeys) PendingKeyWrites(limit int) []uplink.KeyWrite {
 	return out
 }
 
-// KeyWritten records that w is in api_keys (uplink.KeySource).
-func (k *DeviceKeys) KeyWritten(w uplink.KeyWrite) {
+// KeyWritten records that w is in api_keys (the uplink's KeySource).
+func (k *DeviceKeys) KeyWritten(w cloud.KeyWrite) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	dk, ok := k.byID[w.Key.KeyID]

@@ -260,88 +260,103 @@ func (e *External) Run(ctx context.Context) error {
 		e.up.Store(false)
 		e.connected.Set(0)
 	}()
-	var (
-		backoff   = extMinBackoff
-		first     = true
-		down      bool // a loss or failure was logged; the next connection is logged as a recovery
-		downSince time.Time
-		failures  int    // failed attempts since the last connection
-		lastErr   string // of the latest failure or loss
-		quiet     bool   // a redelivery reconnect was logged; no message acked since
-	)
+	s := extState{backoff: extMinBackoff, first: true}
 	for {
 		c, sessionPresent, err := e.connect(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			failures++
-			lastErr = err.Error()
-			if !down {
-				e.logger.Warn("cannot connect to the MQTT broker; retrying", "url", e.cfg.URL, "err", err)
-				down, downSince = true, time.Now()
-			} else {
-				e.logger.Debug("MQTT broker connection attempt failed", "attempt", failures, "err", err)
-			}
-			if !e.sleep(ctx, extJitter(backoff)) {
-				return nil
-			}
-			backoff = min(backoff*2, extMaxBackoff)
-			continue
-		}
-		switch {
-		case down:
-			e.logger.Info("connected to the MQTT broker again", "url", e.cfg.URL, "session_present", sessionPresent,
-				"failed_attempts", failures, "down_for", time.Since(downSince).Round(time.Millisecond).String(),
-				"last_err", lastErr)
-		case first:
-			e.logger.Info("connected to the MQTT broker", "url", e.cfg.URL, "session_present", sessionPresent)
-		default: // after a reconnect for redelivery
-			e.logger.Debug("reconnected to the MQTT broker", "session_present", sessionPresent)
-		}
-		first, down, failures, lastErr = false, false, 0, ""
-		e.up.Store(true)
-		e.connected.Set(1)
-		since, ackedBefore := time.Now(), e.acked.Load()
-
-		var lostErr error
-		select {
-		case <-ctx.Done():
-		case <-c.lost:
-			lostErr = c.lostErr
-		case <-c.retry:
-		}
-		e.up.Store(false)
-		e.connected.Set(0)
-		if ctx.Err() != nil {
-			e.shutdown(c)
+			e.connectFailed(&s, err)
+		} else if !e.serve(ctx, &s, c, sessionPresent) {
 			return nil
 		}
-		if e.acked.Load() != ackedBefore || time.Since(since) >= extStable {
-			backoff, quiet = extMinBackoff, false
-		}
-		if lostErr == nil {
-			// A message was not stored: end the connection, so that the broker
-			// delivers it again on the next one (MQTT 3.1.1 redelivers only then).
-			if !quiet {
-				e.logger.Warn("a message was not stored; reconnecting so that the broker delivers it again",
-					"backoff", backoff.String())
-				quiet = true
-			} else {
-				e.logger.Debug("reconnecting for redelivery", "backoff", backoff.String())
-			}
-			e.finish(c, e.cfg.AckTimeout)
-		} else {
-			e.logger.Warn("MQTT broker connection lost; reconnecting", "err", lostErr,
-				"connected_for", time.Since(since).Round(time.Millisecond).String())
-			down, downSince, lastErr = true, time.Now(), lostErr.Error()
-			e.finish(c, 0)
-		}
-		if !e.sleep(ctx, extJitter(backoff)) {
+		if !e.sleep(ctx, extJitter(s.backoff)) {
 			return nil
 		}
-		backoff = min(backoff*2, extMaxBackoff)
+		s.backoff = min(s.backoff*2, extMaxBackoff)
 	}
+}
+
+// extState is what Run knows of its connections across attempts: what to
+// log, and how long to wait before the next attempt.
+type extState struct {
+	backoff   time.Duration
+	first     bool
+	down      bool // a loss or failure was logged; the next connection is logged as a recovery
+	downSince time.Time
+	failures  int    // failed attempts since the last connection
+	lastErr   string // of the latest failure or loss
+	quiet     bool   // a redelivery reconnect was logged; no message acked since
+}
+
+// connectFailed logs a failed connection attempt: a warning for the first
+// one, then at debug level until a connection succeeds.
+func (e *External) connectFailed(s *extState, err error) {
+	s.failures++
+	s.lastErr = err.Error()
+	if !s.down {
+		e.logger.Warn("cannot connect to the MQTT broker; retrying", "url", e.cfg.URL, "err", err)
+		s.down, s.downSince = true, time.Now()
+	} else {
+		e.logger.Debug("MQTT broker connection attempt failed", "attempt", s.failures, "err", err)
+	}
+}
+
+// serve keeps connection c until ctx is done (it then shuts c down and
+// returns false), the connection is lost, or a message was not stored (it
+// then ends c, for the broker to deliver the message again on the next
+// connection).
+func (e *External) serve(ctx context.Context, s *extState, c *extConn, sessionPresent bool) bool {
+	switch {
+	case s.down:
+		e.logger.Info("connected to the MQTT broker again", "url", e.cfg.URL, "session_present", sessionPresent,
+			"failed_attempts", s.failures, "down_for", time.Since(s.downSince).Round(time.Millisecond).String(),
+			"last_err", s.lastErr)
+	case s.first:
+		e.logger.Info("connected to the MQTT broker", "url", e.cfg.URL, "session_present", sessionPresent)
+	default: // after a reconnect for redelivery
+		e.logger.Debug("reconnected to the MQTT broker", "session_present", sessionPresent)
+	}
+	s.first, s.down, s.failures, s.lastErr = false, false, 0, ""
+	e.up.Store(true)
+	e.connected.Set(1)
+	since, ackedBefore := time.Now(), e.acked.Load()
+
+	var lostErr error
+	select {
+	case <-ctx.Done():
+	case <-c.lost:
+		lostErr = c.lostErr
+	case <-c.retry:
+	}
+	e.up.Store(false)
+	e.connected.Set(0)
+	if ctx.Err() != nil {
+		e.shutdown(c)
+		return false
+	}
+	if e.acked.Load() != ackedBefore || time.Since(since) >= extStable {
+		s.backoff, s.quiet = extMinBackoff, false
+	}
+	if lostErr == nil {
+		// A message was not stored: end the connection, so that the broker
+		// delivers it again on the next one (MQTT 3.1.1 redelivers only then).
+		if !s.quiet {
+			e.logger.Warn("a message was not stored; reconnecting so that the broker delivers it again",
+				"backoff", s.backoff.String())
+			s.quiet = true
+		} else {
+			e.logger.Debug("reconnecting for redelivery", "backoff", s.backoff.String())
+		}
+		e.finish(c, e.cfg.AckTimeout)
+	} else {
+		e.logger.Warn("MQTT broker connection lost; reconnecting", "err", lostErr,
+			"connected_for", time.Since(since).Round(time.Millisecond).String())
+		s.down, s.downSince, s.lastErr = true, time.Now(), lostErr.Error()
+		e.finish(c, 0)
+	}
+	return true
 }
 
 // connect makes a new client with a persistent session, connects it and

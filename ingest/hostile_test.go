@@ -116,7 +116,7 @@ func startHostileBroker(tb testing.TB, o hostileOptions) (*gatewaytest.Gateway, 
 		}()
 	}
 	tb.Cleanup(func() {
-		ing.Stop()
+		ing.Close()
 		cancel()
 		wg.Wait()
 	})

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -146,6 +147,9 @@ type HTTPServer struct {
 	server   *http.Server
 	listener net.Listener
 	admit    *admission
+	// served is set once Run hands the listener to the server, which
+	// then closes it.
+	served atomic.Bool
 }
 
 // NewHTTPServer returns the HTTP server; it does not listen yet.
@@ -199,7 +203,9 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 	return h, nil
 }
 
-// Listen binds the TCP listener.
+// Listen binds the TCP listener: the server's start, before Run, so that
+// the caller knows the address (and that it is free) before it reports
+// ready. Run listens itself when Listen was not called.
 func (h *HTTPServer) Listen() error {
 	tlsConfig, err := loadTLS(h.cfg.TLSCertFile, h.cfg.TLSKeyFile)
 	if err != nil {
@@ -230,6 +236,7 @@ func (h *HTTPServer) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	h.served.Store(true)
 	h.logger.Info("HTTP API listening", "addr", h.Addr())
 	errc := make(chan error, 1)
 	go func() { errc <- h.server.Serve(h.listener) }()
@@ -244,6 +251,16 @@ func (h *HTTPServer) Run(ctx context.Context) error {
 		return fmt.Errorf("shutting down HTTP: %w", err)
 	}
 	return nil
+}
+
+// Close releases the listener of a server that was started (Listen) but
+// never run; after Run, which closes everything it served, it does
+// nothing.
+func (h *HTTPServer) Close() error {
+	if h.listener == nil || h.served.Load() {
+		return nil
+	}
+	return h.listener.Close()
 }
 
 // deviceRequest authenticates a device request and reads its body; it has
@@ -330,8 +347,8 @@ func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
 	}
 	// No valid batch is shorter than minBatchBytes, so a body with more
 	// batches than that allows is refused whole: answering each one costs
-	// far more than its bytes (a 1 MiB body of "{}" batches made a 32 MB
-	// answer and ~200 MiB of heap).
+	// far more than its bytes (a 1 MiB body of "{}" batches would take a
+	// 32 MB answer and about 200 MiB of heap).
 	if limit := max(1, h.cfg.MaxBodyBytes/minBatchBytes); int64(len(batches)) > limit {
 		h.ingest.auditRequest(r, audit.ReasonBadRequest, fmt.Sprintf("%d batches in one request, over %d", len(batches), limit))
 		httpapi.WriteJSON(w, http.StatusBadRequest, contract.RequestErrorResponse(fmt.Sprintf(

@@ -19,9 +19,9 @@ import (
 	"greenhouse-gateway/harness/gatewaytest"
 	"greenhouse-gateway/ingest"
 	"greenhouse-gateway/internal/audit"
+	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/operator"
 	"greenhouse-gateway/registry"
-	"greenhouse-gateway/uplink"
 )
 
 var rawKeyPattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -345,7 +345,7 @@ func TestDeviceKeysSurviveRestarts(t *testing.T) {
 	k, closeBuf = keyState(t, dir, ingest.DeviceKeysPreferred)
 	defer closeBuf()
 	pending = k.PendingKeyWrites(0)
-	require.Equal(t, []uplink.KeyWrite{{Key: pending[0].Key, Revoked: true}}, pending)
+	require.Equal(t, []cloud.KeyWrite{{Key: pending[0].Key, Revoked: true}}, pending)
 	_, has := k.State(hw)
 	require.False(t, has, "the reset survives the restart")
 	raw3, _, err := k.Enroll(hw)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -111,9 +112,13 @@ type Ingest struct {
 	counted [2]map[string]prometheus.Counter
 	// took holds each transport's ingest duration histogram (see
 	// Readings), resolved once like counted.
-	took  [2]prometheus.Observer
-	stop  chan struct{}
-	audit *audit.Log // nil: nothing recorded (SetAudit)
+	took [2]prometheus.Observer
+	// mu guards stopped and the admission of calls into inflight, so that
+	// Close waits for every call that got in.
+	mu       sync.RWMutex
+	stopped  bool
+	inflight sync.WaitGroup
+	audit    *audit.Log // nil: nothing recorded (SetAudit)
 	// keys authorizes principals and enrolls devices (SetDeviceKeys);
 	// identityLog paces the log lines of identity refusals.
 	keys        *DeviceKeys
@@ -144,7 +149,6 @@ func New(cfg Config, store Committer, devices *registry.Registry, clk clock.Sour
 		devices:     devices,
 		clock:       clk,
 		logger:      logger.With("component", "ingest"),
-		stop:        make(chan struct{}),
 		identityLog: newCountLog(admissionLogInterval),
 		results: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "ingest", Name: "batches_total",
@@ -160,7 +164,7 @@ func New(cfg Config, store Committer, devices *registry.Registry, clk clock.Sour
 	for k, t := range []string{contract.TransportMQTT, contract.TransportHTTP} {
 		in.took[k] = durations.WithLabelValues(t)
 		in.counted[k] = map[string]prometheus.Counter{}
-		for _, r := range []string{"accepted", "duplicate", string(contract.ReasonValidation),
+		for _, r := range []string{string(contract.StatusAccepted), string(contract.StatusDuplicate), string(contract.ReasonValidation),
 			string(contract.ReasonClockNotSynced), string(contract.ReasonConflict), string(contract.ReasonBufferFull),
 			string(contract.ReasonUnknownDevice), string(contract.ReasonTimestampConflict), string(contract.ReasonForbidden),
 			string(contract.ReasonDeviceKeyRequired)} {
@@ -193,23 +197,35 @@ func (in *Ingest) count(transport string, r contract.Result) {
 	in.results.WithLabelValues(transport, label).Inc()
 }
 
-// Stop makes every later call fail with ErrShuttingDown. Calls already
-// committing finish.
-func (in *Ingest) Stop() {
-	select {
-	case <-in.stop:
-	default:
-		close(in.stop)
-	}
+// Close makes every later call fail with ErrShuttingDown and returns once
+// the calls already in progress returned: their batches are committed and
+// answered (or reported not stored). It holds no other resource, and a
+// second Close returns at once.
+func (in *Ingest) Close() error {
+	in.mu.Lock()
+	in.stopped = true
+	in.mu.Unlock()
+	in.inflight.Wait()
+	return nil
 }
 
+// stopping reports whether Close was called.
 func (in *Ingest) stopping() bool {
-	select {
-	case <-in.stop:
-		return true
-	default:
+	in.mu.RLock()
+	defer in.mu.RUnlock()
+	return in.stopped
+}
+
+// enter admits a call unless Close was called; an admitted call ends with
+// in.inflight.Done.
+func (in *Ingest) enter() bool {
+	in.mu.RLock()
+	defer in.mu.RUnlock()
+	if in.stopped {
 		return false
 	}
+	in.inflight.Add(1)
+	return true
 }
 
 // MQTTMessage handles one message a device published on devices/{hw}/{kind},
@@ -248,9 +264,10 @@ func (in *Ingest) MQTTMessage(ctx context.Context, hw, kind string, payload []by
 // *contract.Error (invalid; reason buffer_full when it could not be saved)
 // or ErrShuttingDown.
 func (in *Ingest) Register(ctx context.Context, sender string, payload []byte) (contract.Ack, bool, error) {
-	if in.stopping() {
+	if !in.enter() {
 		return contract.Ack{}, false, ErrShuttingDown
 	}
+	defer in.inflight.Done()
 	reg, err := contract.DecodeRegistration(payload, sender)
 	if err == nil && in.devices == nil {
 		err = contract.NewError(contract.ReasonUnknownDevice, "", "this gateway keeps no device registry")
@@ -298,9 +315,10 @@ func transportOf(sender string) string {
 // rejected with reason buffer_full and the returned error is non-nil, so
 // the transport withholds its acknowledgement.
 func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloads [][]byte) ([]contract.Result, error) {
-	if in.stopping() {
+	if !in.enter() {
 		return nil, ErrShuttingDown
 	}
+	defer in.inflight.Done()
 	start := time.Now()
 	if k := transportIndex(transport); k >= 0 {
 		defer func() { in.took[k].Observe(time.Since(start).Seconds()) }()

@@ -174,6 +174,9 @@ type Broker struct {
 	// sessions bounds offline persistent sessions and queued acks
 	// (sessions.go).
 	sessions *sessions
+	// served is set once Run starts mochi's server, which then closes the
+	// listener.
+	served atomic.Bool
 }
 
 // NewBroker returns a broker; it does not listen yet.
@@ -189,6 +192,21 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 		reg = prometheus.NewRegistry()
 	}
 	logger = logger.With("component", "mqtt")
+	server := newMochi(cfg, logger)
+	b := &Broker{
+		cfg: cfg, server: server, ingest: ingest, auth: auth, logger: logger,
+		adm:   newMQTTAdmission(cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerAddress),
+		slots: newSessionSlots(cfg.MaxSessionsPerDevice, cfg.MaxClients, cfg.MaxClientsPerKeyPercent),
+	}
+	b.registerMetrics(reg)
+	if err := b.addHooks(reg); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// newMochi returns mochi's server, configured for the gateway's devices.
+func newMochi(cfg MQTTConfig, logger *slog.Logger) *mqtt.Server {
 	caps := mqtt.NewDefaultServerCapabilities()
 	caps.MaximumPacketSize = cfg.MaxPacketSize
 	// QoS 2: mochi sends PUBREC after the OnPublish hook, which stores the
@@ -212,7 +230,7 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 	// A message beyond them is dropped and logged; the device, missing its
 	// ack, resends the batch and is answered duplicate.
 	caps.MaximumClientWritesPending = 256
-	server := mqtt.New(&mqtt.Options{
+	return mqtt.New(&mqtt.Options{
 		Capabilities: caps,
 		// The guard (mqttguard.go) reads each connection through its own
 		// buffer and hands mochi whole packets: mochi's per-connection
@@ -224,21 +242,21 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 		// counted in metrics instead.
 		Logger: slog.New(minLevel{logger.Handler(), slog.LevelError}),
 	})
-	b := &Broker{
-		cfg: cfg, server: server, ingest: ingest, auth: auth, logger: logger,
-		adm:   newMQTTAdmission(cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerAddress),
-		slots: newSessionSlots(cfg.MaxSessionsPerDevice, cfg.MaxClients, cfg.MaxClientsPerKeyPercent),
-		refused: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "mqtt", Name: "connections_refused_total",
-			Help: "MQTT connections refused or ended, by reason: bad_identity, unauthorized, unavailable, bad_will, " +
-				"forbidden (a device key for another hardware_id), device_key_required (a fleet key for a device " +
-				"holding its own key) (CONNECT refused); max_clients, device_sessions, key_share (over mqtt.max_clients, " +
-				"mqtt.max_sessions_per_device, mqtt.max_clients_per_key_percent); connect_timeout (no CONNECT within " +
-				"mqtt.connect_timeout); shed_address_cap, shed_total_cap (unauthenticated, shed for a newer connection " +
-				"over mqtt.max_unauthenticated_per_address, mqtt.max_unauthenticated); malformed, protocol_error, " +
-				"bad_auth_method.",
-		}, []string{"reason"}),
-	}
+}
+
+// registerMetrics registers the broker's metrics, every series of a
+// reason from the start.
+func (b *Broker) registerMetrics(reg prometheus.Registerer) {
+	b.refused = promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+		Namespace: "gateway", Subsystem: "mqtt", Name: "connections_refused_total",
+		Help: "MQTT connections refused or ended, by reason: bad_identity, unauthorized, unavailable, bad_will, " +
+			"forbidden (a device key for another hardware_id), device_key_required (a fleet key for a device " +
+			"holding its own key) (CONNECT refused); max_clients, device_sessions, key_share (over mqtt.max_clients, " +
+			"mqtt.max_sessions_per_device, mqtt.max_clients_per_key_percent); connect_timeout (no CONNECT within " +
+			"mqtt.connect_timeout); shed_address_cap, shed_total_cap (unauthenticated, shed for a newer connection " +
+			"over mqtt.max_unauthenticated_per_address, mqtt.max_unauthenticated); malformed, protocol_error, " +
+			"bad_auth_method.",
+	}, []string{"reason"})
 	for _, r := range []string{"bad_identity", "unauthorized", "unavailable", "bad_will", string(contract.ReasonForbidden),
 		string(contract.ReasonDeviceKeyRequired), reasonMaxClients,
 		reasonDeviceSessions, reasonKeyShare, "connect_timeout", reasonShedAddress, reasonShedTotal, refusedMalformed,
@@ -259,24 +277,31 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "gateway", Subsystem: "mqtt", Name: "clients_connected",
 		Help: "MQTT clients connected to the embedded broker.",
-	}, func() float64 { return float64(atomic.LoadInt64(&server.Info.ClientsConnected)) }) // mochi updates it atomically
-	// The conformance hook runs first: a CONNECT that breaks MQTT is
-	// refused before authentication.
-	if err := server.AddHook(&conformHook{b: b}, nil); err != nil {
-		return nil, fmt.Errorf("adding the conformance hook: %w", err)
-	}
-	if err := server.AddHook(&hook{b: b}, nil); err != nil {
-		return nil, fmt.Errorf("adding the gateway hook: %w", err)
-	}
-	b.sessions = newSessions(server, sessionLimits{maxQueued: cfg.MaxQueuedPerClient, maxOffline: cfg.MaxOfflineSessions,
-		maxOfflinePerDevice: cfg.MaxOfflineSessionsPerDevice, budget: cfg.SessionMemory}, logger, reg)
-	if err := server.AddHook(b.sessions, nil); err != nil {
-		return nil, fmt.Errorf("adding the session hook: %w", err)
-	}
-	return b, nil
+	}, func() float64 { return float64(atomic.LoadInt64(&b.server.Info.ClientsConnected)) }) // mochi updates it atomically
 }
 
-// Listen binds the TCP listener.
+// addHooks adds the broker's hooks to mochi's server: conformance, the
+// gateway's own (authentication, access, ingest) and the session limits.
+func (b *Broker) addHooks(reg prometheus.Registerer) error {
+	// The conformance hook runs first: a CONNECT that breaks MQTT is
+	// refused before authentication.
+	if err := b.server.AddHook(&conformHook{b: b}, nil); err != nil {
+		return fmt.Errorf("adding the conformance hook: %w", err)
+	}
+	if err := b.server.AddHook(&hook{b: b}, nil); err != nil {
+		return fmt.Errorf("adding the gateway hook: %w", err)
+	}
+	b.sessions = newSessions(b.server, sessionLimits{maxQueued: b.cfg.MaxQueuedPerClient, maxOffline: b.cfg.MaxOfflineSessions,
+		maxOfflinePerDevice: b.cfg.MaxOfflineSessionsPerDevice, budget: b.cfg.SessionMemory}, b.logger, reg)
+	if err := b.server.AddHook(b.sessions, nil); err != nil {
+		return fmt.Errorf("adding the session hook: %w", err)
+	}
+	return nil
+}
+
+// Listen binds the TCP listener: the broker's start, before Run, so that
+// the caller knows the address (and that it is free) before it reports
+// ready. Run listens itself when Listen was not called.
 func (b *Broker) Listen() error {
 	tlsConfig, err := loadTLS(b.cfg.TLSCertFile, b.cfg.TLSKeyFile)
 	if err != nil {
@@ -338,6 +363,7 @@ func (b *Broker) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	b.served.Store(true)
 	if err := b.server.Serve(); err != nil { // does not block
 		return fmt.Errorf("serving MQTT: %w", err)
 	}
@@ -363,6 +389,17 @@ func (b *Broker) Run(ctx context.Context) error {
 			"timeout", closeTimeout.String())
 		return nil
 	}
+}
+
+// Close releases the listener of a broker that was started (Listen) but
+// never run; after Run, which closes everything it served, it does
+// nothing.
+func (b *Broker) Close() error {
+	if b.listener == nil || b.served.Load() {
+		return nil
+	}
+	b.listener.Close(func(string) {}) // no client connected yet
+	return nil
 }
 
 // clientReadBufferSize is mochi's read buffer per connection, in bytes.

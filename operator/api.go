@@ -9,9 +9,9 @@ import (
 
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/internal/audit"
+	"greenhouse-gateway/internal/delivery"
 	"greenhouse-gateway/internal/httpapi"
 	"greenhouse-gateway/registry"
-	"greenhouse-gateway/uplink"
 )
 
 // Deps are what the operator API serves.
@@ -32,7 +32,7 @@ type Deps struct {
 	Status StatusSources
 	// Uplink reports the uplink's state for GET /v1/uplink; nil answers
 	// 404.
-	Uplink func() uplink.Report
+	Uplink func() delivery.Report
 	// Ready reports whether the gateway can take batches (the status
 	// page shows it); nil: always ready.
 	Ready func() error

@@ -17,9 +17,9 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/audit"
+	"greenhouse-gateway/internal/delivery"
 	"greenhouse-gateway/internal/httpapi"
 	"greenhouse-gateway/registry"
-	"greenhouse-gateway/uplink"
 )
 
 // StatusSources feed the status page (GET /) and its JSON twin
@@ -34,7 +34,7 @@ type StatusSources struct {
 	// Now is the gateway's (corrected) clock; nil means time.Now.
 	Now func() time.Time
 	// Uplink reports the uplink's state and backlog.
-	Uplink func() uplink.Report
+	Uplink func() delivery.Report
 	// Buffer reports the disk budget in use and the free space.
 	Buffer func() buffer.Space
 	// Clock reports the gateway clock's correction.
@@ -61,12 +61,12 @@ type StatusData struct {
 	StartedAt     time.Time `json:"started_at,omitzero"`
 	UptimeSeconds float64   `json:"uptime_seconds"`
 	// Ready is what /readyz answers; ReadyMessage says why not.
-	Ready        bool           `json:"ready"`
-	ReadyMessage string         `json:"ready_message,omitempty"`
-	Uplink       *uplink.Report `json:"uplink,omitempty"`
-	Buffer       *BufferStatus  `json:"buffer,omitempty"`
-	Clock        *ClockStatus   `json:"clock,omitempty"`
-	Devices      FleetStatus    `json:"devices"`
+	Ready        bool             `json:"ready"`
+	ReadyMessage string           `json:"ready_message,omitempty"`
+	Uplink       *delivery.Report `json:"uplink,omitempty"`
+	Buffer       *BufferStatus    `json:"buffer,omitempty"`
+	Clock        *ClockStatus     `json:"clock,omitempty"`
+	Devices      FleetStatus      `json:"devices"`
 	// Rejects is left out when the gateway keeps no audit trail.
 	Rejects *RejectsStatus `json:"rejects,omitempty"`
 }

@@ -22,9 +22,9 @@ import (
 	"greenhouse-gateway/harness/gatewaytest"
 	"greenhouse-gateway/ingest"
 	"greenhouse-gateway/internal/audit"
+	"greenhouse-gateway/internal/delivery"
 	"greenhouse-gateway/operator"
 	"greenhouse-gateway/registry"
-	"greenhouse-gateway/uplink"
 )
 
 // statusClock is a settable clock.
@@ -112,8 +112,8 @@ func statusSources(clk *statusClock, eta *float64) operator.StatusSources {
 		Version: "1.4.2-test",
 		Uptime:  func() time.Duration { return 3*time.Hour + 12*time.Minute + 30*time.Second },
 		Now:     clk.Now,
-		Uplink: func() uplink.Report {
-			return uplink.Report{State: "down", Since: statusT0.Add(2 * time.Hour), BacklogBatches: 1234,
+		Uplink: func() delivery.Report {
+			return delivery.Report{State: "down", Since: statusT0.Add(2 * time.Hour), BacklogBatches: 1234,
 				BacklogBytes: 3355443, OldestAgeSeconds: 754, DrainRateBatches: 4.5, ETASeconds: eta,
 				LastError: `<b>dial tcp 127.0.0.1:8000</b>: connection refused`, LastErrorAt: &errAt, FailedRounds: 7,
 				LastDeliveryAt: &delivered}
@@ -626,7 +626,7 @@ func TestStatusPageStates(t *testing.T) {
 		{
 			name: "all well",
 			src: operator.StatusSources{Version: "dev", Now: clk.Now,
-				Uplink: func() uplink.Report { return uplink.Report{State: "up", Since: statusT0.Add(-time.Minute)} },
+				Uplink: func() delivery.Report { return delivery.Report{State: "up", Since: statusT0.Add(-time.Minute)} },
 				Buffer: func() buffer.Space {
 					return buffer.Space{UsedBytes: 1 << 20, BudgetBytes: 1 << 30, FreeBytes: 1 << 30, FreeKnown: true}
 				},

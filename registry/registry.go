@@ -19,7 +19,7 @@ import (
 
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/internal/clock"
-	"greenhouse-gateway/uplink"
+	"greenhouse-gateway/internal/cloud"
 )
 
 // Config configures the device registry.
@@ -533,16 +533,16 @@ func copyDevice(d *Device) Device {
 }
 
 // PendingUpserts returns registered devices whose record must be written
-// to the devices table (uplink.DeviceSource).
-func (r *Registry) PendingUpserts(limit int) []uplink.DeviceUpsert {
+// to the devices table (the uplink's DeviceSource).
+func (r *Registry) PendingUpserts(limit int) []cloud.DeviceUpsert {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []uplink.DeviceUpsert
+	var out []cloud.DeviceUpsert
 	for _, d := range r.devices {
 		if !d.Registered || d.Version <= d.CloudVersion {
 			continue
 		}
-		u := uplink.DeviceUpsert{
+		u := cloud.DeviceUpsert{
 			HardwareID: d.HardwareID, ConfirmationID: d.ConfirmationID, FriendlyName: d.FriendlyName,
 			FirmwareVersion: d.FirmwareVersion, LastBootID: d.BootID, FirstRegisteredAt: d.FirstRegisteredAt,
 			LastSeenAt: d.LastSeenAt, Version: d.Version,
@@ -559,7 +559,7 @@ func (r *Registry) PendingUpserts(limit int) []uplink.DeviceUpsert {
 }
 
 // Upserted records that version of hw's record is in the devices table.
-func (r *Registry) Upserted(u uplink.DeviceUpsert) {
+func (r *Registry) Upserted(u cloud.DeviceUpsert) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	d, ok := r.devices[u.HardwareID]

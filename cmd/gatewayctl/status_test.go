@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,7 +10,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -23,9 +21,9 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/ingest"
+	"greenhouse-gateway/internal/delivery"
 	"greenhouse-gateway/operator"
 	"greenhouse-gateway/registry"
-	"greenhouse-gateway/uplink"
 )
 
 const testAdminToken = "operator-token"
@@ -178,7 +176,7 @@ func TestStatusPrintsTheUplinkReport(t *testing.T) {
 	since := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
 	errAt := since.Add(time.Minute)
 	eta := 90.0
-	report := uplink.Report{State: "down", Since: since, BacklogBatches: 12, BacklogBytes: 3 << 10,
+	report := delivery.Report{State: "down", Since: since, BacklogBatches: 12, BacklogBytes: 3 << 10,
 		OldestAgeSeconds: 125, DrainRateBatches: 0.5, ETASeconds: &eta, LastError: "dial tcp 10.0.0.1:443: i/o timeout",
 		LastErrorAt: &errAt, FailedRounds: 7}
 	// The gateway's real API answers /readyz, devices and dead letters; the
@@ -224,18 +222,4 @@ func TestStatusPrintsTheUplinkReport(t *testing.T) {
 	require.JSONEq(t, string(sent), string(got))
 	require.Nil(t, rep.Backlog)
 	require.True(t, strings.HasPrefix(rep.URL, "http://127.0.0.1:"))
-}
-
-// TestUplinkReportMirror keeps gatewayctl's copy of GET /v1/uplink's answer
-// field for field the same as uplink.Report.
-func TestUplinkReportMirror(t *testing.T) {
-	fields := func(typ reflect.Type) []string {
-		var out []string
-		for i := range typ.NumField() {
-			f := typ.Field(i)
-			out = append(out, fmt.Sprintf("%s %s `%s`", f.Name, f.Type, f.Tag))
-		}
-		return out
-	}
-	require.Equal(t, fields(reflect.TypeFor[uplink.Report]()), fields(reflect.TypeFor[uplinkReport]()))
 }

@@ -11,8 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/internal/audit"
 )
 
 // auditRecords queries the daemon's GET /v1/audit.

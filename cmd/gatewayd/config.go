@@ -64,15 +64,15 @@ type Config struct {
 	// Debug configures the diagnostics endpoints.
 	Debug DebugConfig `yaml:"debug"`
 
-	MQTT    ingest.MQTTConfig    `yaml:"mqtt"`
-	HTTP    ingest.HTTPConfig    `yaml:"http"`
-	Auth    ingest.AuthConfig    `yaml:"auth"`
-	Ingest  ingest.Config  `yaml:"ingest"`
-	Devices registry.Config `yaml:"devices"`
-	Buffer  buffer.Options        `yaml:"buffer"`
-	Uplink  uplink.Config         `yaml:"uplink"`
-	Push    pushmetrics.Config    `yaml:"push"`
-	Audit   audit.Config          `yaml:"audit"`
+	MQTT    ingest.MQTTConfig  `yaml:"mqtt"`
+	HTTP    ingest.HTTPConfig  `yaml:"http"`
+	Auth    ingest.AuthConfig  `yaml:"auth"`
+	Ingest  ingest.Config      `yaml:"ingest"`
+	Devices registry.Config    `yaml:"devices"`
+	Buffer  buffer.Options     `yaml:"buffer"`
+	Uplink  uplink.Config      `yaml:"uplink"`
+	Push    pushmetrics.Config `yaml:"push"`
+	Audit   audit.Config       `yaml:"audit"`
 }
 
 // defaultConfig returns every default, so a printed config documents them.

@@ -4,7 +4,6 @@ import (
 	"greenhouse-gateway/operator"
 )
 
-
 import (
 	"encoding/json"
 	"net/http"
@@ -16,8 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
-
-	)
+)
 
 const e2eAdminToken = "e2e-admin-token"
 

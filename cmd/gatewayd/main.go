@@ -23,14 +23,14 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/ingest"
-	"greenhouse-gateway/operator"
-	"greenhouse-gateway/registry"
 	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/config"
 	"greenhouse-gateway/internal/pushmetrics"
 	"greenhouse-gateway/internal/sdnotify"
+	"greenhouse-gateway/operator"
+	"greenhouse-gateway/registry"
 	"greenhouse-gateway/uplink"
 )
 
@@ -281,12 +281,12 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		<-gctx.Done()
-		in.Stop() // 1.
-		return nil
+		return in.Close() // 1.
 	})
 	g.Go(func() error { return mqttRun(gctx) }) // 2.
 	g.Go(func() error { return api.Run(gctx) }) // 2.
 	g.Go(func() error { return up.Run(gctx) })  // 3.
+	g.Go(func() error { return auth.Run(gctx) })
 	g.Go(func() error { return buf.Run(gctx) })
 	g.Go(func() error { // a failed data directory stops gatewayd; systemd starts it again
 		select {

@@ -4,7 +4,6 @@ import (
 	"greenhouse-gateway/operator"
 )
 
-
 import (
 	"encoding/json"
 	"io"
@@ -15,8 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
-
-	)
+)
 
 // TestStatusEndToEnd checks the status page and its JSON twin of a real
 // gatewayd: a batch taken over HTTP and delivered to DynamoDB Local shows

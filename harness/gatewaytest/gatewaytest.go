@@ -191,7 +191,7 @@ func Start(t testing.TB, store ingest.Committer, options ...func(*Options)) *Gat
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, run := range []func(context.Context) error{broker.Run, api.Run, auditLog.Run} {
+	for _, run := range []func(context.Context) error{broker.Run, api.Run, auth.Run, auditLog.Run} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -201,7 +201,7 @@ func Start(t testing.TB, store ingest.Committer, options ...func(*Options)) *Gat
 		}()
 	}
 	t.Cleanup(func() {
-		in.Stop()
+		in.Close()
 		cancel()
 		wg.Wait()
 	})
