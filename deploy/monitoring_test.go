@@ -26,9 +26,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
 
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/harness/dynamotest"
 	"greenhouse-gateway/harness/syncbuf"
+	"greenhouse-gateway/internal/cloud"
 )
 
 const (

@@ -17,9 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/uplink"
 )
 

@@ -9,8 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/uplink"
 )
 

@@ -9,8 +9,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/internal/clock"
 )
 
 // markerTTL is the lifetime of a processed_batches marker (schema 002).

@@ -44,8 +44,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/internal/cloud"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".

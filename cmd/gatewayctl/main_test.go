@@ -17,8 +17,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/internal/cloud"
 )
 
 func TestMain(m *testing.M) { dynamotest.Main(m) }

@@ -20,8 +20,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/internal/cloud"
 )
 
 // deviceDeadline is what the issue asks of a device under attack: CONNACK

@@ -22,8 +22,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/internal/audit"
 )
 
 // auditFlood counts what an unauthenticated flood was answered.

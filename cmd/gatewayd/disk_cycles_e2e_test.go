@@ -18,10 +18,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/harness/dynamotest"
 	"greenhouse-gateway/harness/faultfs"
+	"greenhouse-gateway/internal/cloud"
 )
 
 // denseBatch is a batch of 4 readings of 24 random sensors: about 2.7 KiB

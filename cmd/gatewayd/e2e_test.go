@@ -24,11 +24,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/harness/dynamotest"
 	"greenhouse-gateway/harness/mosquittotest"
 	"greenhouse-gateway/harness/syncbuf"
+	"greenhouse-gateway/internal/cloud"
 )
 
 func TestMain(m *testing.M) { dynamotest.Main(m) }

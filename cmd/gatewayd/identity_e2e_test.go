@@ -13,10 +13,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/harness/dynamotest"
 	"greenhouse-gateway/harness/mosquittotest"
+	"greenhouse-gateway/internal/cloud"
 )
 
 // curlJSON sends body (empty: none) with Debian's curl, authenticated with

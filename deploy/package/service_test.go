@@ -23,9 +23,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/harness/dynamotest"
 	"greenhouse-gateway/harness/syncbuf"
+	"greenhouse-gateway/internal/cloud"
 )
 
 const (

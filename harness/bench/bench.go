@@ -19,8 +19,8 @@ import (
 	"strings"
 	"time"
 
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/internal/cloud"
 )
 
 // Scenario names, in the order they run.

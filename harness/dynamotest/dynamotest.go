@@ -57,8 +57,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/harness/syncbuf"
+	"greenhouse-gateway/internal/cloud"
 )
 
 const (

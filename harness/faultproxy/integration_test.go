@@ -17,10 +17,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/harness/dynamotest"
 	"greenhouse-gateway/harness/faultproxy"
+	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/uplink"
 )
 

@@ -12,8 +12,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/harness/devicesim"
+	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/uplink"
 )
 

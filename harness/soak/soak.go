@@ -19,9 +19,9 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/harness/faultfs"
 	"greenhouse-gateway/harness/faultproxy"
+	"greenhouse-gateway/internal/cloud"
 )
 
 // Scenario names, in the order they run.

@@ -14,8 +14,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/internal/cloud"
 )
 
 func testContext(t *testing.T) context.Context {
