@@ -172,7 +172,7 @@ func NewHTTPServer(cfg HTTPConfig, deps HTTPDeps, logger *slog.Logger) (*HTTPSer
 	h := &HTTPServer{cfg: cfg, deps: deps, ingest: deps.Ingest, auth: deps.Auth, logger: logger,
 		admit: newAdmission(cfg.MaxConns, cfg.MaxConnsPerAddr, logger, reg)}
 	mux := http.NewServeMux()
-	if deps.Ingest != nil && deps.Auth != nil { // else an operator-only API
+	if deps.Ingest != nil && deps.Auth != nil { // else the mounted routes only
 		mux.HandleFunc("POST /v1/readings", h.readings)
 		mux.HandleFunc("POST /v1/register", h.register)
 	}

@@ -24,7 +24,7 @@ import (
 
 // StatusSources feed the status page (GET /) and its JSON twin
 // (GET /v1/status). A nil func leaves its section out. The devices come
-// from HTTPDeps.Devices and the recent rejects from HTTPDeps.Audit.
+// from Deps.Devices and the recent rejects from Deps.Audit.
 type StatusSources struct {
 	// Version is the gateway's build version.
 	Version string

@@ -147,23 +147,6 @@ func TestRebootLoopIsFlagged(t *testing.T) {
 	require.Len(t, dev.RecentBoots, 4)
 }
 
-func TestAdminAPINeedsTheToken(t *testing.T) {
-	h := gatewaytest.Start(t, nil)
-	for _, key := range []string{"", gatewaytest.GoodKey, "admin-secreT"} {
-		req, err := http.NewRequest(http.MethodGet, h.HTTPURL+"/v1/devices", nil)
-		require.NoError(t, err)
-		if key != "" {
-			req.Header.Set("Authorization", "Bearer "+key)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		resp.Body.Close()
-		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "key %q", key)
-	}
-	require.Equal(t, http.StatusNotFound, gatewaytest.AdminGet(t, h, "/v1/devices/AA:BB:CC:DD:EE:99", nil))
-	require.Equal(t, http.StatusBadRequest, gatewaytest.AdminGet(t, h, "/v1/devices/aa:bb", nil))
-}
-
 // unsyncedBatch is a batch from a device without NTP time: timestamps
 // count from 1970 and carry uptimes.
 func unsyncedBatch(hw, boot string, sentUptime int64) []byte {
