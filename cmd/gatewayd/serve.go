@@ -45,10 +45,11 @@ import (
 //  4. the background parts stop: the device registry saves its records
 //     once more, metrics are pushed once more (push.url), the audit trail
 //     writes the records still queued and closes its segment (refusals
-//     after that are not kept), and the pprof listener, the systemd
+//     after that are not kept), and the buffer's maintenance (collection
+//     of expired records, value-log GC), the pprof listener, the systemd
 //     watchdog and the memory releaser stop;
-//  5. the buffer closes last: its committer stops with the parts of step 4
-//     and Badger is closed when serve returns.
+//  5. the buffer closes last, when serve returns: commits already queued
+//     are written and answered, then Badger is closed.
 func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logger) error {
 	startedAt := time.Now()
 	limit, limitFrom := applyMemoryLimit(cfg.MemoryLimit, environ)
@@ -87,7 +88,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 		return err
 	}
 	defer api.Close() // releases the listener when the start fails after it
-	p, err := newBackground(cfg, buf, dev, reg, logger)
+	p, err := newBackground(cfg, buf, reg, logger)
 	if err != nil {
 		return err
 	}
@@ -107,7 +108,7 @@ func runStages(st *stages, dev *deviceSide, api *ingest.HTTPServer, up *uplink.U
 	devices.run(api.Run)
 	devices.run(dev.auth.Run)
 	st.stage().run(up.Run) // 3.
-	rest := st.stage()     // 4. (and the buffer's committer, 5.)
+	rest := st.stage()     // 4.
 	for _, part := range p.parts() {
 		rest.run(part)
 	}
@@ -333,7 +334,7 @@ func newHTTP(cfg Config, dev *deviceSide, buf *buffer.Buffer, up *uplink.Uplink,
 }
 
 // background are the parts that serve none of the device traffic: the
-// buffer's committer and the watch on its failure, metrics pushing, the
+// buffer's maintenance and the watch on its failure, metrics pushing, the
 // systemd watchdog, pprof and the memory releaser.
 type background struct {
 	buf      *buffer.Buffer
@@ -343,7 +344,7 @@ type background struct {
 	logger   *slog.Logger
 }
 
-func newBackground(cfg Config, buf *buffer.Buffer, dev *deviceSide, reg *prometheus.Registry, logger *slog.Logger) (background, error) {
+func newBackground(cfg Config, buf *buffer.Buffer, reg *prometheus.Registry, logger *slog.Logger) (background, error) {
 	b := background{buf: buf, logger: logger, released: newMemoryReleaser(cfg.MemoryReleaseInterval, logger, reg)}
 	var err error
 	if b.pusher, err = pushmetrics.New(cfg.Push, reg, logger); err != nil {
