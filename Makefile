@@ -25,7 +25,7 @@ run: build dynamodb-local ## run the gateway, DynamoDB Local, its tables and a f
 test: dynamodb-local test-deps lint ## every test, integration and 3-minute soak included, with the race detector; then each fuzz target briefly
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@# Tests that measure the production build (race instrumentation changes what they measure).
-	$(GO) test -count=1 -run '^TestIdleConnectionStacksShrink$$' ./gateway/
+	$(GO) test -count=1 -run '^TestIdleConnectionStacksShrink$$' ./ingest/
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME)
 
 test-deps: ## install (as root, in one apt run) the Debian packages the integration tests use
@@ -74,6 +74,6 @@ bench: dynamodb-local ## benchmarks against same-run baselines (mosquitto, SDK l
 .PHONY: attack
 ATTACK_TIMEOUT ?= 40m
 attack: dynamodb-local test-deps ## the attack tests, and the full-disk cycles, at full size (thousands of sockets, RSS bounds, 10 disk cycles; figures in cmd/bench/MEASUREMENTS.md)
-	GATEWAY_ATTACK_FULL=1 $(GO) test -count=1 -v -run '^(TestAttack|TestFullDiskCycles)' -timeout $(ATTACK_TIMEOUT) ./cmd/gatewayd/ ./gateway/
+	GATEWAY_ATTACK_FULL=1 $(GO) test -count=1 -v -run '^(TestAttack|TestFullDiskCycles)' -timeout $(ATTACK_TIMEOUT) ./cmd/gatewayd/ ./ingest/
 soak: build dynamodb-local ## fault soak of bin/gatewayd (and bin/devicesim): kill -9, DynamoDB Local outages, fault proxy, SIGTERM, power cuts (FUSE, as root); SOAK_FLAGS (e.g. --duration 30m --kill-cycles 300 --powercut-cycles 100)
 	$(GO) run ./cmd/soak --bin-dir bin $(SOAK_FLAGS)

@@ -19,6 +19,10 @@ const (
 	ReasonClockNotSynced Reason = "clock_not_synced"
 	// ReasonConflict: the batch_id was already stored with other content.
 	ReasonConflict Reason = "conflict"
+	// ReasonTimestampConflict: under the reject_older ordering rule
+	// (ingest.ordering), a batch that starts before the newest reading
+	// already accepted from the device.
+	ReasonTimestampConflict Reason = "timestamp_conflict"
 	// ReasonUnknownDevice: readings before any registration, when the
 	// gateway requires registration.
 	ReasonUnknownDevice Reason = "unknown_device"

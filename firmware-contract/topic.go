@@ -9,6 +9,13 @@ const (
 	KindAck      = "ack"
 )
 
+// Transports a device sends over, as the gateway names them in metric
+// labels and audit records.
+const (
+	TransportMQTT = "mqtt"
+	TransportHTTP = "http"
+)
+
 // TopicPrefix is the first level of every device topic.
 const TopicPrefix = "devices/"
 

@@ -3,34 +3,20 @@ package uplink
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/internal/cloud"
 )
 
-// DeviceUpsert is one version of a device's record in the devices table.
-type DeviceUpsert struct {
-	HardwareID        string
-	ConfirmationID    string
-	FriendlyName      string
-	FirmwareVersion   string
-	LastBootID        string
-	Capabilities      contract.Capabilities
-	FirstRegisteredAt time.Time
-	LastSeenAt        time.Time
-	// Version identifies this state; the source is told it was written.
-	Version uint64
-}
-
-// DeviceSource holds device records waiting to be written (the gateway's
-// device registry). They are durable there until Upserted is called.
+// DeviceSource holds device records waiting to be written (the device
+// registry, registry.Registry). They are durable there until Upserted is called.
 type DeviceSource interface {
-	PendingUpserts(limit int) []DeviceUpsert
-	Upserted(DeviceUpsert)
+	PendingUpserts(limit int) []cloud.DeviceUpsert
+	Upserted(cloud.DeviceUpsert)
 }
 
 // deviceUpdate is the devices table upsert of schema 002: every attribute

@@ -7,19 +7,11 @@ import (
 	"greenhouse-gateway/internal/cloud"
 )
 
-// KeyWrite is a device key to write to api_keys: issued by the gateway at
-// a device's enrollment (put), or reset by an operator (Revoked: marked
-// inactive).
-type KeyWrite struct {
-	Key     cloud.KeyInfo
-	Revoked bool
-}
-
 // KeySource holds device keys waiting to be written (the gateway's device
 // keys). They are durable there until KeyWritten is called.
 type KeySource interface {
-	PendingKeyWrites(limit int) []KeyWrite
-	KeyWritten(KeyWrite)
+	PendingKeyWrites(limit int) []cloud.KeyWrite
+	KeyWritten(cloud.KeyWrite)
 }
 
 // KeyWriter writes device keys to api_keys (cloud.Keys). Both writes are

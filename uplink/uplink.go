@@ -32,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
 )
 
@@ -213,18 +214,6 @@ type DynamoDB interface {
 	UpdateItem(context.Context, *dynamodb.UpdateItemInput, ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
 }
 
-// Clock tells the gateway's time (internal/clock.Clock).
-type Clock interface {
-	Now() time.Time
-	// Plausible is false while the time cannot be trusted.
-	Plausible() bool
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time  { return time.Now() }
-func (systemClock) Plausible() bool { return true }
-
 // errClockImplausible stops forwarding while the gateway's clock is wrong:
 // markers and TTLs would carry wrong times.
 var errClockImplausible = errors.New("the gateway's clock is not plausible (before its release date) and no DynamoDB answer corrected it yet")
@@ -255,7 +244,7 @@ type Uplink struct {
 	tables      cloud.Tables
 	logger      *slog.Logger
 	metrics     *metrics
-	clock       Clock
+	clock       clock.Source
 
 	limiter  *aimd
 	marks    deliveryGroup
@@ -289,8 +278,8 @@ type Status struct {
 }
 
 // New validates cfg and returns an uplink; it does no I/O. devices may be
-// nil (no device records to write); clock nil means the system clock.
-func New(cfg Config, store Store, devices DeviceSource, clock Clock, db DynamoDB, probe Prober, tables cloud.Tables, logger *slog.Logger, reg prometheus.Registerer) (*Uplink, error) {
+// nil (no device records to write); clk nil means the system clock.
+func New(cfg Config, store Store, devices DeviceSource, clk clock.Source, db DynamoDB, probe Prober, tables cloud.Tables, logger *slog.Logger, reg prometheus.Registerer) (*Uplink, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -304,14 +293,14 @@ func New(cfg Config, store Store, devices DeviceSource, clock Clock, db DynamoDB
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	if clock == nil {
-		clock = systemClock{}
+	if clk == nil {
+		clk = clock.System{}
 	}
 	u := &Uplink{
 		cfg: cfg, store: store, devices: devices, db: db, probe: probe, tables: tables,
 		logger:    logger.With("component", "uplink"),
 		metrics:   newMetrics(reg),
-		clock:     clock,
+		clock:     clk,
 		txLimit:   cfg.TransactionMaxItems,
 		status:    Status{Up: true, Since: time.Now()},
 		drain:     newEWMARate(drainTau),

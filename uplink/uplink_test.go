@@ -386,24 +386,24 @@ func TestPerDeviceOrderSurvivesAFailure(t *testing.T) {
 // fakeDevices is a device registry with one pending record.
 type fakeDevices struct {
 	mu      sync.Mutex
-	pending []uplink.DeviceUpsert
-	done    []uplink.DeviceUpsert
+	pending []cloud.DeviceUpsert
+	done    []cloud.DeviceUpsert
 }
 
-func (f *fakeDevices) PendingUpserts(limit int) []uplink.DeviceUpsert {
+func (f *fakeDevices) PendingUpserts(limit int) []cloud.DeviceUpsert {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]uplink.DeviceUpsert(nil), f.pending...)
+	return append([]cloud.DeviceUpsert(nil), f.pending...)
 }
 
-func (f *fakeDevices) Upserted(u uplink.DeviceUpsert) {
+func (f *fakeDevices) Upserted(u cloud.DeviceUpsert) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.done = append(f.done, u)
 	f.pending = nil
 }
 
-func (f *fakeDevices) add(u uplink.DeviceUpsert) {
+func (f *fakeDevices) add(u cloud.DeviceUpsert) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.pending = append(f.pending, u)
@@ -432,7 +432,7 @@ func TestDeviceUpsertKeepsFirstRegistration(t *testing.T) {
 
 	hw := "AA:BB:CC:00:00:05"
 	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	rec := uplink.DeviceUpsert{HardwareID: hw, ConfirmationID: uuid.NewString(), FriendlyName: "greenhouse-sensor-01",
+	rec := cloud.DeviceUpsert{HardwareID: hw, ConfirmationID: uuid.NewString(), FriendlyName: "greenhouse-sensor-01",
 		FirmwareVersion: "1.0.16", LastBootID: uuid.NewString(), FirstRegisteredAt: first, LastSeenAt: first,
 		Capabilities: contract.Capabilities{Sensors: []string{"bme280"}, Features: map[string]bool{"tft_display": true}}, Version: 1}
 	devs.add(rec)

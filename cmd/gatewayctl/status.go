@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/internal/delivery"
 )
 
 // Environment variables of the operator API commands.
@@ -164,33 +165,12 @@ func (c *apiClient) metrics(ctx context.Context, names ...string) (map[string]fl
 	return out, sc.Err()
 }
 
-// uplinkReport is GET /v1/uplink's answer (uplink.Report). gatewayctl keeps
-// its own copy instead of importing the uplink package: a client needs the
-// wire format, not the forwarder (whose DynamoDB calls would otherwise count
-// as gatewayctl's in deploy/iam's policy check). TestUplinkReportMirror keeps
-// the two in step.
-type uplinkReport struct {
-	State              string     `json:"state"`
-	Since              time.Time  `json:"since"`
-	BacklogBatches     int64      `json:"backlog_batches"`
-	BacklogBytes       int64      `json:"backlog_bytes"`
-	OldestAgeSeconds   float64    `json:"oldest_age_seconds"`
-	DrainRateBatches   float64    `json:"drain_rate_batches_per_second"`
-	ETASeconds         *float64   `json:"eta_seconds"`
-	LastError          string     `json:"last_error,omitempty"`
-	LastErrorAt        *time.Time `json:"last_error_at,omitempty"`
-	FailedRounds       int        `json:"failed_rounds"`
-	LastDeliveryAt     *time.Time `json:"last_delivery_at,omitempty"`
-	ArrivalRateBatches float64    `json:"arrival_rate_batches_per_second"`
-	Concurrency        int        `json:"concurrency"`
-}
-
 // statusReport is what gatewayctl status prints (--json: as is).
 type statusReport struct {
-	URL          string        `json:"url"`
-	Ready        bool          `json:"ready"`
-	ReadyMessage string        `json:"ready_message,omitempty"`
-	Uplink       *uplinkReport `json:"uplink"`
+	URL          string           `json:"url"`
+	Ready        bool             `json:"ready"`
+	ReadyMessage string           `json:"ready_message,omitempty"`
+	Uplink       *delivery.Report `json:"uplink"`
 	// Backlog is read from /metrics when the gateway has no /v1/uplink.
 	Backlog     *metricsBacklog `json:"backlog_from_metrics,omitempty"`
 	Devices     *deviceSummary  `json:"devices,omitempty"`
@@ -270,7 +250,7 @@ func gatherStatus(ctx context.Context, c *apiClient) (*statusReport, error) {
 			"): uplink, devices and dead letters are not shown")
 		return r, nil
 	}
-	var rep uplinkReport
+	var rep delivery.Report
 	var noUplink *apiError
 	switch err := c.do(ctx, http.MethodGet, "/v1/uplink", true, &rep); {
 	case err == nil:

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,7 +10,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -22,8 +20,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/gateway"
-	"greenhouse-gateway/uplink"
+	"greenhouse-gateway/ingest"
+	"greenhouse-gateway/internal/delivery"
+	"greenhouse-gateway/operator"
+	"greenhouse-gateway/registry"
 )
 
 const testAdminToken = "operator-token"
@@ -32,11 +32,12 @@ const testAdminToken = "operator-token"
 // /readyz, /metrics) over buf on a loopback port and returns its URL.
 func serveGateway(t *testing.T, buf *buffer.Buffer, reg *prometheus.Registry) string {
 	t.Helper()
-	devices, err := gateway.NewRegistry(gateway.DevicesConfig{}, buf, nil, nil, reg)
+	devices, err := registry.New(registry.Config{}, buf, nil, nil, reg)
 	require.NoError(t, err)
-	api, err := gateway.NewHTTPServer(gateway.HTTPConfig{Addr: "127.0.0.1:0"}, gateway.HTTPDeps{
-		Devices: devices, AdminToken: testAdminToken, DeadLetters: buf,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: func() error { return nil },
+	ready := func() error { return nil }
+	ops := operator.New(operator.Deps{Devices: devices, AdminToken: testAdminToken, DeadLetters: buf, Ready: ready}, nil)
+	api, err := ingest.NewHTTPServer(ingest.HTTPConfig{Addr: "127.0.0.1:0"}, ingest.HTTPDeps{
+		Routes: ops.Routes, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: ready,
 	}, nil)
 	require.NoError(t, err)
 	require.NoError(t, api.Listen())
@@ -175,7 +176,7 @@ func TestStatusPrintsTheUplinkReport(t *testing.T) {
 	since := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
 	errAt := since.Add(time.Minute)
 	eta := 90.0
-	report := uplink.Report{State: "down", Since: since, BacklogBatches: 12, BacklogBytes: 3 << 10,
+	report := delivery.Report{State: "down", Since: since, BacklogBatches: 12, BacklogBytes: 3 << 10,
 		OldestAgeSeconds: 125, DrainRateBatches: 0.5, ETASeconds: &eta, LastError: "dial tcp 10.0.0.1:443: i/o timeout",
 		LastErrorAt: &errAt, FailedRounds: 7}
 	// The gateway's real API answers /readyz, devices and dead letters; the
@@ -221,18 +222,4 @@ func TestStatusPrintsTheUplinkReport(t *testing.T) {
 	require.JSONEq(t, string(sent), string(got))
 	require.Nil(t, rep.Backlog)
 	require.True(t, strings.HasPrefix(rep.URL, "http://127.0.0.1:"))
-}
-
-// TestUplinkReportMirror keeps gatewayctl's copy of GET /v1/uplink's answer
-// field for field the same as uplink.Report.
-func TestUplinkReportMirror(t *testing.T) {
-	fields := func(typ reflect.Type) []string {
-		var out []string
-		for i := range typ.NumField() {
-			f := typ.Field(i)
-			out = append(out, fmt.Sprintf("%s %s `%s`", f.Name, f.Type, f.Tag))
-		}
-		return out
-	}
-	require.Equal(t, fields(reflect.TypeFor[uplink.Report]()), fields(reflect.TypeFor[uplinkReport]()))
 }

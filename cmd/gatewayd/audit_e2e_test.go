@@ -76,7 +76,7 @@ func TestAuditTrailSurvivesKillDashNine(t *testing.T) {
 	require.Equal(t, contract.StatusDuplicate, dev.send(t, payload).Status)
 	recs := auditRecords(t, d, token, "hardware_id="+hw+"&reason=duplicate")
 	require.Len(t, recs, 2)
-	require.Equal(t, audit.TransportMQTT, recs[0].Transport)
+	require.Equal(t, contract.TransportMQTT, recs[0].Transport)
 	require.True(t, recs[0].Time.After(recs[1].Time))
 	segments, err := filepath.Glob(filepath.Join(dataDir, "audit", "*.ndjson"))
 	require.NoError(t, err)

@@ -8,11 +8,12 @@ import (
 	"time"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/gateway"
+	"greenhouse-gateway/ingest"
 	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/config"
 	"greenhouse-gateway/internal/pushmetrics"
+	"greenhouse-gateway/registry"
 	"greenhouse-gateway/uplink"
 )
 
@@ -63,15 +64,15 @@ type Config struct {
 	// Debug configures the diagnostics endpoints.
 	Debug DebugConfig `yaml:"debug"`
 
-	MQTT    gateway.MQTTConfig    `yaml:"mqtt"`
-	HTTP    gateway.HTTPConfig    `yaml:"http"`
-	Auth    gateway.AuthConfig    `yaml:"auth"`
-	Ingest  gateway.IngestConfig  `yaml:"ingest"`
-	Devices gateway.DevicesConfig `yaml:"devices"`
-	Buffer  buffer.Options        `yaml:"buffer"`
-	Uplink  uplink.Config         `yaml:"uplink"`
-	Push    pushmetrics.Config    `yaml:"push"`
-	Audit   audit.Config          `yaml:"audit"`
+	MQTT    ingest.MQTTConfig  `yaml:"mqtt"`
+	HTTP    ingest.HTTPConfig  `yaml:"http"`
+	Auth    ingest.AuthConfig  `yaml:"auth"`
+	Ingest  ingest.Config      `yaml:"ingest"`
+	Devices registry.Config    `yaml:"devices"`
+	Buffer  buffer.Options     `yaml:"buffer"`
+	Uplink  uplink.Config      `yaml:"uplink"`
+	Push    pushmetrics.Config `yaml:"push"`
+	Audit   audit.Config       `yaml:"audit"`
 }
 
 // defaultConfig returns every default, so a printed config documents them.
@@ -84,15 +85,15 @@ func defaultConfig() Config {
 		MemoryLimit:     defaultMemoryLimit,
 
 		MemoryReleaseInterval: defaultMemoryReleaseInterval,
-		MQTT: gateway.MQTTConfig{Mode: "embedded", External: gateway.DefaultExternalConfig(), Addr: ":1883",
+		MQTT: ingest.MQTTConfig{Mode: "embedded", External: ingest.DefaultExternalConfig(), Addr: ":1883",
 			MaxPacketSize: 256 << 10, MaxClients: 10000, ConnectTimeout: 10 * time.Second, MaxUnauthenticated: 1024,
 			MaxUnauthenticatedPerAddress: 64, MaxSessionsPerDevice: 8, MaxClientsPerKeyPercent: 90,
 			SessionExpiry: time.Hour, MaxQueuedPerClient: 100, MaxOfflineSessions: 1000, MaxOfflineSessionsPerDevice: 4},
-		HTTP: gateway.DefaultHTTPConfig(),
-		Auth: gateway.AuthConfig{RefreshInterval: time.Minute, NegativeTTL: 30 * time.Second, LookupTimeout: 5 * time.Second,
-			MaxLookupsPerSecond: 20, DeviceKeys: gateway.DeviceKeysPreferred},
-		Ingest: gateway.DefaultIngestConfig(),
-		Devices: gateway.DevicesConfig{UnknownDevices: "accept", RebootLoopBoots: 5, SeenWriteInterval: 5 * time.Minute,
+		HTTP: ingest.DefaultHTTPConfig(),
+		Auth: ingest.AuthConfig{RefreshInterval: time.Minute, NegativeTTL: 30 * time.Second, LookupTimeout: 5 * time.Second,
+			MaxLookupsPerSecond: 20, DeviceKeys: ingest.DeviceKeysPreferred},
+		Ingest: ingest.DefaultConfig(),
+		Devices: registry.Config{UnknownDevices: "accept", RebootLoopBoots: 5, SeenWriteInterval: 5 * time.Minute,
 			FlushInterval: 5 * time.Second, TakeoverFlagCount: 5},
 		Buffer: buffer.DefaultOptions(),
 		Uplink: uplink.DefaultConfig(),

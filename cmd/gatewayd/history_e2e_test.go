@@ -1,6 +1,10 @@
 package main
 
 import (
+	"greenhouse-gateway/operator"
+)
+
+import (
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -11,8 +15,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
-
-	"greenhouse-gateway/gateway"
 )
 
 const e2eAdminToken = "e2e-admin-token"
@@ -53,7 +55,7 @@ func TestReadingsStayQueryableAfterDelivery(t *testing.T) {
 
 	q := url.Values{"from": {time.Now().Add(-3 * time.Hour).UTC().Format(time.RFC3339)}}
 	check := func(d *daemon) {
-		var page gateway.ReadingsPage
+		var page operator.ReadingsPage
 		require.Equal(t, http.StatusOK, adminQuery(t, d, "/v1/devices/"+hw+"/readings?"+q.Encode(), &page))
 		require.Equal(t, 12, page.Count, "3 readings of 2 sensors in each of 2 batches")
 		for i, r := range page.Readings {
@@ -62,7 +64,7 @@ func TestReadingsStayQueryableAfterDelivery(t *testing.T) {
 				require.GreaterOrEqual(t, r.TimestampMS, page.Readings[i-1].TimestampMS, "oldest first")
 			}
 		}
-		var s gateway.Summary
+		var s operator.Summary
 		sq := url.Values{"from": q["from"], "granularity": {"hour"}, "tz": {"America/New_York"}, "include_empty": {"false"}}
 		require.Equal(t, http.StatusOK, adminQuery(t, d, "/v1/devices/"+hw+"/summary?"+sq.Encode(), &s))
 		require.EqualValues(t, 6, s.Totals["humidity_pct"].Count)

@@ -1,6 +1,10 @@
 package main
 
 import (
+	"greenhouse-gateway/operator"
+)
+
+import (
 	"encoding/json"
 	"io"
 	"net/http"
@@ -10,8 +14,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
-
-	"greenhouse-gateway/gateway"
 )
 
 // TestStatusEndToEnd checks the status page and its JSON twin of a real
@@ -55,11 +57,11 @@ func TestStatusEndToEnd(t *testing.T) {
 	}
 	// The readings are in DynamoDB before the batch leaves the backlog:
 	// wait for the status that says so.
-	var s gateway.StatusData
+	var s operator.StatusData
 	require.Eventually(t, func() bool {
 		resp, body := get("/v1/status", true)
 		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
-		s = gateway.StatusData{}
+		s = operator.StatusData{}
 		require.NoError(t, json.Unmarshal(body, &s))
 		return s.Uplink != nil && s.Uplink.State == "up" && s.Uplink.BacklogBatches == 0
 	}, 60*time.Second, 100*time.Millisecond)

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/internal/audit"
 )
 
@@ -25,7 +26,7 @@ const secretKey = "gw_live_0123456789abcdefSECRET"
 // floodRecord is an unauthenticated attempt from remote, carrying
 // secretKey where a careless caller might put it.
 func floodRecord(at time.Time, remote, reason, hw string) audit.Record {
-	return audit.Record{Time: at, Transport: audit.TransportHTTP, Kind: "request", Reason: reason, HardwareID: hw,
+	return audit.Record{Time: at, Transport: contract.TransportHTTP, Kind: "request", Reason: reason, HardwareID: hw,
 		BatchID: secretKey, Topic: secretKey, Field: secretKey, Message: "POST /v1/readings: " + secretKey,
 		RemoteAddr: remote}
 }

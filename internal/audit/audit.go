@@ -81,6 +81,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"greenhouse-gateway/firmware-contract"
 )
 
 // Record is one refused attempt.
@@ -136,12 +137,12 @@ func (r *Record) Attempts() int64 {
 
 // Reasons. The first six are the contract's rejection reasons.
 const (
-	ReasonValidation        = "validation_error"
-	ReasonClockNotSynced    = "clock_not_synced"
-	ReasonConflict          = "conflict"
-	ReasonTimestampConflict = "timestamp_conflict"
-	ReasonUnknownDevice     = "unknown_device"
-	ReasonBufferFull        = "buffer_full"
+	ReasonValidation        = string(contract.ReasonValidation)
+	ReasonClockNotSynced    = string(contract.ReasonClockNotSynced)
+	ReasonConflict          = string(contract.ReasonConflict)
+	ReasonTimestampConflict = string(contract.ReasonTimestampConflict)
+	ReasonUnknownDevice     = string(contract.ReasonUnknownDevice)
+	ReasonBufferFull        = string(contract.ReasonBufferFull)
 	// ReasonDuplicate: a batch already stored was sent again.
 	ReasonDuplicate = "duplicate"
 	// ReasonUnauthorized: a missing, unknown or revoked API key.
@@ -164,10 +165,10 @@ const (
 	// key's share of the broker's client slots, or with every slot taken.
 	ReasonQuotaExceeded = "quota_exceeded"
 	// ReasonForbidden: a device key used for another device's hardware_id.
-	ReasonForbidden = "forbidden"
+	ReasonForbidden = string(contract.ReasonForbidden)
 	// ReasonDeviceKeyRequired: a fleet key used for a device that holds
 	// its own device key, or for data while auth.device_keys is required.
-	ReasonDeviceKeyRequired = "device_key_required"
+	ReasonDeviceKeyRequired = string(contract.ReasonDeviceKeyRequired)
 	// ReasonSessionTakeover: an MQTT connection took over the connected
 	// session of the same client ID (recorded, not refused).
 	ReasonSessionTakeover = "session_takeover"
@@ -180,12 +181,6 @@ var Reasons = []string{ReasonValidation, ReasonClockNotSynced, ReasonConflict, R
 	ReasonUnknownDevice, ReasonBufferFull, ReasonDuplicate, ReasonUnauthorized, ReasonAuthUnavailable,
 	ReasonBadIdentity, ReasonClientIDRefused, ReasonACLDenied, ReasonOversize, ReasonBadRequest, ReasonQuotaExceeded,
 	ReasonForbidden, ReasonDeviceKeyRequired, ReasonSessionTakeover}
-
-// Transports.
-const (
-	TransportMQTT = "mqtt"
-	TransportHTTP = "http"
-)
 
 // flushInterval is how often buffered records reach the file.
 const flushInterval = time.Second

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/internal/audit"
 )
 
@@ -69,7 +70,7 @@ func unlimited(cfg audit.Config) audit.Config {
 }
 
 func rec(i int, at time.Time, reason string) audit.Record {
-	return audit.Record{Time: at, Transport: audit.TransportMQTT, Kind: "readings",
+	return audit.Record{Time: at, Transport: contract.TransportMQTT, Kind: "readings",
 		HardwareID: fmt.Sprintf("AA:BB:CC:DD:EE:%02X", i%4), BatchID: fmt.Sprintf("b%05d", i), Reason: reason,
 		Message: "batch " + strings.Repeat("x", 100), RemoteAddr: "127.0.0.1:5000"}
 }
@@ -115,7 +116,7 @@ func TestQueryFiltersNewestFirst(t *testing.T) {
 	for i := range 30 {
 		x := rec(i, day0.Add(time.Duration(i)*time.Second), reasons[i%3])
 		if i%5 == 0 {
-			x.Transport = audit.TransportHTTP
+			x.Transport = contract.TransportHTTP
 		}
 		r.log.Record(x)
 	}
@@ -135,7 +136,7 @@ func TestQueryFiltersNewestFirst(t *testing.T) {
 		{"hardware_id", audit.Filter{HardwareID: "AA:BB:CC:DD:EE:01", Limit: 3}, []string{"b00029", "b00025", "b00021"}, true},
 		{"reason", audit.Filter{Reason: audit.ReasonConflict, Since: day0.Add(20 * time.Second), Limit: 10},
 			[]string{"b00029", "b00026", "b00023", "b00020"}, false},
-		{"transport", audit.Filter{Transport: audit.TransportHTTP, Limit: 10},
+		{"transport", audit.Filter{Transport: contract.TransportHTTP, Limit: 10},
 			[]string{"b00025", "b00020", "b00015", "b00010", "b00005", "b00000"}, false},
 		{"since inclusive, until exclusive", audit.Filter{Since: day0.Add(3 * time.Second), Until: day0.Add(6 * time.Second), Limit: 10},
 			[]string{"b00005", "b00004", "b00003"}, false},
@@ -298,7 +299,7 @@ func TestRecordsAreBoundedAndTimed(t *testing.T) {
 	now := newNow(day0)
 	r, _ := start(t, t.TempDir(), audit.Config{}, now.Now)
 	long := strings.Repeat("é", 5000)
-	r.log.Record(audit.Record{Transport: audit.TransportHTTP, Reason: "something_new", HardwareID: long, Message: long})
+	r.log.Record(audit.Record{Transport: contract.TransportHTTP, Reason: "something_new", HardwareID: long, Message: long})
 	res := query(t, r.log, audit.Filter{})
 	require.Len(t, res.Records, 1)
 	x := res.Records[0]

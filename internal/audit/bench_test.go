@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/internal/audit"
 )
 
@@ -34,7 +35,7 @@ func benchmarkRecord(b *testing.B, cfg audit.Config) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- l.Run(ctx) }()
-	r := audit.Record{Time: time.Now(), Transport: audit.TransportMQTT, Kind: "readings",
+	r := audit.Record{Time: time.Now(), Transport: contract.TransportMQTT, Kind: "readings",
 		HardwareID: "AA:BB:CC:DD:EE:FF", BatchID: "AA:BB:CC:DD:EE:FF_0b0e7d2c-5c1e-4f0e-9d55-0a4d7c1e2f3a_1732240000000_1732240060000",
 		Reason: audit.ReasonValidation, Field: "readings[0].sensors.humidity_pct", Message: "must be a finite number",
 		RemoteAddr: "192.168.1.40:51234"}
@@ -82,7 +83,7 @@ func BenchmarkQueryFullTrail(b *testing.B) {
 	start := time.Now().Add(-time.Hour)
 	const n = 240_000 // about 70 MB of records: the cap deletes the oldest
 	for i := range n {
-		l.Record(audit.Record{Time: start.Add(time.Duration(i) * time.Millisecond), Transport: audit.TransportMQTT,
+		l.Record(audit.Record{Time: start.Add(time.Duration(i) * time.Millisecond), Transport: contract.TransportMQTT,
 			Kind: "readings", HardwareID: fmt.Sprintf("AA:BB:CC:DD:%02X:%02X", i/256%256, i%256),
 			BatchID: fmt.Sprintf("AA:BB:CC:DD:EE:FF_0b0e7d2c-5c1e-4f0e-9d55-0a4d7c1e2f3a_%d", i), Reason: audit.ReasonValidation,
 			Field: "readings[0].sensors.humidity_pct", Message: "must be a finite number", RemoteAddr: "192.168.1.40:51234"})

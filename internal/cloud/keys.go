@@ -73,6 +73,14 @@ type KeyInfo struct {
 	HardwareID string
 }
 
+// KeyWrite is a device key to write to api_keys: issued by the gateway at
+// a device's enrollment (put), or reset by an operator (Revoked: marked
+// inactive). The device keys produce it, the uplink writes it.
+type KeyWrite struct {
+	Key     KeyInfo
+	Revoked bool
+}
+
 // Keys manages API keys in the api_keys table. It is safe for concurrent use.
 type Keys struct {
 	client *dynamodb.Client
