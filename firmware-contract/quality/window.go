@@ -2,6 +2,7 @@ package quality
 
 import (
 	"container/list"
+	"math"
 	"sync"
 
 	contract "greenhouse-gateway/firmware-contract"
@@ -11,7 +12,8 @@ import (
 // past it, the sensor not seen for the longest time is forgotten.
 const MaxSensorsPerDevice = 128
 
-// history is one device's last HistoryLen values per sensor, oldest first.
+// history is one device's last HistoryLen finite values per sensor, oldest
+// first.
 type history struct {
 	values map[string][]float64
 	seen   map[string]uint64 // sensor -> tick of its last value
@@ -32,12 +34,16 @@ func (h *history) score(r contract.Reading) float64 {
 func (h *history) add(r contract.Reading) {
 	h.tick++
 	for _, name := range sortedKeys(r.Sensors) {
+		v := r.Sensors[name]
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			continue // Score skips them in recent values too
+		}
 		vs := h.values[name]
 		if len(vs) == HistoryLen {
 			copy(vs, vs[1:])
 			vs = vs[:HistoryLen-1]
 		}
-		h.values[name] = append(vs, r.Sensors[name])
+		h.values[name] = append(vs, v)
 		h.seen[name] = h.tick
 	}
 	for len(h.values) > MaxSensorsPerDevice {
