@@ -285,3 +285,16 @@ func mustJSON(t testing.TB, v any) []byte {
 	require.NoError(t, err)
 	return b
 }
+
+// fastConfig returns DefaultConfig with the timings of the tests against a real broker or
+// HTTP server: a batch every interval, retries from 10 ms up to retryMax, a 5 s ack
+// timeout and a drain of at most drain.
+func fastConfig(interval, retryMax, drain time.Duration) Config {
+	cfg := DefaultConfig()
+	cfg.Interval = interval
+	cfg.RetryMin = 10 * time.Millisecond
+	cfg.RetryMax = retryMax
+	cfg.AckTimeout = 5 * time.Second
+	cfg.DrainTimeout = drain
+	return cfg
+}

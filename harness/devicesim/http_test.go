@@ -129,17 +129,12 @@ func TestHTTPModeAgainstGateway(t *testing.T) {
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
 
-	cfg := DefaultConfig()
+	cfg := fastConfig(50*time.Millisecond, 100*time.Millisecond, 10*time.Second)
 	cfg.HTTPURL = srv.URL
 	cfg.APIKey = "secret"
 	cfg.Devices = 2
-	cfg.Interval = 50 * time.Millisecond
 	cfg.Readings = 5
 	cfg.Batches = 3
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 100 * time.Millisecond
-	cfg.AckTimeout = 5 * time.Second
-	cfg.DrainTimeout = 10 * time.Second
 	cfg.Seed = 1
 	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
@@ -190,19 +185,14 @@ func TestHTTPModeReboots(t *testing.T) {
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
 
-	cfg := DefaultConfig()
+	cfg := fastConfig(50*time.Millisecond, 100*time.Millisecond, 10*time.Second)
 	cfg.HTTPURL = srv.URL
 	cfg.APIKey = "secret"
 	cfg.Devices = 2
-	cfg.Interval = 50 * time.Millisecond
 	cfg.Readings = 5
 	cfg.Duration = 1500 * time.Millisecond
 	cfg.RebootEvery = 400 * time.Millisecond
 	cfg.Reboots = 2
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 100 * time.Millisecond
-	cfg.AckTimeout = 5 * time.Second
-	cfg.DrainTimeout = 10 * time.Second
 	cfg.Seed = 3
 	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
@@ -247,15 +237,11 @@ func TestHTTPModeWrongKeyKeepsBatches(t *testing.T) {
 	srv := httptest.NewServer(newFakeGateway(t, "secret"))
 	t.Cleanup(srv.Close)
 
-	cfg := DefaultConfig()
+	cfg := fastConfig(20*time.Millisecond, 50*time.Millisecond, 300*time.Millisecond)
 	cfg.HTTPURL = srv.URL
 	cfg.APIKey = "wrong"
 	cfg.Devices = 1
-	cfg.Interval = 20 * time.Millisecond
 	cfg.Batches = 2
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 50 * time.Millisecond
-	cfg.DrainTimeout = 300 * time.Millisecond
 	sim, err := New(cfg, testLogger(t))
 	require.NoError(t, err)
 	require.NoError(t, sim.Run(t.Context()), "a refused key is not a setup error")
