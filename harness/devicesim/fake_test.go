@@ -269,12 +269,18 @@ func (h *testHarness) registered() {
 func (h *testHarness) wait() (DeviceStats, []ReportLine) {
 	h.t.Helper()
 	st := <-h.done
-	f, err := os.Open(h.report)
-	require.NoError(h.t, err)
+	return st, readReportFile(h.t, h.report)
+}
+
+// readReportFile reads the report file at path.
+func readReportFile(t testing.TB, path string) []ReportLine {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
 	defer f.Close()
 	lines, err := ReadReport(f)
-	require.NoError(h.t, err)
-	return st, lines
+	require.NoError(t, err)
+	return lines
 }
 
 func reasonPtr(r contract.Reason) *contract.Reason { return &r }

@@ -6,8 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 	"testing"
@@ -136,15 +134,8 @@ func TestHTTPModeAgainstGateway(t *testing.T) {
 	cfg.Readings = 5
 	cfg.Batches = 3
 	cfg.Seed = 1
-	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
-	sim := runToEnd(t, cfg)
-
-	f, err := os.Open(cfg.ReportPath)
-	require.NoError(t, err)
-	defer f.Close()
-	lines, err := ReadReport(f)
-	require.NoError(t, err)
+	sim, lines := runWithReport(t, cfg)
 	require.Len(t, lines, 6, "every batch got a final answer")
 
 	gw.mu.Lock()
@@ -194,15 +185,8 @@ func TestHTTPModeReboots(t *testing.T) {
 	cfg.RebootEvery = 400 * time.Millisecond
 	cfg.Reboots = 2
 	cfg.Seed = 3
-	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
-	sim := runToEnd(t, cfg)
-
-	f, err := os.Open(cfg.ReportPath)
-	require.NoError(t, err)
-	defer f.Close()
-	lines, err := ReadReport(f)
-	require.NoError(t, err)
+	sim, lines := runWithReport(t, cfg)
 
 	gw.mu.Lock()
 	defer gw.mu.Unlock()

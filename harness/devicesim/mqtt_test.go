@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -196,15 +195,8 @@ func TestMQTTModeAgainstBroker(t *testing.T) {
 	cfg.Devices = 2
 	cfg.FirstMAC = "02:00:00:00:00:ff"
 	cfg.Batches = 3
-	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
-	sim := runToEnd(t, cfg)
-
-	f, err := os.Open(cfg.ReportPath)
-	require.NoError(t, err)
-	defer f.Close()
-	lines, err := ReadReport(f)
-	require.NoError(t, err)
+	sim, lines := runWithReport(t, cfg)
 	require.Len(t, lines, 6)
 
 	hook.mu.Lock()
@@ -291,15 +283,8 @@ func TestMQTTModeReboots(t *testing.T) {
 	cfg.Duration = 1500 * time.Millisecond
 	cfg.RebootEvery = 400 * time.Millisecond
 	cfg.Reboots = 2
-	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
-	sim := runToEnd(t, cfg)
-
-	f, err := os.Open(cfg.ReportPath)
-	require.NoError(t, err)
-	defer f.Close()
-	lines, err := ReadReport(f)
-	require.NoError(t, err)
+	sim, lines := runWithReport(t, cfg)
 
 	hook.mu.Lock()
 	defer hook.mu.Unlock()
@@ -430,6 +415,15 @@ func TestMQTTModeFleetKeyRefusedAfterBinding(t *testing.T) {
 	require.Equal(t, 1, strings.Count(out, "level=ERROR msg=\"the broker refused the key (CONNACK not authorized)"), out)
 	require.Contains(t, out, "gatewayctl devices reset-key")
 	require.NotContains(t, out, "level=WARN msg=\"connecting to the broker")
+}
+
+// runWithReport is runToEnd with the devices' report written to a temporary file, and
+// returns the report too.
+func runWithReport(t *testing.T, cfg Config) (*Sim, []ReportLine) {
+	t.Helper()
+	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
+	sim := runToEnd(t, cfg)
+	return sim, readReportFile(t, cfg.ReportPath)
 }
 
 // runToEnd runs a simulator of cfg until it stops by itself (its Batches
