@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/proc"
 	"greenhouse-gateway/internal/cloud"
 )
 
@@ -363,7 +364,7 @@ func (r *runner) nextFleet() byte {
 
 // closedEndpoint returns an http:// endpoint on a port nothing listens on.
 func closedEndpoint() (string, error) {
-	addr, err := freeAddr()
+	addr, err := proc.FreeAddr()
 	if err != nil {
 		return "", err
 	}

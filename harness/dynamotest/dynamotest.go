@@ -138,7 +138,7 @@ var errPortTaken = errors.New("dynamotest: port taken")
 
 // launch starts the JVM on a free port and waits until it answers.
 func launch(java, dir string) (*Local, error) {
-	port, err := freePort()
+	port, err := proc.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -398,17 +398,4 @@ func moduleRoot() (string, error) {
 			return "", fmt.Errorf("finding module root: no go.mod above %s", wd)
 		}
 	}
-}
-
-// freePort returns a TCP port that was free on 127.0.0.1 a moment ago.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	if err := ln.Close(); err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	return port, nil
 }

@@ -94,7 +94,7 @@ func Start(tb testing.TB) *Broker {
 	})
 	begin := time.Now()
 	for attempt := 1; ; attempt++ {
-		port, err := freePort()
+		port, err := proc.FreePort()
 		if err != nil {
 			tb.Fatalf("mosquittotest: %v", err)
 		}
@@ -185,7 +185,7 @@ func (b *Broker) launch() error {
 	cmd.Dir = b.dir
 	cmd.Stdout = output
 	cmd.Stderr = output
-	p, err := proc.Start(brokerPath, cmd)
+	p, err := proc.Start("mosquitto", cmd)
 	if err != nil {
 		return err
 	}
@@ -193,7 +193,7 @@ func (b *Broker) launch() error {
 	b.proc = p
 	b.mu.Unlock()
 
-	if err := b.waitReady(p); err != nil {
+	if err := p.WaitTCP(b.Addr(), startTimeout); err != nil {
 		_ = b.stop()
 		out := output.String() + b.logTail()
 		if strings.Contains(out, "Address already in use") {
@@ -202,26 +202,6 @@ func (b *Broker) launch() error {
 		return fmt.Errorf("%w\nmosquitto output:\n%s", err, out)
 	}
 	return nil
-}
-
-// waitReady polls the port until it accepts a connection, the broker exits, or the start
-// timeout passes.
-func (b *Broker) waitReady(p *proc.Process) error {
-	deadline := time.Now().Add(startTimeout)
-	for {
-		if p.Exited() {
-			return fmt.Errorf("mosquitto exited during startup: %v", p.Err())
-		}
-		conn, err := net.DialTimeout("tcp", b.Addr(), time.Second)
-		if err == nil {
-			_ = conn.Close()
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("mosquitto did not accept connections on %s within %s: %v", b.Addr(), startTimeout, err)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
 }
 
 // stop ends the current process, if any: SIGTERM to its group, then SIGKILL.
@@ -482,17 +462,4 @@ func runInstall() error {
 	ctx, cancel := context.WithTimeout(context.Background(), debpkg.Timeout)
 	defer cancel()
 	return debpkg.Install(ctx, installed, "mosquitto", "mosquitto-clients")
-}
-
-// freePort returns a TCP port that was free on 127.0.0.1 a moment ago.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	if err := ln.Close(); err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	return port, nil
 }
