@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/modroot"
 	"greenhouse-gateway/harness/proc"
 	"greenhouse-gateway/internal/cloud"
 )
@@ -210,7 +211,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (*Results, error)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	root, err := moduleRoot()
+	root, err := modroot.Find()
 	if err != nil {
 		return nil, err
 	}

@@ -149,23 +149,6 @@ func copyDir(src, dst string) error {
 	})
 }
 
-// moduleRoot walks up from the working directory to the first directory
-// with a go.mod.
-func moduleRoot() (string, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("finding the module root: %w", err)
-	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		if filepath.Dir(dir) == dir {
-			return "", fmt.Errorf("finding the module root: no go.mod above %s", wd)
-		}
-	}
-}
-
 // tailFile returns the last n bytes of a file, for error messages.
 func tailFile(path string, n int64) string {
 	f, err := os.Open(path)

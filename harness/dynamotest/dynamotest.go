@@ -19,7 +19,8 @@
 // otherwise disturb it.
 //
 // The JVM is found in <module root>/.cache/dynamodb-local/ (module root: the nearest
-// directory above the working directory with a go.mod), or in $DYNAMODB_LOCAL_DIR. When it
+// directory above the working directory with greenhouse-gateway's go.mod, see
+// harness/modroot), or in $DYNAMODB_LOCAL_DIR. When it
 // is missing, deploy/local/dynamodb-local.sh install is run first (this needs npm, and java
 // or root for apt-get), so "go test ./..." works on a fresh machine.
 //
@@ -56,6 +57,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
+	"greenhouse-gateway/harness/modroot"
 	"greenhouse-gateway/harness/proc"
 	"greenhouse-gateway/harness/syncbuf"
 	"greenhouse-gateway/internal/cloud"
@@ -354,7 +356,7 @@ func Shared(tb testing.TB) *Local {
 // the jar or java is missing.
 func EnsureInstalled() (string, error) {
 	dir := os.Getenv("DYNAMODB_LOCAL_DIR")
-	root, rootErr := moduleRoot()
+	root, rootErr := modroot.Find()
 	if dir == "" {
 		if rootErr != nil {
 			return "", rootErr
@@ -382,20 +384,4 @@ func EnsureInstalled() (string, error) {
 		return "", fmt.Errorf("after %s install: %w", script, err)
 	}
 	return dir, nil
-}
-
-// moduleRoot walks up from the working directory to the first directory with a go.mod.
-func moduleRoot() (string, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("finding module root: %w", err)
-	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		if filepath.Dir(dir) == dir {
-			return "", fmt.Errorf("finding module root: no go.mod above %s", wd)
-		}
-	}
 }

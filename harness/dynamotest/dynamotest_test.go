@@ -104,13 +104,6 @@ func TestStartFailureShowsLog(t *testing.T) {
 	require.Less(t, time.Since(begin), 30*time.Second, "an exiting JVM must not wait for the start timeout")
 }
 
-func TestModuleRoot(t *testing.T) {
-	root, err := moduleRoot()
-	require.NoError(t, err)
-	require.FileExists(t, filepath.Join(root, "go.mod"))
-	require.FileExists(t, filepath.Join(root, "deploy", "local", "dynamodb-local.sh"))
-}
-
 // orphanEnv makes the test binary act as a test process that dies without cleanup.
 const orphanEnv = "DYNAMOTEST_ORPHAN_CHILD"
 
