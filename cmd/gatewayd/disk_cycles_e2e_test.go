@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -224,7 +222,7 @@ func TestReadOnlyDataDirectoryStopsCleanly(t *testing.T) {
 			chattr("+i")
 			t.Cleanup(func() { _ = exec.Command("chattr", "-R", "-i", dataDir).Run() })
 		}
-		code, results, err := tryPost(d, key, [][]byte{denseBatch(hw, boot, i)})
+		code, _, results, err := tryPost(d, key, [][]byte{denseBatch(hw, boot, i)})
 		if err != nil {
 			break // gatewayd stopped
 		}
@@ -269,28 +267,6 @@ func TestReadOnlyDataDirectoryStopsCleanly(t *testing.T) {
 	}
 }
 
-// tryPost is postBatches for a gatewayd that may be gone: err is the
-// request's error.
-func tryPost(d *daemon, key string, batches [][]byte) (int, []contract.Result, error) {
-	body := append([]byte(`{"batches":[`), bytes.Join(batches, []byte(","))...)
-	body = append(body, "]}"...)
-	req, err := http.NewRequest(http.MethodPost, "http://"+d.httpAddr+"/v1/readings", bytes.NewReader(body))
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	var r contract.ReadingsResponse
-	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
-		return resp.StatusCode, nil, err
-	}
-	return resp.StatusCode, r.Results, nil
-}
-
 // TestFailingDiskEIO runs gatewayd on the fault-injecting file system and,
 // under load, makes every fsync of its data directory fail with EIO (then,
 // in a second round, every write): gatewayd withholds the acknowledgement
@@ -311,7 +287,7 @@ func TestFailingDiskEIO(t *testing.T) {
 	for _, op := range []faultfs.Op{faultfs.OpFsync, faultfs.OpWrite} {
 		d := startDaemon(t, dataDir, local.Endpoint, prefix)
 		for range 20 {
-			code, results, err := tryPost(d, key, [][]byte{denseBatch(hw, boot, next)})
+			code, _, results, err := tryPost(d, key, [][]byte{denseBatch(hw, boot, next)})
 			next++
 			require.NoError(t, err)
 			require.Equal(t, http.StatusOK, code)
@@ -320,7 +296,7 @@ func TestFailingDiskEIO(t *testing.T) {
 		id := ffs.Inject(faultfs.Rule{Op: op, Err: syscall.EIO})
 		refused := 0
 		for range 200 {
-			code, results, err := tryPost(d, key, [][]byte{denseBatch(hw, boot, next)})
+			code, _, results, err := tryPost(d, key, [][]byte{denseBatch(hw, boot, next)})
 			next++
 			if err != nil {
 				break // gatewayd stopped

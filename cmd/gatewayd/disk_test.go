@@ -70,22 +70,40 @@ func noisyBatch(hw, boot string, i int) []byte {
 }
 
 // postBatches posts batches in one request and returns the status code, the
-// Retry-After header and the results.
+// Retry-After header and the results. It fails t when there is no decodable
+// answer.
 func postBatches(t *testing.T, d *daemon, key string, batches [][]byte) (int, string, []contract.Result) {
 	t.Helper()
+	code, retryAfter, results, err := tryPost(d, key, batches)
+	require.NoError(t, err, "gatewayd logs:\n%s", d.logs.String())
+	return code, retryAfter, results
+}
+
+// tryPost is postBatches for a gatewayd that may be gone: err is the
+// request's error, or the answer's when it does not decode (code is then
+// set).
+func tryPost(d *daemon, key string, batches [][]byte) (code int, retryAfter string, results []contract.Result, err error) {
 	body := append([]byte(`{"batches":[`), bytes.Join(batches, []byte(","))...)
 	body = append(body, "]}"...)
 	req, err := http.NewRequest(http.MethodPost, "http://"+d.httpAddr+"/v1/readings", bytes.NewReader(body))
-	require.NoError(t, err)
+	if err != nil {
+		return 0, "", nil, err
+	}
 	req.Header.Set("Authorization", "Bearer "+key)
 	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err, "gatewayd logs:\n%s", d.logs.String())
+	if err != nil {
+		return 0, "", nil, err
+	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	if err != nil {
+		return resp.StatusCode, "", nil, fmt.Errorf("reading the answer: %w", err)
+	}
 	var r contract.ReadingsResponse
-	require.NoError(t, json.Unmarshal(raw, &r), "%s", raw)
-	return resp.StatusCode, resp.Header.Get("Retry-After"), r.Results
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return resp.StatusCode, "", nil, fmt.Errorf("decoding %s: %w", raw, err)
+	}
+	return resp.StatusCode, resp.Header.Get("Retry-After"), r.Results, nil
 }
 
 // requireAlive fails when gatewayd exited or logged a crash.

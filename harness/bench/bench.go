@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/modroot"
+	"greenhouse-gateway/harness/proc"
 	"greenhouse-gateway/internal/cloud"
 )
 
@@ -209,7 +211,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (*Results, error)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	root, err := moduleRoot()
+	root, err := modroot.Find()
 	if err != nil {
 		return nil, err
 	}
@@ -363,7 +365,7 @@ func (r *runner) nextFleet() byte {
 
 // closedEndpoint returns an http:// endpoint on a port nothing listens on.
 func closedEndpoint() (string, error) {
-	addr, err := freeAddr()
+	addr, err := proc.FreeAddr()
 	if err != nil {
 		return "", err
 	}

@@ -72,20 +72,20 @@ type gatewayd struct {
 
 // startGatewayd runs gatewayd on fresh loopback ports and waits for /readyz.
 func startGatewayd(ctx context.Context, spec gatewaydSpec) (*gatewayd, error) {
-	mqttAddr, err := freeAddr()
+	mqttAddr, err := proc.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	httpAddr, err := freeAddr()
+	httpAddr, err := proc.FreeAddr()
 	for err == nil && httpAddr == mqttAddr {
-		httpAddr, err = freeAddr()
+		httpAddr, err = proc.FreeAddr()
 	}
 	if err != nil {
 		return nil, err
 	}
-	pprofAddr, err := freeAddr()
+	pprofAddr, err := proc.FreeAddr()
 	for err == nil && (pprofAddr == mqttAddr || pprofAddr == httpAddr) {
-		pprofAddr, err = freeAddr()
+		pprofAddr, err = proc.FreeAddr()
 	}
 	if err != nil {
 		return nil, err

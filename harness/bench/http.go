@@ -67,7 +67,7 @@ func startDiscardServer(logPath string) (*discardServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("finding the benchmark's executable: %w", err)
 	}
-	addr, err := freeAddr()
+	addr, err := proc.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +82,7 @@ func startDiscardServer(logPath string) (*discardServer, error) {
 	if s.proc, err = proc.Start("discard-server", cmd); err != nil {
 		return nil, err
 	}
-	if err := waitTCP(s.proc, addr, 10*time.Second); err != nil {
+	if err := s.proc.WaitTCP(addr, 10*time.Second); err != nil {
 		s.proc.Kill()
 		return nil, fmt.Errorf("%w\n%s", err, tailFile(logPath, 2048))
 	}

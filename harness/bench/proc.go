@@ -8,15 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
-
-	"greenhouse-gateway/harness/proc"
 )
 
 // clockTick is the kernel's USER_HZ, the unit of utime and stime in
@@ -150,60 +147,6 @@ func copyDir(src, dst string) error {
 		}
 		return os.WriteFile(target, data, 0o640)
 	})
-}
-
-// freePort returns a TCP port that was free on 127.0.0.1 a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	return port, l.Close()
-}
-
-// freeAddr returns 127.0.0.1:PORT with a port that was free a moment ago.
-func freeAddr() (string, error) {
-	port, err := freePort()
-	if err != nil {
-		return "", err
-	}
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
-}
-
-// waitTCP waits until addr accepts a connection, p exits, or timeout.
-func waitTCP(p *proc.Process, addr string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		if p.Exited() {
-			return fmt.Errorf("%s exited during startup: %v", p.Name, p.Err())
-		}
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			return c.Close()
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s did not accept connections on %s within %s: %w", p.Name, addr, timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// moduleRoot walks up from the working directory to the first directory
-// with a go.mod.
-func moduleRoot() (string, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("finding the module root: %w", err)
-	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		if filepath.Dir(dir) == dir {
-			return "", fmt.Errorf("finding the module root: no go.mod above %s", wd)
-		}
-	}
 }
 
 // tailFile returns the last n bytes of a file, for error messages.

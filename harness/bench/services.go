@@ -57,7 +57,7 @@ func startDynamoLocal(ctx context.Context, root, workDir string) (*dynamoLocal, 
 	if err != nil {
 		return nil, fmt.Errorf("looking up java: %w (make dynamodb-local installs it)", err)
 	}
-	port, err := freePort()
+	port, err := proc.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +118,7 @@ func startMosquitto(workDir string) (*mosquitto, error) {
 	if err != nil {
 		return nil, err
 	}
-	addr, err := freeAddr()
+	addr, err := proc.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +141,7 @@ func startMosquitto(workDir string) (*mosquitto, error) {
 	if m.proc, err = proc.Start("mosquitto", cmd); err != nil {
 		return nil, err
 	}
-	if err := waitTCP(m.proc, addr, mosquittoStartTimeout); err != nil {
+	if err := m.proc.WaitTCP(addr, mosquittoStartTimeout); err != nil {
 		m.proc.Kill()
 		return nil, fmt.Errorf("%w\n%s", err, tailFile(m.logPath, 2048))
 	}

@@ -7,8 +7,9 @@
 //	png := chromiumtest.Screenshot(t, url, 1280, 900)   // path of a PNG
 //
 // Every run is bounded (90 seconds), uses a fresh profile in the test's
-// temporary directory, and runs chromium in its own process group, which is
-// killed when the run ends or times out, so no renderer outlives it.
+// temporary directory, and runs chromium with harness/proc in its own
+// process group, which is killed when the run ends or times out, so no
+// renderer outlives it (nor, on Linux, the test process).
 // Chromium runs with --no-sandbox (tests run as root in CI, where the
 // sandbox cannot start) and without background networking: the only
 // traffic is to the URL given, which tests keep on 127.0.0.1.
@@ -35,6 +36,7 @@ import (
 	"time"
 
 	"greenhouse-gateway/harness/debpkg"
+	"greenhouse-gateway/harness/proc"
 	"greenhouse-gateway/harness/syncbuf"
 )
 
@@ -79,28 +81,26 @@ func run(tb testing.TB, args ...string) []byte {
 		"--disable-background-networking", "--disable-component-update", "--disable-sync",
 		"--no-first-run", "--no-default-browser-check", "--user-data-dir=" + filepath.Join(home, "profile"),
 	}, args...)
-	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, all...)
+	cmd := exec.Command(bin, all...)
 	cmd.Env = append(os.Environ(), "HOME="+home, "XDG_CONFIG_HOME="+filepath.Join(home, "config"),
 		"XDG_CACHE_HOME="+filepath.Join(home, "cache"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
-	var stdout bytes.Buffer
+	var stdout bytes.Buffer // read once the process was reaped
 	stderr := &syncbuf.Buffer{Max: tailBytes}
 	cmd.Stdout, cmd.Stderr = &stdout, stderr
-	err := cmd.Run()
-	if cmd.Process != nil {
-		// Renderers and helpers are in chromium's process group: none
-		// outlives the run.
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	p, err := proc.Start("chromium", cmd)
+	if err != nil {
+		tb.Fatalf("chromiumtest: chromium %s: %v; its output:\n%s", strings.Join(args, " "), err, stderr.String())
 	}
-	if ctx.Err() != nil {
+	if !p.Wait(runTimeout) {
+		_ = p.Kill()
 		tb.Fatalf("chromiumtest: chromium did not finish within %s (%s); its output:\n%s",
 			runTimeout, strings.Join(args, " "), stderr.String())
 	}
-	if err != nil {
+	// Renderers and helpers are in chromium's process group: none outlives
+	// the run.
+	_ = syscall.Kill(-p.Pid(), syscall.SIGKILL)
+	if err := p.Err(); err != nil {
 		tb.Fatalf("chromiumtest: chromium %s: %v; its output:\n%s", strings.Join(args, " "), err, stderr.String())
 	}
 	return stdout.Bytes()

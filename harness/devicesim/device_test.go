@@ -21,6 +21,18 @@ func (h *testHarness) nextSends(d time.Duration) []sentBatch {
 	return h.link.take()
 }
 
+// firstSend starts a connected device of cfg, answers its registration and returns what
+// it sends in the first interval: one batch.
+func firstSend(t *testing.T, cfg Config) (*testHarness, []sentBatch) {
+	t.Helper()
+	h := startDevice(t, t.Context(), cfg, true)
+	synctest.Wait()
+	h.registered()
+	s := h.nextSends(cfg.Interval)
+	require.Len(t, s, 1)
+	return h, s
+}
+
 func TestDeviceDeliversBatches(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := testConfig()
@@ -76,11 +88,7 @@ func TestDeviceRetriesBufferFullAfterRetryAfter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := testConfig()
 		cfg.Batches = 1
-		h := startDevice(t, t.Context(), cfg, true)
-		synctest.Wait()
-		h.registered()
-		first := h.nextSends(cfg.Interval)
-		require.Len(t, first, 1)
+		h, first := firstSend(t, cfg)
 
 		h.send(event{kind: evAck, retryAfter: 5 * time.Second, ack: contract.Ack{
 			Type: contract.AckTypeReadings, BatchID: first[0].id, Status: contract.StatusRejected,
@@ -109,11 +117,7 @@ func TestDeviceResendsAfterAckTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := testConfig()
 		cfg.Batches = 1
-		h := startDevice(t, t.Context(), cfg, true)
-		synctest.Wait()
-		h.registered()
-		first := h.nextSends(cfg.Interval)
-		require.Len(t, first, 1)
+		h, first := firstSend(t, cfg)
 		require.Empty(t, h.nextSends(cfg.AckTimeout-time.Millisecond))
 		// Timed out: the first retry waits between RetryMin/2 and RetryMin.
 		again := h.nextSends(time.Millisecond + cfg.RetryMin)
@@ -135,11 +139,7 @@ func TestDeviceDropsRejectedBatches(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := testConfig()
 		cfg.Batches = 2
-		h := startDevice(t, t.Context(), cfg, true)
-		synctest.Wait()
-		h.registered()
-		s0 := h.nextSends(cfg.Interval)
-		require.Len(t, s0, 1)
+		h, s0 := firstSend(t, cfg)
 
 		h.ack("02:00:00:00:00:01_other_1_2", contract.StatusAccepted, nil) // not ours: ignored
 		synctest.Wait()
@@ -164,11 +164,7 @@ func TestDeviceReregistersOnUnknownDevice(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := testConfig()
 		cfg.Batches = 1
-		h := startDevice(t, t.Context(), cfg, true)
-		synctest.Wait()
-		h.registered()
-		s := h.nextSends(cfg.Interval)
-		require.Len(t, s, 1)
+		h, s := firstSend(t, cfg)
 		h.ack(s[0].id, contract.StatusRejected, reasonPtr(contract.ReasonUnknownDevice))
 		synctest.Wait()
 		require.Equal(t, 2, h.link.registrations(), "registers again")
@@ -220,11 +216,7 @@ func TestDeviceResendsAfterReconnect(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := testConfig()
 		cfg.Batches = 1
-		h := startDevice(t, t.Context(), cfg, true)
-		synctest.Wait()
-		h.registered()
-		s := h.nextSends(cfg.Interval)
-		require.Len(t, s, 1)
+		h, s := firstSend(t, cfg)
 
 		h.send(event{kind: evDisconnected})
 		require.Empty(t, h.nextSends(30*time.Second), "nothing is sent while disconnected")
@@ -247,11 +239,7 @@ func TestDeviceTransportErrorBacksOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := testConfig()
 		cfg.Batches = 1
-		h := startDevice(t, t.Context(), cfg, true)
-		synctest.Wait()
-		h.registered()
-		s := h.nextSends(cfg.Interval)
-		require.Len(t, s, 1)
+		h, s := firstSend(t, cfg)
 		for i, wait := range []time.Duration{cfg.RetryMin, 2 * cfg.RetryMin, 4 * cfg.RetryMin} {
 			h.send(event{kind: evSendFailed, batchID: s[0].id, err: errNotConnected})
 			synctest.Wait()

@@ -150,16 +150,11 @@ func (g *enrollingGateway) takeRequests() map[string][]string {
 }
 
 func enrollingConfig(url string) Config {
-	cfg := DefaultConfig()
+	cfg := fastConfig(20*time.Millisecond, 50*time.Millisecond, 10*time.Second)
 	cfg.HTTPURL = url
 	cfg.APIKey = "fleet"
 	cfg.Devices = 2
-	cfg.Interval = 20 * time.Millisecond
 	cfg.Batches = 2
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 50 * time.Millisecond
-	cfg.AckTimeout = 5 * time.Second
-	cfg.DrainTimeout = 10 * time.Second
 	return cfg
 }
 

@@ -269,12 +269,18 @@ func (h *testHarness) registered() {
 func (h *testHarness) wait() (DeviceStats, []ReportLine) {
 	h.t.Helper()
 	st := <-h.done
-	f, err := os.Open(h.report)
-	require.NoError(h.t, err)
+	return st, readReportFile(h.t, h.report)
+}
+
+// readReportFile reads the report file at path.
+func readReportFile(t testing.TB, path string) []ReportLine {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
 	defer f.Close()
 	lines, err := ReadReport(f)
-	require.NoError(h.t, err)
-	return st, lines
+	require.NoError(t, err)
+	return lines
 }
 
 func reasonPtr(r contract.Reason) *contract.Reason { return &r }
@@ -284,4 +290,17 @@ func mustJSON(t testing.TB, v any) []byte {
 	b, err := json.Marshal(v)
 	require.NoError(t, err)
 	return b
+}
+
+// fastConfig returns DefaultConfig with the timings of the tests against a real broker or
+// HTTP server: a batch every interval, retries from 10 ms up to retryMax, a 5 s ack
+// timeout and a drain of at most drain.
+func fastConfig(interval, retryMax, drain time.Duration) Config {
+	cfg := DefaultConfig()
+	cfg.Interval = interval
+	cfg.RetryMin = 10 * time.Millisecond
+	cfg.RetryMax = retryMax
+	cfg.AckTimeout = 5 * time.Second
+	cfg.DrainTimeout = drain
+	return cfg
 }

@@ -6,8 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 	"testing"
@@ -129,27 +127,15 @@ func TestHTTPModeAgainstGateway(t *testing.T) {
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
 
-	cfg := DefaultConfig()
+	cfg := fastConfig(50*time.Millisecond, 100*time.Millisecond, 10*time.Second)
 	cfg.HTTPURL = srv.URL
 	cfg.APIKey = "secret"
 	cfg.Devices = 2
-	cfg.Interval = 50 * time.Millisecond
 	cfg.Readings = 5
 	cfg.Batches = 3
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 100 * time.Millisecond
-	cfg.AckTimeout = 5 * time.Second
-	cfg.DrainTimeout = 10 * time.Second
 	cfg.Seed = 1
-	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
-	sim := runToEnd(t, cfg)
-
-	f, err := os.Open(cfg.ReportPath)
-	require.NoError(t, err)
-	defer f.Close()
-	lines, err := ReadReport(f)
-	require.NoError(t, err)
+	sim, lines := runWithReport(t, cfg)
 	require.Len(t, lines, 6, "every batch got a final answer")
 
 	gw.mu.Lock()
@@ -190,29 +176,17 @@ func TestHTTPModeReboots(t *testing.T) {
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
 
-	cfg := DefaultConfig()
+	cfg := fastConfig(50*time.Millisecond, 100*time.Millisecond, 10*time.Second)
 	cfg.HTTPURL = srv.URL
 	cfg.APIKey = "secret"
 	cfg.Devices = 2
-	cfg.Interval = 50 * time.Millisecond
 	cfg.Readings = 5
 	cfg.Duration = 1500 * time.Millisecond
 	cfg.RebootEvery = 400 * time.Millisecond
 	cfg.Reboots = 2
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 100 * time.Millisecond
-	cfg.AckTimeout = 5 * time.Second
-	cfg.DrainTimeout = 10 * time.Second
 	cfg.Seed = 3
-	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
-	sim := runToEnd(t, cfg)
-
-	f, err := os.Open(cfg.ReportPath)
-	require.NoError(t, err)
-	defer f.Close()
-	lines, err := ReadReport(f)
-	require.NoError(t, err)
+	sim, lines := runWithReport(t, cfg)
 
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
@@ -247,15 +221,11 @@ func TestHTTPModeWrongKeyKeepsBatches(t *testing.T) {
 	srv := httptest.NewServer(newFakeGateway(t, "secret"))
 	t.Cleanup(srv.Close)
 
-	cfg := DefaultConfig()
+	cfg := fastConfig(20*time.Millisecond, 50*time.Millisecond, 300*time.Millisecond)
 	cfg.HTTPURL = srv.URL
 	cfg.APIKey = "wrong"
 	cfg.Devices = 1
-	cfg.Interval = 20 * time.Millisecond
 	cfg.Batches = 2
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 50 * time.Millisecond
-	cfg.DrainTimeout = 300 * time.Millisecond
 	sim, err := New(cfg, testLogger(t))
 	require.NoError(t, err)
 	require.NoError(t, sim.Run(t.Context()), "a refused key is not a setup error")

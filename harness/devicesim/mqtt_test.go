@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -190,26 +189,14 @@ func startBrokerAt(t *testing.T, hook *ackingHook, addr string) (func(), string)
 func TestMQTTModeAgainstBroker(t *testing.T) {
 	_, hook, url := startBroker(t, "secret")
 
-	cfg := DefaultConfig()
+	cfg := fastConfig(50*time.Millisecond, 50*time.Millisecond, 10*time.Second)
 	cfg.MQTTURL = url
 	cfg.APIKey = "secret"
 	cfg.Devices = 2
 	cfg.FirstMAC = "02:00:00:00:00:ff"
-	cfg.Interval = 50 * time.Millisecond
 	cfg.Batches = 3
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 50 * time.Millisecond
-	cfg.AckTimeout = 5 * time.Second
-	cfg.DrainTimeout = 10 * time.Second
-	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
-	sim := runToEnd(t, cfg)
-
-	f, err := os.Open(cfg.ReportPath)
-	require.NoError(t, err)
-	defer f.Close()
-	lines, err := ReadReport(f)
-	require.NoError(t, err)
+	sim, lines := runWithReport(t, cfg)
 	require.Len(t, lines, 6)
 
 	hook.mu.Lock()
@@ -231,15 +218,11 @@ func TestMQTTModeAgainstBroker(t *testing.T) {
 
 func TestMQTTModeRefusedKey(t *testing.T) {
 	_, _, url := startBroker(t, "secret")
-	cfg := DefaultConfig()
+	cfg := fastConfig(20*time.Millisecond, 50*time.Millisecond, 300*time.Millisecond)
 	cfg.MQTTURL = url
 	cfg.APIKey = "wrong"
 	cfg.Devices = 1
-	cfg.Interval = 20 * time.Millisecond
 	cfg.Batches = 2
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 50 * time.Millisecond
-	cfg.DrainTimeout = 300 * time.Millisecond
 	sim, err := New(cfg, testLogger(t))
 	require.NoError(t, err)
 	start := time.Now()
@@ -258,16 +241,12 @@ func TestMQTTModeReconnects(t *testing.T) {
 	hook.full["02:00:00:00:00:01"] = true // no buffer_full in this test
 	hook.mu.Unlock()
 
-	cfg := DefaultConfig()
+	cfg := fastConfig(50*time.Millisecond, 100*time.Millisecond, 20*time.Second)
 	cfg.MQTTURL = url
 	cfg.APIKey = "secret"
 	cfg.Devices = 1
-	cfg.Interval = 50 * time.Millisecond
 	cfg.Batches = 40
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 100 * time.Millisecond
 	cfg.AckTimeout = 2 * time.Second
-	cfg.DrainTimeout = 20 * time.Second
 	sim, err := New(cfg, testLogger(t))
 	require.NoError(t, err)
 
@@ -297,27 +276,15 @@ func TestMQTTModeReconnects(t *testing.T) {
 func TestMQTTModeReboots(t *testing.T) {
 	_, hook, url := startBroker(t, "secret")
 
-	cfg := DefaultConfig()
+	cfg := fastConfig(50*time.Millisecond, 50*time.Millisecond, 10*time.Second)
 	cfg.MQTTURL = url
 	cfg.APIKey = "secret"
 	cfg.Devices = 2
-	cfg.Interval = 50 * time.Millisecond
 	cfg.Duration = 1500 * time.Millisecond
 	cfg.RebootEvery = 400 * time.Millisecond
 	cfg.Reboots = 2
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 50 * time.Millisecond
-	cfg.AckTimeout = 5 * time.Second
-	cfg.DrainTimeout = 10 * time.Second
-	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
 
-	sim := runToEnd(t, cfg)
-
-	f, err := os.Open(cfg.ReportPath)
-	require.NoError(t, err)
-	defer f.Close()
-	lines, err := ReadReport(f)
-	require.NoError(t, err)
+	sim, lines := runWithReport(t, cfg)
 
 	hook.mu.Lock()
 	defer hook.mu.Unlock()
@@ -354,18 +321,13 @@ func TestMQTTModeReboots(t *testing.T) {
 func TestMQTTModeQoS0(t *testing.T) {
 	_, hook, url := startBroker(t, "secret")
 
-	cfg := DefaultConfig()
+	cfg := fastConfig(50*time.Millisecond, 50*time.Millisecond, 10*time.Second)
 	cfg.MQTTURL = url
 	cfg.APIKey = "secret"
 	cfg.Devices = 2
 	cfg.QoS = 0
-	cfg.Interval = 50 * time.Millisecond
 	cfg.Batches = 3
 	cfg.MaxInflight = 3
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 50 * time.Millisecond
-	cfg.AckTimeout = 5 * time.Second
-	cfg.DrainTimeout = 10 * time.Second
 
 	sim := runToEnd(t, cfg)
 
@@ -389,16 +351,11 @@ func TestMQTTModeEnrolls(t *testing.T) {
 	hook.enroll = true
 	hook.mu.Unlock()
 
-	cfg := DefaultConfig()
+	cfg := fastConfig(50*time.Millisecond, 50*time.Millisecond, 10*time.Second)
 	cfg.MQTTURL = url
 	cfg.APIKey = "fleet"
 	cfg.Devices = 2
-	cfg.Interval = 50 * time.Millisecond
 	cfg.Batches = 3
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 50 * time.Millisecond
-	cfg.AckTimeout = 5 * time.Second
-	cfg.DrainTimeout = 10 * time.Second
 	cfg.KeyStorePath = filepath.Join(t.TempDir(), "keys.json")
 
 	sim := runToEnd(t, cfg)
@@ -443,15 +400,11 @@ func TestMQTTModeFleetKeyRefusedAfterBinding(t *testing.T) {
 	hook.mu.Unlock()
 
 	var logs syncbuf.Buffer
-	cfg := DefaultConfig()
+	cfg := fastConfig(20*time.Millisecond, 200*time.Millisecond, time.Second)
 	cfg.MQTTURL = url
 	cfg.APIKey = "fleet"
 	cfg.Devices = 1
-	cfg.Interval = 20 * time.Millisecond
 	cfg.Batches = 2
-	cfg.RetryMin = 10 * time.Millisecond
-	cfg.RetryMax = 200 * time.Millisecond
-	cfg.DrainTimeout = time.Second
 	sim, err := New(cfg, infoLogger(&logs))
 	require.NoError(t, err)
 	require.NoError(t, sim.Run(t.Context()))
@@ -462,6 +415,15 @@ func TestMQTTModeFleetKeyRefusedAfterBinding(t *testing.T) {
 	require.Equal(t, 1, strings.Count(out, "level=ERROR msg=\"the broker refused the key (CONNACK not authorized)"), out)
 	require.Contains(t, out, "gatewayctl devices reset-key")
 	require.NotContains(t, out, "level=WARN msg=\"connecting to the broker")
+}
+
+// runWithReport is runToEnd with the devices' report written to a temporary file, and
+// returns the report too.
+func runWithReport(t *testing.T, cfg Config) (*Sim, []ReportLine) {
+	t.Helper()
+	cfg.ReportPath = filepath.Join(t.TempDir(), "report.jsonl")
+	sim := runToEnd(t, cfg)
+	return sim, readReportFile(t, cfg.ReportPath)
 }
 
 // runToEnd runs a simulator of cfg until it stops by itself (its Batches

@@ -1,7 +1,6 @@
 package devicesim
 
 import (
-	"log/slog"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -358,7 +357,7 @@ func TestDeviceQoS0ReliesOnAcks(t *testing.T) {
 func TestDeviceLogsConfirmationIDOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs syncbuf.Buffer
-		logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		logger := infoLogger(&logs)
 		cfg := testConfig()
 		cfg.RebootEvery = 5 * time.Second
 		cfg.Reboots = 3
@@ -380,7 +379,7 @@ func TestDeviceLogsConfirmationIDOnce(t *testing.T) {
 func TestDeviceRejectedRegistration(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs syncbuf.Buffer
-		logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		logger := infoLogger(&logs)
 		cfg := testConfig()
 		cfg.Batches = 1
 		h := startDeviceLog(t, t.Context(), cfg, true, logger)
@@ -475,7 +474,7 @@ func (h *testHarness) autoAckReadings(d time.Duration) {
 func TestDeviceConfirmationIDChangeIsReported(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs syncbuf.Buffer
-		logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		logger := infoLogger(&logs)
 		cfg := testConfig()
 		cfg.Batches = 1
 		h := startDeviceLog(t, t.Context(), cfg, true, logger)

@@ -19,7 +19,8 @@
 // otherwise disturb it.
 //
 // The JVM is found in <module root>/.cache/dynamodb-local/ (module root: the nearest
-// directory above the working directory with a go.mod), or in $DYNAMODB_LOCAL_DIR. When it
+// directory above the working directory with greenhouse-gateway's go.mod, see
+// harness/modroot), or in $DYNAMODB_LOCAL_DIR. When it
 // is missing, deploy/local/dynamodb-local.sh install is run first (this needs npm, and java
 // or root for apt-get), so "go test ./..." works on a fresh machine.
 //
@@ -46,7 +47,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,6 +57,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
+	"greenhouse-gateway/harness/modroot"
+	"greenhouse-gateway/harness/proc"
 	"greenhouse-gateway/harness/syncbuf"
 	"greenhouse-gateway/internal/cloud"
 )
@@ -92,10 +94,8 @@ type Local struct {
 	// Dir is the DynamoDB Local installation used (DynamoDBLocal.jar and DynamoDBLocal_lib).
 	Dir string
 
-	cmd     *exec.Cmd
-	log     *syncbuf.Buffer
-	done    chan struct{} // closed when the JVM has exited and was reaped
-	waitErr error         // the JVM's exit status, valid after done is closed
+	proc *proc.Process // the JVM, in its own process group
+	log  *syncbuf.Buffer
 
 	stopOnce sync.Once
 	mu       sync.Mutex
@@ -140,7 +140,7 @@ var errPortTaken = errors.New("dynamotest: port taken")
 
 // launch starts the JVM on a free port and waits until it answers.
 func launch(java, dir string) (*Local, error) {
-	port, err := freePort()
+	port, err := proc.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -149,35 +149,20 @@ func launch(java, dir string) (*Local, error) {
 		Port:     port,
 		Dir:      dir,
 		log:      &syncbuf.Buffer{Max: logTailBytes},
-		done:     make(chan struct{}),
 	}
 	args := append(append([]string{}, jvmOptions...),
 		"-Djava.library.path="+filepath.Join(dir, "DynamoDBLocal_lib"),
 		"-jar", filepath.Join(dir, "DynamoDBLocal.jar"),
 		"-sharedDb", "-inMemory", "-port", strconv.Itoa(port))
-	l.cmd = exec.Command(java, args...)
-	l.cmd.Dir = dir
-	l.cmd.Stdout = l.log
-	l.cmd.Stderr = l.log
-	l.cmd.SysProcAttr = sysProcAttr()
-
-	// Start and Wait on one locked OS thread: the parent-death signal (Linux) fires when the
-	// thread that forked the child exits, so that thread must live as long as the JVM. It
-	// does: the goroutine stays locked to it, blocked in Wait, and the thread ends (and the
-	// JVM with it) only when the JVM has exited or the whole test process goes away.
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := l.cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		l.waitErr = l.cmd.Wait()
-		close(l.done)
-	}()
-	if err := <-started; err != nil {
-		return nil, fmt.Errorf("starting %s: %w", java, err)
+	cmd := exec.Command(java, args...)
+	cmd.Dir = dir
+	cmd.Stdout = l.log
+	cmd.Stderr = l.log
+	// proc.Start keeps the thread that forked the JVM alive as long as the JVM, so that the
+	// parent-death signal (Linux) fires only when the JVM has exited or the whole test
+	// process goes away.
+	if l.proc, err = proc.Start("dynamodb local on "+l.Endpoint, cmd); err != nil {
+		return nil, err
 	}
 
 	if err := l.waitReady(startTimeout); err != nil {
@@ -204,8 +189,8 @@ func (l *Local) waitReady(timeout time.Duration) error {
 	var lastErr error
 	for {
 		select {
-		case <-l.done:
-			return fmt.Errorf("dynamodb local exited during startup: %v", l.waitErr)
+		case <-l.proc.Done():
+			return fmt.Errorf("dynamodb local exited during startup: %v", l.proc.Err())
 		case <-ctx.Done():
 			return fmt.Errorf("dynamodb local did not answer on %s within %s: %v", l.Endpoint, timeout, lastErr)
 		case <-tick.C:
@@ -230,16 +215,11 @@ func (l *Local) waitReady(timeout time.Duration) error {
 // exited. It is idempotent and safe to call on a paused instance.
 func (l *Local) Stop() {
 	l.stopOnce.Do(func() {
-		select {
-		case <-l.done:
+		if l.proc.Exited() {
 			return
-		default:
 		}
-		_ = syscall.Kill(-l.cmd.Process.Pid, syscall.SIGKILL)
-		select {
-		case <-l.done:
-		case <-time.After(stopTimeout):
-		}
+		_ = l.proc.Signal(syscall.SIGKILL)
+		l.proc.Wait(stopTimeout)
 	})
 }
 
@@ -261,17 +241,7 @@ func (l *Local) Resume(tb testing.TB) {
 	}
 }
 
-func (l *Local) signal(sig syscall.Signal) error {
-	select {
-	case <-l.done:
-		return fmt.Errorf("dynamodb local on %s has exited: %v", l.Endpoint, l.waitErr)
-	default:
-	}
-	if err := syscall.Kill(-l.cmd.Process.Pid, sig); err != nil {
-		return fmt.Errorf("signal %v to process group %d: %w", sig, l.cmd.Process.Pid, err)
-	}
-	return nil
-}
+func (l *Local) signal(sig syscall.Signal) error { return l.proc.Signal(sig) }
 
 // Client returns a client for the instance, made with cloud.NewClient (region us-east-1,
 // credentials from the SDK chain or the "local" fallback). Without opts the same client is
@@ -314,10 +284,8 @@ func (l *Local) NewTables(tb testing.TB) cloud.Tables {
 		tb.Fatalf("creating tables: %v", err)
 	}
 	tb.Cleanup(func() {
-		select {
-		case <-l.done:
+		if l.proc.Exited() {
 			return // the instance is gone, and its tables with it
-		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -388,7 +356,7 @@ func Shared(tb testing.TB) *Local {
 // the jar or java is missing.
 func EnsureInstalled() (string, error) {
 	dir := os.Getenv("DYNAMODB_LOCAL_DIR")
-	root, rootErr := moduleRoot()
+	root, rootErr := modroot.Find()
 	if dir == "" {
 		if rootErr != nil {
 			return "", rootErr
@@ -416,33 +384,4 @@ func EnsureInstalled() (string, error) {
 		return "", fmt.Errorf("after %s install: %w", script, err)
 	}
 	return dir, nil
-}
-
-// moduleRoot walks up from the working directory to the first directory with a go.mod.
-func moduleRoot() (string, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("finding module root: %w", err)
-	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		if filepath.Dir(dir) == dir {
-			return "", fmt.Errorf("finding module root: no go.mod above %s", wd)
-		}
-	}
-}
-
-// freePort returns a TCP port that was free on 127.0.0.1 a moment ago.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	if err := ln.Close(); err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	return port, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/stretchr/testify/require"
 
+	"greenhouse-gateway/harness/proc"
 	"greenhouse-gateway/internal/cloud"
 )
 
@@ -70,7 +71,7 @@ func TestPauseResume(t *testing.T) {
 func TestStop(t *testing.T) {
 	t.Parallel()
 	db := Start(t)
-	pid := db.cmd.Process.Pid
+	pid := db.proc.Pid()
 	db.Stop()
 	require.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "the JVM must be gone after Stop")
 	db.Stop() // idempotent
@@ -82,7 +83,7 @@ func TestStop(t *testing.T) {
 func TestStopPaused(t *testing.T) {
 	t.Parallel()
 	db := Start(t)
-	pid := db.cmd.Process.Pid
+	pid := db.proc.Pid()
 	db.Pause(t)
 	db.Stop()
 	require.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH)
@@ -103,13 +104,6 @@ func TestStartFailureShowsLog(t *testing.T) {
 	require.Less(t, time.Since(begin), 30*time.Second, "an exiting JVM must not wait for the start timeout")
 }
 
-func TestModuleRoot(t *testing.T) {
-	root, err := moduleRoot()
-	require.NoError(t, err)
-	require.FileExists(t, filepath.Join(root, "go.mod"))
-	require.FileExists(t, filepath.Join(root, "deploy", "local", "dynamodb-local.sh"))
-}
-
 // orphanEnv makes the test binary act as a test process that dies without cleanup.
 const orphanEnv = "DYNAMOTEST_ORPHAN_CHILD"
 
@@ -120,14 +114,14 @@ func orphanChild() {
 		os.Stdout.WriteString("error " + err.Error() + "\n")
 		os.Exit(3)
 	}
-	os.Stdout.WriteString(strconv.Itoa(l.cmd.Process.Pid) + "\n")
+	os.Stdout.WriteString(strconv.Itoa(l.proc.Pid()) + "\n")
 	panic("test process dies with dynamodb local running")
 }
 
 // TestJVMDiesWithTestProcess checks the parent-death signal: a test process that panics
 // without stopping its instance takes the JVM with it.
 func TestJVMDiesWithTestProcess(t *testing.T) {
-	if !hasPdeathsig() {
+	if !proc.HasPdeathsig() {
 		t.Skip("no parent-death signal on this system")
 	}
 	t.Parallel()

@@ -38,7 +38,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,6 +46,7 @@ import (
 	"time"
 
 	"greenhouse-gateway/harness/debpkg"
+	"greenhouse-gateway/harness/proc"
 	"greenhouse-gateway/harness/syncbuf"
 )
 
@@ -75,15 +75,7 @@ type Broker struct {
 	dir  string // configuration, persistence file and log
 
 	mu   sync.Mutex
-	proc *process // nil while stopped
-}
-
-// process is one run of the broker.
-type process struct {
-	cmd     *exec.Cmd
-	output  *syncbuf.Buffer // stdout and stderr
-	done    chan struct{}
-	waitErr error // valid after done is closed
+	proc *proc.Process // the current run; nil while stopped
 }
 
 // Start starts a private broker for tb and stops it at tb's cleanup. It fails tb, with the
@@ -102,7 +94,7 @@ func Start(tb testing.TB) *Broker {
 	})
 	begin := time.Now()
 	for attempt := 1; ; attempt++ {
-		port, err := freePort()
+		port, err := proc.FreePort()
 		if err != nil {
 			tb.Fatalf("mosquittotest: %v", err)
 		}
@@ -188,64 +180,28 @@ func (b *Broker) launch() error {
 	if err := os.WriteFile(b.confPath(), []byte(b.config()), 0o600); err != nil {
 		return fmt.Errorf("writing the configuration: %w", err)
 	}
-	p := &process{output: &syncbuf.Buffer{Max: tailBytes}, done: make(chan struct{})}
-	p.cmd = exec.Command(brokerPath, "-c", b.confPath())
-	p.cmd.Dir = b.dir
-	p.cmd.Stdout = p.output
-	p.cmd.Stderr = p.output
-	p.cmd.SysProcAttr = sysProcAttr()
-
-	// Start and Wait on one locked OS thread: the parent-death signal (Linux) fires when the
-	// thread that forked the child exits, so that thread must live as long as the broker.
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := p.cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		p.waitErr = p.cmd.Wait()
-		close(p.done)
-	}()
-	if err := <-started; err != nil {
-		return fmt.Errorf("starting %s: %w", brokerPath, err)
+	output := &syncbuf.Buffer{Max: tailBytes}
+	cmd := exec.Command(brokerPath, "-c", b.confPath())
+	cmd.Dir = b.dir
+	cmd.Stdout = output
+	cmd.Stderr = output
+	p, err := proc.Start("mosquitto", cmd)
+	if err != nil {
+		return err
 	}
 	b.mu.Lock()
 	b.proc = p
 	b.mu.Unlock()
 
-	if err := b.waitReady(p); err != nil {
+	if err := p.WaitTCP(b.Addr(), startTimeout); err != nil {
 		_ = b.stop()
-		out := p.output.String() + b.logTail()
+		out := output.String() + b.logTail()
 		if strings.Contains(out, "Address already in use") {
 			return fmt.Errorf("%w: %d: %v", errPortTaken, b.port, err)
 		}
 		return fmt.Errorf("%w\nmosquitto output:\n%s", err, out)
 	}
 	return nil
-}
-
-// waitReady polls the port until it accepts a connection, the broker exits, or the start
-// timeout passes.
-func (b *Broker) waitReady(p *process) error {
-	deadline := time.Now().Add(startTimeout)
-	for {
-		select {
-		case <-p.done:
-			return fmt.Errorf("mosquitto exited during startup: %v", p.waitErr)
-		default:
-		}
-		conn, err := net.DialTimeout("tcp", b.Addr(), time.Second)
-		if err == nil {
-			_ = conn.Close()
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("mosquitto did not accept connections on %s within %s: %v", b.Addr(), startTimeout, err)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
 }
 
 // stop ends the current process, if any: SIGTERM to its group, then SIGKILL.
@@ -258,19 +214,15 @@ func (b *Broker) stop() error {
 		return nil
 	}
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
-		select {
-		case <-p.done:
+		if p.Exited() {
 			return nil
-		default:
 		}
-		_ = syscall.Kill(-p.cmd.Process.Pid, sig)
-		select {
-		case <-p.done:
+		_ = p.Signal(sig)
+		if p.Wait(stopTimeout) {
 			return nil
-		case <-time.After(stopTimeout):
 		}
 	}
-	return fmt.Errorf("mosquitto (pid %d) did not exit after SIGKILL within %s", p.cmd.Process.Pid, stopTimeout)
+	return fmt.Errorf("mosquitto (pid %d) did not exit after SIGKILL within %s", p.Pid(), stopTimeout)
 }
 
 func (b *Broker) logTail() string {
@@ -320,13 +272,12 @@ type Message struct {
 	Payload []byte
 }
 
-// Subscription is a running mosquitto_sub. It exits by itself after 120 seconds (-W) and is
-// killed at the test's cleanup.
+// Subscription is a running mosquitto_sub, in its own process group like the broker. It
+// exits by itself after 120 seconds (-W) and is killed at the test's cleanup.
 type Subscription struct {
-	cmd      *exec.Cmd
+	proc     *proc.Process
 	messages chan Message
 	done     chan struct{} // closed when mosquitto_sub has exited and its output is read
-	waitErr  error         // valid after done is closed
 	stderr   *syncbuf.Buffer
 }
 
@@ -350,19 +301,9 @@ func Sub(tb testing.TB, url, topic string, qos int, user, pass string, extra ...
 	args = append(append([]string{"-oL", "mosquitto_sub"}, args...), extra...)
 	args = append(args, "-t", topic, "-q", strconv.Itoa(qos), "-d",
 		"-W", strconv.Itoa(int(subLifetime/time.Second)), "-F", "=msg %t %x")
-	s := &Subscription{
-		cmd:      exec.Command("stdbuf", args...),
-		messages: make(chan Message, 1024),
-		done:     make(chan struct{}),
-		stderr:   &syncbuf.Buffer{Max: tailBytes},
-	}
-	stdout, err := s.cmd.StdoutPipe()
+	s, stdout, err := startSub(args)
 	if err != nil {
-		return nil, fmt.Errorf("mosquitto_sub: %w", err)
-	}
-	s.cmd.Stderr = s.stderr
-	if err := s.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting mosquitto_sub: %w", err)
+		return nil, err
 	}
 	tb.Cleanup(s.Close)
 	subscribed := make(chan struct{})
@@ -371,14 +312,39 @@ func Sub(tb testing.TB, url, topic string, qos int, user, pass string, extra ...
 	case <-subscribed:
 		return s, nil
 	case <-s.done:
-		return nil, fmt.Errorf("mosquitto_sub on %s exited before subscribing: %v: %s", url, s.waitErr, s.stderr.String())
+		return nil, fmt.Errorf("mosquitto_sub on %s exited before subscribing: %v: %s", url, s.proc.Err(), s.stderr.String())
 	case <-time.After(clientTimeout):
 		s.Close()
 		return nil, fmt.Errorf("mosquitto_sub on %s: no SUBACK within %s: %s", url, clientTimeout, s.stderr.String())
 	}
 }
 
-func (s *Subscription) read(stdout io.Reader, subscribed chan struct{}) {
+// startSub starts stdbuf with args and returns the read end of its stdout. The output goes
+// through an os.Pipe rather than cmd.StdoutPipe: proc.Start waits for the process on its
+// own, and cmd.Wait closes a StdoutPipe's reader, which could drop output not yet read.
+func startSub(args []string) (*Subscription, *os.File, error) {
+	stdout, w, err := os.Pipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("mosquitto_sub: %w", err)
+	}
+	s := &Subscription{
+		messages: make(chan Message, 1024),
+		done:     make(chan struct{}),
+		stderr:   &syncbuf.Buffer{Max: tailBytes},
+	}
+	cmd := exec.Command("stdbuf", args...)
+	cmd.Stdout = w
+	cmd.Stderr = s.stderr
+	s.proc, err = proc.Start("mosquitto_sub", cmd)
+	_ = w.Close() // the child holds its own copy: EOF comes when it exits
+	if err != nil {
+		_ = stdout.Close()
+		return nil, nil, err
+	}
+	return s, stdout, nil
+}
+
+func (s *Subscription) read(stdout io.ReadCloser, subscribed chan struct{}) {
 	sc := bufio.NewScanner(stdout)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	once := sync.Once{}
@@ -402,7 +368,8 @@ func (s *Subscription) read(stdout io.Reader, subscribed chan struct{}) {
 		default: // nobody reads: drop rather than block mosquitto_sub
 		}
 	}
-	s.waitErr = s.cmd.Wait()
+	_ = stdout.Close()
+	<-s.proc.Done()
 	close(s.done)
 }
 
@@ -420,7 +387,7 @@ func (s *Subscription) Next(timeout time.Duration) (Message, error) {
 			return m, nil
 		default:
 		}
-		return Message{}, fmt.Errorf("mosquitto_sub has exited: %v: %s", s.waitErr, s.stderr.String())
+		return Message{}, fmt.Errorf("mosquitto_sub has exited: %v: %s", s.proc.Err(), s.stderr.String())
 	case <-timer.C:
 		return Message{}, fmt.Errorf("no message within %s", timeout)
 	}
@@ -434,7 +401,7 @@ func (s *Subscription) Close() {
 		return
 	default:
 	}
-	_ = s.cmd.Process.Kill()
+	_ = s.proc.Signal(syscall.SIGKILL)
 	select {
 	case <-s.done:
 	case <-time.After(stopTimeout):
@@ -495,17 +462,4 @@ func runInstall() error {
 	ctx, cancel := context.WithTimeout(context.Background(), debpkg.Timeout)
 	defer cancel()
 	return debpkg.Install(ctx, installed, "mosquitto", "mosquitto-clients")
-}
-
-// freePort returns a TCP port that was free on 127.0.0.1 a moment ago.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	if err := ln.Close(); err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	return port, nil
 }

@@ -1,7 +1,8 @@
-// Package proc runs the child processes of the soak and the benchmark
-// (gatewayd, DynamoDB Local's JVM, mosquitto, devicesim), each in its own
-// process group, so that a signal reaches the whole tree and nothing
-// outlives the run.
+// Package proc runs the child processes of the harness (gatewayd, DynamoDB
+// Local's JVM, mosquitto and its clients, devicesim, for the soak, the
+// benchmark, dynamotest and mosquittotest), each in its own process group,
+// so that a signal reaches the whole tree and nothing outlives the run. It
+// also picks a free port for a child and waits until the child listens.
 package proc
 
 import (

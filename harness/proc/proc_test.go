@@ -2,6 +2,7 @@ package proc
 
 import (
 	"bufio"
+	"net"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -53,4 +54,25 @@ func TestExitStatus(t *testing.T) {
 
 	_, err = Start("missing", exec.Command("/nonexistent/binary"))
 	require.ErrorContains(t, err, "starting missing:")
+}
+
+func TestWaitTCP(t *testing.T) {
+	p, err := Start("sleeper", exec.Command("sleep", "30"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Kill() })
+
+	addr, err := FreeAddr()
+	require.NoError(t, err)
+	err = p.WaitTCP(addr, 100*time.Millisecond)
+	require.ErrorContains(t, err, "sleeper did not accept connections on "+addr+" within 100ms")
+
+	failing, err := Start("failing", exec.Command("sh", "-c", "exit 3"))
+	require.NoError(t, err)
+	err = failing.WaitTCP(addr, 10*time.Second)
+	require.ErrorContains(t, err, "failing exited during startup: exit status 3")
+
+	l, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	require.NoError(t, p.WaitTCP(addr, 5*time.Second))
 }

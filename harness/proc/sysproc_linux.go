@@ -7,3 +7,7 @@ import "syscall"
 func sysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
+
+// HasPdeathsig reports whether a child dies with the parent that started
+// it even when the parent is killed without running any cleanup.
+func HasPdeathsig() bool { return true }

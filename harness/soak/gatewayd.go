@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"greenhouse-gateway/harness/modroot"
 	"greenhouse-gateway/harness/proc"
 )
 
@@ -33,7 +34,7 @@ const (
 // buildBinaries builds cmd/gatewayd (with -race if race) and cmd/devicesim
 // into dir.
 func buildBinaries(ctx context.Context, dir string, race bool) error {
-	root, err := moduleRoot()
+	root, err := modroot.Find()
 	if err != nil {
 		return err
 	}

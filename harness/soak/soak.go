@@ -673,23 +673,6 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// moduleRoot walks up from the working directory to the go.mod of module
-// greenhouse-gateway.
-func moduleRoot() (string, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("finding the module root: %w", err)
-	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		if raw, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.HasPrefix(string(raw), "module greenhouse-gateway\n") {
-			return dir, nil
-		}
-		if filepath.Dir(dir) == dir {
-			return "", fmt.Errorf("finding the module root: no go.mod of greenhouse-gateway above %s", wd)
-		}
-	}
-}
-
 // pickPort returns a loopback TCP port that was free a moment ago, below
 // the kernel's ephemeral range, so that no outgoing connection takes it
 // while the process that listens there restarts.
