@@ -13,11 +13,11 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
-	"greenhouse-gateway/uplink"
+	"greenhouse-gateway/internal/tablewrite"
 )
 
 // The table items the uplink writes for a batch, rebuilt here the way
-// uplink/items.go builds them (its builder is not exported), so that the
+// internal/tablewrite builds them, so that the
 // SDK baseline writes the same items and their sizes can be priced.
 const (
 	readingsRetention = 90 * 24 * time.Hour // uplink.readings_retention default
@@ -47,7 +47,7 @@ func batchItems(p buffer.Pending, now time.Time) (*itemBatch, error) {
 		}
 		item := map[string]types.AttributeValue{
 			"hardware_id":      str(b.HardwareID),
-			"ts_batch":         str(uplink.TSBatch(r.TimestampMS, b.BatchID)),
+			"ts_batch":         str(tablewrite.TSBatch(r.TimestampMS, b.BatchID)),
 			"timestamp_ms":     num(strconv.FormatInt(r.TimestampMS, 10)),
 			"batch_id":         str(b.BatchID),
 			"boot_id":          str(b.BootID),
