@@ -128,3 +128,9 @@ func readingItem(b *contract.Batch, r contract.Reading, retention time.Duration)
 
 func s(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
 func n(v string) types.AttributeValue { return &types.AttributeValueMemberN{Value: v} }
+
+// ReadingItems returns the device_readings items (not copies).
+func (it *Items) ReadingItems() []map[string]types.AttributeValue { return it.readings }
+
+// MarkerItem returns the processed_batches item (not a copy).
+func (it *Items) MarkerItem() map[string]types.AttributeValue { return it.marker }
