@@ -3,6 +3,7 @@
 package lambdatest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,8 +11,11 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -126,8 +130,12 @@ func (e *Emulator) Kill() {
 	e.p = nil
 	e.mu.Unlock()
 	if p != nil {
-		// The group, even when the emulator itself is gone: the function
-		// process is in it.
+		// The emulator starts the function in a process group of its own:
+		// kill both groups, the function's first.
+		for _, child := range children(p.Pid()) {
+			_ = syscall.Kill(-child, syscall.SIGKILL)
+			_ = syscall.Kill(child, syscall.SIGKILL)
+		}
 		_ = syscall.Kill(-p.Pid(), syscall.SIGKILL)
 		_ = p.Kill()
 	}
@@ -167,4 +175,30 @@ func (e *Emulator) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 		return out.Payload, fmt.Errorf("%w (%s): %s", ErrFunction, aws.ToString(out.FunctionError), out.Payload)
 	}
 	return out.Payload, nil
+}
+
+// children returns the pids of pid's child processes (from /proc; none
+// where there is no /proc).
+func children(pid int) []int {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var out []int
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read after ')'.
+		end := bytes.LastIndexByte(b, ')')
+		if end < 0 {
+			continue
+		}
+		fields := strings.Fields(string(b[end+1:]))
+		if len(fields) < 2 || fields[1] != strconv.Itoa(pid) {
+			continue
+		}
+		if child, err := strconv.Atoi(filepath.Base(filepath.Dir(path))); err == nil {
+			out = append(out, child)
+		}
+	}
+	return out
 }
