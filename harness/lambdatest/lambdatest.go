@@ -106,7 +106,7 @@ func buildRIE() (string, error) {
 }
 
 // BuildFunction builds cmd/function for this machine, once per process,
-// and returns the binary.
+// into <module root>/.cache/lambdatest/bootstrap, and returns its path.
 func BuildFunction(tb testing.TB) string {
 	tb.Helper()
 	p, err := once("function", func() (string, error) {
@@ -114,20 +114,25 @@ func BuildFunction(tb testing.TB) string {
 		if err != nil {
 			return "", err
 		}
-		dir, err := os.MkdirTemp("", "lambdatest-function-")
-		if err != nil {
+		// Built beside the cache's other binaries and renamed into place:
+		// emulators of other test processes keep running the file they
+		// started, and nothing is left in /tmp.
+		dir := filepath.Join(root, ".cache", "lambdatest")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return "", err
 		}
 		bin := filepath.Join(dir, "bootstrap")
+		tmp := fmt.Sprintf("%s.%d.tmp", bin, os.Getpid())
 		ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-tags", "lambda.norpc", "-o", bin, "./cmd/function")
+		cmd := exec.CommandContext(ctx, "go", "build", "-tags", "lambda.norpc", "-o", tmp, "./cmd/function")
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
+			_ = os.Remove(tmp)
 			return "", fmt.Errorf("building cmd/function: %w\n%s", err, out)
 		}
-		return bin, nil
+		return bin, os.Rename(tmp, bin)
 	})
 	if err != nil {
 		tb.Fatal(err)
