@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"sync"
 	"time"
 
 	"greenhouse-gateway/firmware-contract"
@@ -49,9 +50,7 @@ func newJob(b *contract.Batch, err error) *job {
 func (f *Function) store(ctx context.Context, jobs []*job) {
 	f.checkMarkers(ctx, jobs)
 	order, byDevice := groupJobs(jobs)
-	for _, hw := range order {
-		f.prepareDevice(ctx, hw, byDevice[hw])
-	}
+	f.prepareDevices(ctx, order, byDevice)
 	received := f.now()
 	next := make(map[string]int, len(order))
 	for {
@@ -140,6 +139,21 @@ func cloudFailure(err error) tablewrite.Outcome {
 		return tablewrite.Throttled
 	}
 	return tablewrite.Failed
+}
+
+// prepareDevices prepares the devices' batches (prepareDevice), up to
+// WriteConcurrency devices at once.
+func (f *Function) prepareDevices(ctx context.Context, order []string, byDevice map[string][]*job) {
+	sem := make(chan struct{}, max(f.cfg.WriteConcurrency, 1))
+	var wg sync.WaitGroup
+	for _, hw := range order {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			f.prepareDevice(ctx, hw, byDevice[hw])
+		})
+	}
+	wg.Wait()
 }
 
 // prepareDevice reads a device's newest readings, applies the ordering
