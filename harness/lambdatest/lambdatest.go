@@ -77,14 +77,16 @@ func once(key string, build func() (string, error)) (string, error) {
 // RIEPath returns the emulator's binary, building it first when missing.
 func RIEPath(tb testing.TB) string {
 	tb.Helper()
-	p, err := once("rie", buildRIE)
+	p, err := once("rie", BuildRIE)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	return p
 }
 
-func buildRIE() (string, error) {
+// BuildRIE returns the emulator's binary in <module root>/.cache/bin,
+// running go install of RIEVersion first when it is missing.
+func BuildRIE() (string, error) {
 	root, err := moduleRoot()
 	if err != nil {
 		return "", err
