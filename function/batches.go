@@ -3,6 +3,7 @@ package function
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -74,11 +75,15 @@ func (f *Function) store(ctx context.Context, jobs []*job) {
 	}
 }
 
+// errHeldBack is a batch not attempted because an earlier batch of its
+// device failed in the same invocation.
+var errHeldBack = errors.New("not attempted")
+
 // holdBack settles the later batches of a device whose batch failed: they
 // must not overtake it.
 func (f *Function) holdBack(later []*job, failed *job) {
 	for _, j := range later {
-		j.settle(tablewrite.Failed, fmt.Errorf("not attempted: batch %s of this device must be retried first", failed.batch.BatchID))
+		j.settle(tablewrite.Failed, fmt.Errorf("%w: batch %s of this device must be retried first", errHeldBack, failed.batch.BatchID))
 	}
 }
 
