@@ -38,6 +38,12 @@ import (
 
 // Config configures the uplink. The zero value of a field means its default.
 type Config struct {
+	// Target is where batches go: "dynamodb" (default) writes the tables
+	// directly; "lambda" invokes the readings function (Lambda), which
+	// writes them, so the gateway needs no table write permission.
+	Target string `yaml:"target"`
+	// Lambda configures the lambda target.
+	Lambda LambdaConfig `yaml:"lambda"`
 	// WriteMode is how batches are written. "transaction" (default): each
 	// batch's readings and its conditional marker in one
 	// TransactWriteItems when they fit, readings first and marker last
@@ -100,6 +106,8 @@ type Config struct {
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{
+		Target:            TargetDynamoDB,
+		Lambda:            DefaultLambdaConfig(),
 		WriteMode:         "transaction",
 		Concurrency:       16,
 		MaxConcurrency:    64,
@@ -119,6 +127,14 @@ func DefaultConfig() Config {
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
+	switch c.Target {
+	case "", TargetDynamoDB, TargetLambda:
+	default:
+		return fmt.Errorf("uplink.target: %q is not one of dynamodb, lambda", c.Target)
+	}
+	if err := c.Lambda.validate(c.Target); err != nil {
+		return err
+	}
 	switch c.WriteMode {
 	case "", "transaction", "batch":
 	default:
@@ -170,6 +186,8 @@ func (c Config) Validate() error {
 
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
+	c.Target = cmp.Or(c.Target, d.Target)
+	c.Lambda = c.Lambda.withDefaults()
 	c.WriteMode = cmp.Or(c.WriteMode, d.WriteMode)
 	c.Concurrency = cmp.Or(c.Concurrency, d.Concurrency)
 	if c.MaxConcurrency == 0 {
