@@ -258,6 +258,7 @@ type Uplink struct {
 	keyWriter   KeyWriter
 	keyLoggedAt time.Time
 	db          DynamoDB
+	lambda      *lambdaTarget // the lambda target (SetLambda); nil: dynamodb
 	probe       Prober
 	tables      cloud.Tables
 	logger      *slog.Logger
@@ -302,10 +303,10 @@ func New(cfg Config, store Store, devices DeviceSource, clk clock.Source, db Dyn
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	if store == nil || db == nil {
+	if store == nil || (db == nil && cfg.Target != TargetLambda) {
 		return nil, errors.New("uplink: store and DynamoDB client are required")
 	}
-	if cfg.TransactionMaxItems == 0 && probe == nil && cfg.WriteMode != "batch" {
+	if cfg.TransactionMaxItems == 0 && probe == nil && cfg.WriteMode != "batch" && cfg.Target != TargetLambda {
 		return nil, errors.New("uplink.transaction_max_items: 0 (probe) needs a prober")
 	}
 	if logger == nil {
@@ -350,6 +351,9 @@ func (u *Uplink) Status() Status {
 // Run forwards batches until ctx is done. A round interrupted by ctx leaves
 // its batches pending; forwarding them again after a restart is harmless.
 func (u *Uplink) Run(ctx context.Context) error {
+	if u.cfg.Target == TargetLambda && u.lambda == nil {
+		return errLambdaUnset
+	}
 	backoff := u.cfg.MinBackoff
 	poll := time.NewTimer(0)
 	defer poll.Stop()
@@ -425,16 +429,15 @@ func (u *Uplink) gather(ctx context.Context, wait time.Duration) {
 // A round first makes sure the clock can be trusted, writes the device
 // records and keys the cloud lacks, then leases batches (lease), checks
 // the ones whose earlier write may have been applied (checkUncertain) and
-// forwards the rest device by device, fresh devices first.
+// forwards the rest device by device, fresh devices first. The lambda
+// target sends device records, keys and batches through the readings
+// function, which answers duplicate for a batch already in the cloud, so
+// it reads no table.
 func (u *Uplink) round(ctx context.Context) (int, bool, error) {
-	if err := u.checkClock(ctx); err != nil {
-		return 0, false, err
-	}
-	devices, err := u.upsertDevices(ctx)
+	devices, err := u.prepare(ctx)
 	if err != nil {
 		return 0, false, err
 	}
-	u.writeKeys(ctx)
 	l, err := u.lease()
 	if err != nil {
 		return 0, false, err
@@ -445,16 +448,20 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 	}
 	u.metrics.roundBatches.Observe(float64(len(l.batches)))
 	taken, fresh := len(l.batches), l.freshDevices()
-	batches, err := u.checkUncertain(ctx, l.batches, l.oldest)
-	if err != nil {
-		return 0, false, err
+	batches := l.batches
+	if u.lambda == nil {
+		if batches, err = u.checkUncertain(ctx, l.batches, l.oldest); err != nil {
+			return 0, false, err
+		}
 	}
 	order, byDevice := groupByDevice(batches)
 	freshFirst(order, fresh)
-	if len(order) == 0 {
+	switch {
+	case len(order) == 0:
 		return taken, l.full, nil
-	}
-	if u.cfg.WriteMode == "batch" {
+	case u.lambda != nil:
+		return taken, l.full, u.forwardInvocations(ctx, order, byDevice)
+	case u.cfg.WriteMode == "batch":
 		return taken, l.full, u.forwardWaves(ctx, order, byDevice)
 	}
 	limit, err := u.transactionLimit(ctx)
@@ -462,6 +469,25 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 		return 0, false, err
 	}
 	return taken, l.full, u.forwardDevices(ctx, order, byDevice, limit)
+}
+
+// prepare readies a round: with the dynamodb target it checks the clock
+// and writes the device records and keys the cloud lacks; with the lambda
+// target it sends those through the function. It returns how many device
+// records were written.
+func (u *Uplink) prepare(ctx context.Context) (int, error) {
+	if u.lambda != nil {
+		return u.syncLambda(ctx)
+	}
+	if err := u.checkClock(ctx); err != nil {
+		return 0, err
+	}
+	devices, err := u.upsertDevices(ctx)
+	if err != nil {
+		return 0, err
+	}
+	u.writeKeys(ctx)
+	return devices, nil
 }
 
 // checkClock fails while the gateway's clock is not plausible, after one
