@@ -2,13 +2,9 @@ package uplink
 
 import (
 	"context"
-	"errors"
 	"sync"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/aws/smithy-go"
-	smithyhttp "github.com/aws/smithy-go/transport/http"
+	"greenhouse-gateway/internal/tablewrite"
 )
 
 // aimd limits the DynamoDB requests in flight: the limit grows by one for
@@ -89,56 +85,10 @@ func (a *aimd) current() int {
 	return int(a.limit)
 }
 
-// throttled reports whether err is DynamoDB asking for less load:
-// throughput or request-rate limits, or a 5xx.
-func throttled(err error) bool {
-	if err == nil {
-		return false
-	}
-	var re *smithyhttp.ResponseError
-	if errors.As(err, &re) && re.HTTPStatusCode() >= 500 {
-		return true
-	}
-	var tce *types.TransactionCanceledException
-	if errors.As(err, &tce) {
-		for _, r := range tce.CancellationReasons {
-			switch aws.ToString(r.Code) {
-			case "ThrottlingError", "ProvisionedThroughputExceeded":
-				return true
-			}
-		}
-		return false
-	}
-	var ae smithy.APIError
-	if errors.As(err, &ae) {
-		switch ae.ErrorCode() {
-		case "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded",
-			"InternalServerError", "ServiceUnavailable":
-			return true
-		}
-	}
-	return false
-}
+// throttled reports whether err is DynamoDB asking for less load
+// (tablewrite.Throttling).
+func throttled(err error) bool { return tablewrite.Throttling(err) }
 
-// ambiguous reports whether a failed write may still have been applied:
-// its answer was lost (network, timeout, cancelled) or the service failed
-// midway (5xx). A refusal (throttling, validation, a condition) was not
-// applied.
-func ambiguous(err error) bool {
-	if err == nil || errors.Is(err, errUnprocessed) {
-		return false
-	}
-	var re *smithyhttp.ResponseError
-	if errors.As(err, &re) && re.HTTPStatusCode() >= 500 {
-		return true
-	}
-	var ae smithy.APIError
-	if errors.As(err, &ae) {
-		switch ae.ErrorCode() {
-		case "InternalServerError", "ServiceUnavailable":
-			return true
-		}
-		return false
-	}
-	return true
-}
+// ambiguous reports whether a failed write may still have been applied
+// (tablewrite.Ambiguous).
+func ambiguous(err error) bool { return tablewrite.Ambiguous(err) }

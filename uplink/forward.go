@@ -3,20 +3,13 @@ package uplink
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
 
 	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/internal/tablewrite"
 )
-
-// batchWriteMax is BatchWriteItem's item limit.
-const batchWriteMax = 25
 
 // permanentError is a refusal no retry can change.
 type permanentError struct{ err error }
@@ -24,7 +17,23 @@ type permanentError struct{ err error }
 func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
-const markerCondition = "attribute_not_exists(batch_id)"
+// errUnprocessed is DynamoDB leaving items of a batch request unprocessed
+// after several resends (throttling).
+var errUnprocessed = tablewrite.ErrUnprocessed
+
+// jitter returns a duration between d/2 and d.
+var jitter = tablewrite.Jitter
+
+// newWriter returns a table writer whose requests go through the uplink's
+// AIMD limit and metrics. It is a few words, made where it is used.
+func (u *Uplink) newWriter() *tablewrite.Writer {
+	return tablewrite.New(u.db, u.tables, tablewrite.Options{
+		Call:         u.callOutcome,
+		RequestItems: func(n int) { u.metrics.requestItems.Observe(float64(n)) },
+		Unprocessed:  func(n int) { u.metrics.unprocessed.Add(float64(n)) },
+		LimitRefused: u.forgetLimit,
+	})
+}
 
 // forward sends one batch. nil means the batch is in the cloud (written now
 // or before); the batch is then returned with its reading times, for the
@@ -36,150 +45,29 @@ func (u *Uplink) forward(ctx context.Context, p buffer.Pending, limit int) (buff
 		// itself, so this is damage on disk: keep it for an operator.
 		return p, &permanentError{err: err}
 	}
-	if len(cb.readings)+1 <= limit {
-		err = u.forwardTransaction(ctx, cb)
-	} else {
-		err = u.forwardSplit(ctx, cb)
-	}
-	if err != nil {
+	if err := u.outcome(u.newWriter().Write(ctx, cb.items, limit), cb); err != nil {
 		return p, err
 	}
-	u.metrics.readings.Add(float64(len(cb.readings)))
 	return cb.pending, nil
 }
 
-func (u *Uplink) forwardTransaction(ctx context.Context, cb *cloudBatch) error {
-	items := make([]types.TransactWriteItem, 0, len(cb.readings)+1)
-	for _, r := range cb.readings {
-		items = append(items, types.TransactWriteItem{Put: &types.Put{TableName: aws.String(u.tables.Readings), Item: r}})
-	}
-	items = append(items, types.TransactWriteItem{Put: &types.Put{
-		TableName:           aws.String(u.tables.ProcessedBatches),
-		Item:                cb.marker,
-		ConditionExpression: aws.String(markerCondition),
-	}})
-	err := u.call(ctx, "TransactWriteItems", func(ctx context.Context) error {
-		_, err := u.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
-		return err
-	})
-	if err == nil {
+// outcome counts a batch's result and turns it into forward's error: nil
+// when the batch is in the cloud, a permanentError when the cloud refuses
+// it for good (its content, or another payload under its batch_id).
+func (u *Uplink) outcome(r tablewrite.Result, cb *cloudBatch) error {
+	switch r.Outcome {
+	case tablewrite.Delivered:
 		u.metrics.batches.WithLabelValues("delivered").Inc()
-		return nil
-	}
-	var tce *types.TransactionCanceledException
-	if errors.As(err, &tce) && markerAlreadyExists(tce, len(items)-1) {
+	case tablewrite.Duplicate:
 		u.metrics.batches.WithLabelValues("already_delivered").Inc()
-		return nil
+	case tablewrite.Conflict, tablewrite.Rejected:
+		return &permanentError{err: r.Err}
+	default:
+		return r.Err
 	}
-	return u.classify("TransactWriteItems", cb.pending.BatchID, err)
+	u.metrics.readings.Add(float64(cb.items.Readings()))
+	return nil
 }
-
-// markerAlreadyExists reports whether a cancelled transaction failed only
-// because the marker at index markerIdx exists. Older DynamoDB Local
-// releases give the reasons only in the message ("... [None, ...,
-// ConditionalCheckFailed]").
-func markerAlreadyExists(tce *types.TransactionCanceledException, markerIdx int) bool {
-	codes := make([]string, 0, len(tce.CancellationReasons))
-	for _, r := range tce.CancellationReasons {
-		codes = append(codes, aws.ToString(r.Code))
-	}
-	if len(codes) == 0 {
-		msg := aws.ToString(tce.Message)
-		open, end := strings.LastIndex(msg, "["), strings.LastIndex(msg, "]")
-		if open < 0 || end < open {
-			return false
-		}
-		for _, c := range strings.Split(msg[open+1:end], ",") {
-			codes = append(codes, strings.TrimSpace(c))
-		}
-	}
-	if len(codes) <= markerIdx || codes[markerIdx] != "ConditionalCheckFailed" {
-		return false
-	}
-	for i, c := range codes {
-		if i != markerIdx && c != "" && c != "None" {
-			return false
-		}
-	}
-	return true
-}
-
-// forwardSplit writes the readings with BatchWriteItem, then the marker.
-func (u *Uplink) forwardSplit(ctx context.Context, cb *cloudBatch) error {
-	for start := 0; start < len(cb.readings); start += batchWriteMax {
-		reqs := make([]types.WriteRequest, 0, batchWriteMax)
-		for _, r := range cb.readings[start:min(start+batchWriteMax, len(cb.readings))] {
-			reqs = append(reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
-		}
-		if err := u.batchWrite(ctx, cb.pending.BatchID, reqs); err != nil {
-			return err
-		}
-	}
-	return u.putMarker(ctx, cb)
-}
-
-// putMarker writes a batch's processed_batches marker, on condition that
-// it does not exist yet; an existing marker means the batch was delivered
-// before.
-func (u *Uplink) putMarker(ctx context.Context, cb *cloudBatch) error {
-	err := u.call(ctx, "PutItem", func(ctx context.Context) error {
-		_, err := u.db.PutItem(ctx, &dynamodb.PutItemInput{
-			TableName:           aws.String(u.tables.ProcessedBatches),
-			Item:                cb.marker,
-			ConditionExpression: aws.String(markerCondition),
-		})
-		return err
-	})
-	var ccf *types.ConditionalCheckFailedException
-	switch {
-	case err == nil:
-		u.metrics.batches.WithLabelValues("delivered").Inc()
-		return nil
-	case errors.As(err, &ccf):
-		u.metrics.batches.WithLabelValues("already_delivered").Inc()
-		return nil
-	}
-	return u.classify("PutItem", cb.pending.BatchID, err)
-}
-
-// batchWrite writes up to 25 items, resending unprocessed ones a few times
-// before giving the round up to the backoff.
-func (u *Uplink) batchWrite(ctx context.Context, batchID string, reqs []types.WriteRequest) error {
-	wait := 50 * time.Millisecond
-	u.metrics.requestItems.Observe(float64(len(reqs)))
-	for attempt := 0; ; attempt++ {
-		var out *dynamodb.BatchWriteItemOutput
-		err := u.callOutcome(ctx, "BatchWriteItem", func(ctx context.Context) (bool, error) {
-			var err error
-			out, err = u.db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
-				RequestItems: map[string][]types.WriteRequest{u.tables.Readings: reqs},
-			})
-			// Unprocessed items are DynamoDB throttling part of a request.
-			return err == nil && len(out.UnprocessedItems[u.tables.Readings]) > 0, err
-		})
-		if err != nil {
-			return u.classify("BatchWriteItem", batchID, err)
-		}
-		reqs = out.UnprocessedItems[u.tables.Readings]
-		if len(reqs) == 0 {
-			return nil
-		}
-		u.metrics.unprocessed.Add(float64(len(reqs)))
-		if attempt == 4 {
-			return fmt.Errorf("BatchWriteItem for %s: %d items still unprocessed: %w", batchID, len(reqs), errUnprocessed)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(jitter(wait)):
-		}
-		wait *= 2
-	}
-}
-
-// errUnprocessed is DynamoDB leaving items of a batch request unprocessed
-// after several resends (throttling).
-var errUnprocessed = errors.New("throttled")
 
 // call runs one request with the request timeout, within the AIMD limit of
 // requests in flight, and records its latency.
@@ -211,23 +99,6 @@ func (u *Uplink) callOutcome(ctx context.Context, op string, f func(context.Cont
 		u.metrics.requestErrors.WithLabelValues(op, errorKind(err)).Inc()
 	}
 	return err
-}
-
-// classify turns a request error into a retryable error, or a
-// permanentError for refusals of the batch's own content.
-func (u *Uplink) classify(op, batchID string, err error) error {
-	var ae smithy.APIError
-	if errors.As(err, &ae) && ae.ErrorCode() == "ValidationException" {
-		msg := ae.ErrorMessage()
-		if strings.Contains(msg, "ransactItems") || strings.Contains(msg, "item count") {
-			// The endpoint takes fewer actions per transaction than we
-			// thought: probe again rather than blame the batch.
-			u.forgetLimit()
-			return fmt.Errorf("%s for %s: %w", op, batchID, err)
-		}
-		return &permanentError{err: fmt.Errorf("%s for %s: %w", op, batchID, err)}
-	}
-	return fmt.Errorf("%s for %s: %w", op, batchID, err)
 }
 
 // errorKind labels a request error for metrics.

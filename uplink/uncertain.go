@@ -4,17 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"time"
-
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/internal/tablewrite"
 )
 
 // batchGetMax is BatchGetItem's key limit.
-const batchGetMax = 100
+const batchGetMax = tablewrite.BatchGetMax
 
 // An uncertain batch may be in the cloud already: it was leased by the
 // round a crash interrupted, or its write failed with an ambiguous error (a
@@ -104,49 +100,18 @@ func (u *Uplink) settle(leased []buffer.Pending) {
 	}
 }
 
-// lookupMarkers reads up to 100 markers with a consistent read, resending
-// unprocessed keys a few times, and adds the batch_ids found to found.
+// lookupMarkers reads up to 100 markers and adds the batch_ids found to
+// found.
 func (u *Uplink) lookupMarkers(ctx context.Context, batches []buffer.Pending, found map[string]bool) error {
-	keys := make([]map[string]types.AttributeValue, 0, len(batches))
+	ids := make([]string, 0, len(batches))
 	for _, p := range batches {
-		keys = append(keys, map[string]types.AttributeValue{"batch_id": s(p.BatchID)})
+		ids = append(ids, p.BatchID)
 	}
-	wait := 50 * time.Millisecond
-	for attempt := 0; ; attempt++ {
-		var out *dynamodb.BatchGetItemOutput
-		err := u.call(ctx, "BatchGetItem", func(ctx context.Context) error {
-			var err error
-			out, err = u.db.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{
-				RequestItems: map[string]types.KeysAndAttributes{u.tables.ProcessedBatches: {
-					Keys:                 keys,
-					ConsistentRead:       aws.Bool(true),
-					ProjectionExpression: aws.String("batch_id"),
-				}},
-			})
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("BatchGetItem of %d markers: %w", len(keys), err)
-		}
-		for _, item := range out.Responses[u.tables.ProcessedBatches] {
-			if v, ok := item["batch_id"].(*types.AttributeValueMemberS); ok {
-				found[v.Value] = true
-			}
-		}
-		keys = out.UnprocessedKeys[u.tables.ProcessedBatches].Keys
-		if len(keys) == 0 {
-			return nil
-		}
-		if attempt == 4 {
-			return fmt.Errorf("BatchGetItem: %d markers still unprocessed (throttled): %w", len(keys), errUnprocessed)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(jitter(wait)):
-		}
-		wait *= 2
+	stored, err := u.newWriter().MarkerHashes(ctx, ids)
+	for id := range stored {
+		found[id] = true
 	}
+	return err
 }
 
 // readingCount is the number of readings in a buffered payload (0 when it

@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -798,12 +797,4 @@ func (u *Uplink) setUp() {
 		"last_err", u.status.LastError)
 	u.status = Status{Up: true, Since: u.clock.Now()}
 	u.metrics.up.Set(1)
-}
-
-// jitter returns a duration between d/2 and d.
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2)
 }

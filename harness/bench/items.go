@@ -6,25 +6,21 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
-	"greenhouse-gateway/uplink"
+	"greenhouse-gateway/internal/tablewrite"
 )
 
-// The table items the uplink writes for a batch, rebuilt here the way
-// uplink/items.go builds them (its builder is not exported), so that the
-// SDK baseline writes the same items and their sizes can be priced.
-const (
-	readingsRetention = 90 * 24 * time.Hour // uplink.readings_retention default
-	markerTTL         = 30 * 24 * time.Hour // uplink's marker lifetime
-	rfc3339           = "2006-01-02T15:04:05Z"
-)
+// readingsRetention is uplink.readings_retention's default.
+const readingsRetention = 90 * 24 * time.Hour
 
+// itemBatch is the table items the uplink writes for a batch
+// (tablewrite.Build), so that the SDK baseline writes the same items and
+// their sizes can be priced.
 type itemBatch struct {
 	readings []map[string]types.AttributeValue
 	marker   map[string]types.AttributeValue
@@ -35,43 +31,9 @@ func batchItems(p buffer.Pending, now time.Time) (*itemBatch, error) {
 	if err := json.Unmarshal(p.Payload, &b); err != nil {
 		return nil, fmt.Errorf("decoding buffered batch %s: %w", p.BatchID, err)
 	}
-	ib := &itemBatch{}
-	for _, r := range b.Readings {
-		sensors := make(map[string]types.AttributeValue, len(r.Sensors))
-		for k, v := range r.Sensors {
-			sensors[k] = num(strconv.FormatFloat(v, 'g', -1, 64))
-		}
-		status := make(map[string]types.AttributeValue, len(r.SensorStatus))
-		for k, v := range r.SensorStatus {
-			status[k] = str(v)
-		}
-		item := map[string]types.AttributeValue{
-			"hardware_id":      str(b.HardwareID),
-			"ts_batch":         str(uplink.TSBatch(r.TimestampMS, b.BatchID)),
-			"timestamp_ms":     num(strconv.FormatInt(r.TimestampMS, 10)),
-			"batch_id":         str(b.BatchID),
-			"boot_id":          str(b.BootID),
-			"firmware_version": str(b.FirmwareVersion),
-			"sensors":          &types.AttributeValueMemberM{Value: sensors},
-			"sensor_status":    &types.AttributeValueMemberM{Value: status},
-			"expiration_time":  num(strconv.FormatInt(r.TimestampMS/1000+int64(readingsRetention/time.Second), 10)),
-		}
-		if r.TimeSource != "" {
-			item["time_source"] = str(r.TimeSource)
-		}
-		ib.readings = append(ib.readings, item)
-	}
-	ib.marker = map[string]types.AttributeValue{
-		"batch_id":        str(b.BatchID),
-		"hardware_id":     str(b.HardwareID),
-		"received_at":     str(p.ReceivedAt.UTC().Format(rfc3339)),
-		"expiration_time": num(strconv.FormatInt(now.Add(markerTTL).Unix(), 10)),
-	}
-	return ib, nil
+	it := tablewrite.Build(tablewrite.Batch{Batch: &b, ReceivedAt: p.ReceivedAt, Hash: b.IdentityHash()}, readingsRetention, now)
+	return &itemBatch{readings: it.ReadingItems(), marker: it.MarkerItem()}, nil
 }
-
-func str(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
-func num(v string) types.AttributeValue { return &types.AttributeValueMemberN{Value: v} }
 
 // itemSize is an item's size by DynamoDB's documented rules ("Item sizes
 // and formats", DynamoDB Developer Guide): each attribute's name (UTF-8

@@ -21,6 +21,7 @@ import (
 	"greenhouse-gateway/harness/dynamotest"
 	"greenhouse-gateway/harness/faultproxy"
 	"greenhouse-gateway/internal/cloud"
+	"greenhouse-gateway/internal/tablewrite"
 	"greenhouse-gateway/uplink"
 )
 
@@ -213,7 +214,7 @@ func checkExactlyOnce(t testing.TB, client *dynamodb.Client, tables cloud.Tables
 		ts := it["ts_batch"].(*types.AttributeValueMemberS).Value
 		ms, err := strconv.ParseInt(it["timestamp_ms"].(*types.AttributeValueMemberN).Value, 10, 64)
 		require.NoError(t, err)
-		require.Equal(t, uplink.TSBatch(ms, id), ts, "sort key of a reading of %s", id)
+		require.Equal(t, tablewrite.TSBatch(ms, id), ts, "sort key of a reading of %s", id)
 		readings[id]++
 	}
 	require.Len(t, markers, len(want), "one marker per batch, none other")

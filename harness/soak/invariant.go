@@ -14,7 +14,7 @@ import (
 
 	"greenhouse-gateway/harness/devicesim"
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/uplink"
+	"greenhouse-gateway/internal/tablewrite"
 )
 
 // maxProblems caps the problems listed per scenario; the counts stay exact.
@@ -217,7 +217,7 @@ func checkInvariant(f *Figures, lines []devicesim.ReportLine, st cloudState) {
 			switch {
 			case r.hardwareID != l.HardwareID:
 				bad = fmt.Sprintf("a reading is stored under hardware_id %s", r.hardwareID)
-			case r.tsBatch != uplink.TSBatch(r.timestampMS, id):
+			case r.tsBatch != tablewrite.TSBatch(r.timestampMS, id):
 				bad = fmt.Sprintf("sort key %s does not match timestamp %d", r.tsBatch, r.timestampMS)
 			}
 		}

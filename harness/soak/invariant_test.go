@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/harness/devicesim"
-	"greenhouse-gateway/uplink"
+	"greenhouse-gateway/internal/tablewrite"
 )
 
 // cloudOf builds what DynamoDB would hold for batches delivered as sent.
@@ -18,7 +18,7 @@ func cloudOf(lines ...devicesim.ReportLine) cloudState {
 		for i := range l.Readings {
 			ts := l.FirstTimestampMS + int64(i)*100
 			st.readings[l.BatchID] = append(st.readings[l.BatchID], cloudReading{hardwareID: l.HardwareID,
-				batchID: l.BatchID, timestampMS: ts, tsBatch: uplink.TSBatch(ts, l.BatchID)})
+				batchID: l.BatchID, timestampMS: ts, tsBatch: tablewrite.TSBatch(ts, l.BatchID)})
 			st.items++
 		}
 	}
@@ -62,7 +62,7 @@ func TestCheckInvariant(t *testing.T) {
 			st := cloudOf(a, b, c)
 			r := st.readings["A"][0]
 			r.timestampMS += 7 // repaired differently on a resend
-			r.tsBatch = uplink.TSBatch(r.timestampMS, "A")
+			r.tsBatch = tablewrite.TSBatch(r.timestampMS, "A")
 			st.readings["A"] = append(st.readings["A"], r)
 			return st
 		}, Figures{Acknowledged: 3, Delivered: 2, Duplicated: 1, Readings: 21}, "duplicated: batch A has 4 readings"},
@@ -70,13 +70,13 @@ func TestCheckInvariant(t *testing.T) {
 			st := cloudOf(a, b, c)
 			r := st.readings["A"][1]
 			st.readings["B"][0] = cloudReading{hardwareID: r.hardwareID, batchID: "B", timestampMS: r.timestampMS,
-				tsBatch: uplink.TSBatch(r.timestampMS, "B")}
+				tsBatch: tablewrite.TSBatch(r.timestampMS, "B")}
 			return st
 		}, Figures{Acknowledged: 3, Delivered: 2, Lost: 1, Duplicated: 1, Readings: 20}, "stored under batch A and batch B"},
 		{"readings other than sent", []devicesim.ReportLine{a, b, c}, func() cloudState {
 			st := cloudOf(a, b, c)
 			st.readings["C"][4].timestampMS = 9_999_999
-			st.readings["C"][4].tsBatch = uplink.TSBatch(9_999_999, "C")
+			st.readings["C"][4].tsBatch = tablewrite.TSBatch(9_999_999, "C")
 			return st
 		}, Figures{Acknowledged: 3, Delivered: 2, Lost: 1, Readings: 20}, "not what its device sent"},
 		{"a marker of a batch never acknowledged", []devicesim.ReportLine{a, b}, func() cloudState {

@@ -1,0 +1,298 @@
+package tablewrite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
+
+	"greenhouse-gateway/internal/cloud"
+)
+
+// BatchWriteMax is BatchWriteItem's item limit.
+const BatchWriteMax = 25
+
+const markerCondition = "attribute_not_exists(batch_id)"
+
+// DB is the part of the DynamoDB API the writer uses.
+type DB interface {
+	BatchGetItem(context.Context, *dynamodb.BatchGetItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
+	TransactWriteItems(context.Context, *dynamodb.TransactWriteItemsInput, ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
+	BatchWriteItem(context.Context, *dynamodb.BatchWriteItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error)
+	PutItem(context.Context, *dynamodb.PutItemInput, ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
+}
+
+// Outcome is what became of one batch.
+type Outcome int
+
+const (
+	// Delivered: written now.
+	Delivered Outcome = iota
+	// Duplicate: its marker was there, with the same payload hash or none.
+	Duplicate
+	// Conflict: its marker was there with another payload hash.
+	Conflict
+	// Rejected: DynamoDB refused the batch's own items; no retry helps.
+	Rejected
+	// Throttled: DynamoDB asked for less load; retry later.
+	Throttled
+	// Failed: any other error; retry.
+	Failed
+)
+
+// String is the outcome's name in the readings function's answers.
+func (o Outcome) String() string {
+	return [...]string{"delivered", "duplicate", "conflict", "rejected", "throttled", "error"}[o]
+}
+
+// Result is one batch's outcome; Err explains every outcome but
+// Delivered and Duplicate, and wraps the DynamoDB error when there is one.
+type Result struct {
+	Outcome Outcome
+	Err     error
+}
+
+// InCloud reports whether the batch is in the tables (written now or before).
+func (r Result) InCloud() bool { return r.Outcome == Delivered || r.Outcome == Duplicate }
+
+// Caller runs one DynamoDB request f and returns its error. f's first
+// result reports a request that succeeded but left items unprocessed
+// (throttling of part of it). The uplink's Caller bounds requests in
+// flight by AIMD and records metrics.
+type Caller func(ctx context.Context, op string, f func(context.Context) (partly bool, err error)) error
+
+// Options are the writer's hooks; every field may be nil.
+type Options struct {
+	// Call runs each request (nil: directly).
+	Call Caller
+	// RequestItems is told the size of each BatchWriteItem request.
+	RequestItems func(n int)
+	// Unprocessed is told how many items a BatchWriteItem left unprocessed.
+	Unprocessed func(n int)
+	// LimitRefused is called when the endpoint refused a transaction for
+	// its item count: the caller's limit is too high.
+	LimitRefused func()
+}
+
+// Writer writes batches to the tables. It is safe for concurrent use.
+type Writer struct {
+	db     DB
+	tables cloud.Tables
+	opts   Options
+}
+
+// New returns a writer for tables through db; it does no I/O.
+func New(db DB, tables cloud.Tables, opts Options) *Writer {
+	if opts.Call == nil {
+		opts.Call = func(ctx context.Context, _ string, f func(context.Context) (bool, error)) error {
+			_, err := f(ctx)
+			return err
+		}
+	}
+	return &Writer{db: db, tables: tables, opts: opts}
+}
+
+func (w *Writer) call(ctx context.Context, op string, f func(context.Context) error) error {
+	return w.opts.Call(ctx, op, func(ctx context.Context) (bool, error) { return false, f(ctx) })
+}
+
+// Write writes one batch: in one transaction when its readings and marker
+// fit txLimit actions, readings first and marker last otherwise.
+func (w *Writer) Write(ctx context.Context, it *Items, txLimit int) Result {
+	if len(it.readings)+1 <= txLimit {
+		return w.writeTransaction(ctx, it)
+	}
+	return w.WriteSplit(ctx, it)
+}
+
+func (w *Writer) writeTransaction(ctx context.Context, it *Items) Result {
+	items := make([]types.TransactWriteItem, 0, len(it.readings)+1)
+	for _, r := range it.readings {
+		items = append(items, types.TransactWriteItem{Put: &types.Put{TableName: aws.String(w.tables.Readings), Item: r}})
+	}
+	items = append(items, types.TransactWriteItem{Put: &types.Put{
+		TableName:           aws.String(w.tables.ProcessedBatches),
+		Item:                it.marker,
+		ConditionExpression: aws.String(markerCondition),
+	}})
+	err := w.call(ctx, "TransactWriteItems", func(ctx context.Context) error {
+		_, err := w.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
+		return err
+	})
+	if err == nil {
+		return Result{Outcome: Delivered}
+	}
+	var tce *types.TransactionCanceledException
+	if errors.As(err, &tce) && markerAlreadyExists(tce, len(items)-1) {
+		return w.existing(ctx, it)
+	}
+	return w.classify("TransactWriteItems", it.BatchID, err)
+}
+
+// markerAlreadyExists reports whether a cancelled transaction failed only
+// because the marker at index markerIdx exists. Older DynamoDB Local
+// releases give the reasons only in the message ("... [None, ...,
+// ConditionalCheckFailed]").
+func markerAlreadyExists(tce *types.TransactionCanceledException, markerIdx int) bool {
+	codes := make([]string, 0, len(tce.CancellationReasons))
+	for _, r := range tce.CancellationReasons {
+		codes = append(codes, aws.ToString(r.Code))
+	}
+	if len(codes) == 0 {
+		msg := aws.ToString(tce.Message)
+		open, end := strings.LastIndex(msg, "["), strings.LastIndex(msg, "]")
+		if open < 0 || end < open {
+			return false
+		}
+		for _, c := range strings.Split(msg[open+1:end], ",") {
+			codes = append(codes, strings.TrimSpace(c))
+		}
+	}
+	if len(codes) <= markerIdx || codes[markerIdx] != "ConditionalCheckFailed" {
+		return false
+	}
+	for i, c := range codes {
+		if i != markerIdx && c != "" && c != "None" {
+			return false
+		}
+	}
+	return true
+}
+
+// WriteSplit writes the readings with BatchWriteItem, then the marker.
+func (w *Writer) WriteSplit(ctx context.Context, it *Items) Result {
+	for start := 0; start < len(it.readings); start += BatchWriteMax {
+		reqs := make([]types.WriteRequest, 0, BatchWriteMax)
+		for _, r := range it.readings[start:min(start+BatchWriteMax, len(it.readings))] {
+			reqs = append(reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
+		}
+		if err := w.batchWrite(ctx, reqs); err != nil {
+			return w.classify("BatchWriteItem", it.BatchID, err)
+		}
+	}
+	return w.putMarker(ctx, it)
+}
+
+// putMarker writes a batch's processed_batches marker, on condition that
+// it does not exist yet; an existing marker means the batch was written
+// before (or another payload under its batch_id).
+func (w *Writer) putMarker(ctx context.Context, it *Items) Result {
+	err := w.call(ctx, "PutItem", func(ctx context.Context) error {
+		_, err := w.db.PutItem(ctx, &dynamodb.PutItemInput{
+			TableName:           aws.String(w.tables.ProcessedBatches),
+			Item:                it.marker,
+			ConditionExpression: aws.String(markerCondition),
+		})
+		return err
+	})
+	var ccf *types.ConditionalCheckFailedException
+	switch {
+	case err == nil:
+		return Result{Outcome: Delivered}
+	case errors.As(err, &ccf):
+		return w.existing(ctx, it)
+	}
+	return w.classify("PutItem", it.BatchID, err)
+}
+
+// existing reads the marker that made the write fail and compares its
+// payload hash with the batch's.
+func (w *Writer) existing(ctx context.Context, it *Items) Result {
+	if it.hash == "" {
+		return Result{Outcome: Duplicate}
+	}
+	stored, err := w.MarkerHashes(ctx, []string{it.BatchID})
+	if err != nil {
+		return w.classify("BatchGetItem", it.BatchID, err)
+	}
+	if h := stored[it.BatchID]; h != "" && h != it.hash {
+		return Result{Outcome: Conflict, Err: fmt.Errorf("batch_id %s: already in the cloud with another payload (payload_hash %s, this one %s)", it.BatchID, h, it.hash)}
+	}
+	return Result{Outcome: Duplicate}
+}
+
+// batchWrite writes up to 25 items, resending unprocessed ones a few times
+// before giving up with ErrUnprocessed.
+func (w *Writer) batchWrite(ctx context.Context, reqs []types.WriteRequest) error {
+	wait := 50 * time.Millisecond
+	if w.opts.RequestItems != nil {
+		w.opts.RequestItems(len(reqs))
+	}
+	for attempt := 0; ; attempt++ {
+		var out *dynamodb.BatchWriteItemOutput
+		err := w.opts.Call(ctx, "BatchWriteItem", func(ctx context.Context) (bool, error) {
+			var err error
+			out, err = w.db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
+				RequestItems: map[string][]types.WriteRequest{w.tables.Readings: reqs},
+			})
+			// Unprocessed items are DynamoDB throttling part of a request.
+			return err == nil && len(out.UnprocessedItems[w.tables.Readings]) > 0, err
+		})
+		if err != nil {
+			return err
+		}
+		reqs = out.UnprocessedItems[w.tables.Readings]
+		if len(reqs) == 0 {
+			return nil
+		}
+		if w.opts.Unprocessed != nil {
+			w.opts.Unprocessed(len(reqs))
+		}
+		if attempt == 4 {
+			return fmt.Errorf("%d items still unprocessed: %w", len(reqs), ErrUnprocessed)
+		}
+		if err := Sleep(ctx, Jitter(wait)); err != nil {
+			return err
+		}
+		wait *= 2
+	}
+}
+
+// classify turns a request error into its outcome: Rejected for refusals
+// of the batch's own content, Throttled or Failed otherwise.
+func (w *Writer) classify(op, batchID string, err error) Result {
+	err = fmt.Errorf("%s for %s: %w", op, batchID, err)
+	var ae smithy.APIError
+	if errors.As(err, &ae) && ae.ErrorCode() == "ValidationException" {
+		msg := ae.ErrorMessage()
+		if strings.Contains(msg, "ransactItems") || strings.Contains(msg, "item count") {
+			// The endpoint takes fewer actions per transaction than the
+			// caller thought: it should find out again rather than blame
+			// the batch.
+			if w.opts.LimitRefused != nil {
+				w.opts.LimitRefused()
+			}
+			return Result{Outcome: Failed, Err: err}
+		}
+		return Result{Outcome: Rejected, Err: err}
+	}
+	if Throttling(err) || errors.Is(err, ErrUnprocessed) {
+		return Result{Outcome: Throttled, Err: err}
+	}
+	return Result{Outcome: Failed, Err: err}
+}
+
+// Jitter returns a duration between d/2 and d.
+func Jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2)
+}
+
+// Sleep waits d, or until ctx is done (its error).
+func Sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}

@@ -1,0 +1,139 @@
+package tablewrite_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/internal/cloud"
+	"greenhouse-gateway/internal/tablewrite"
+)
+
+func testBatch(hw string, window, readings int, temp float64) *contract.Batch {
+	boot := "7c9e6679-7425-40de-944b-e07fc1f90ae7"
+	// Recent: DynamoDB Local's TTL deletes readings older than the retention.
+	start := time.Now().Truncate(time.Hour).UnixMilli() + int64(window)*600_000
+	b := &contract.Batch{
+		BatchID:         fmt.Sprintf("%s_%s_%d_%d", hw, boot, start, start+600_000),
+		HardwareID:      hw,
+		BootID:          boot,
+		FirmwareVersion: "1.0.16",
+	}
+	for i := range readings {
+		b.Readings = append(b.Readings, contract.Reading{
+			TimestampMS:  start + int64(i)*1000,
+			Sensors:      map[string]float64{"bme280_temp_c": temp},
+			SensorStatus: map[string]string{"bme280": "ok"},
+		})
+	}
+	return b
+}
+
+func build(b *contract.Batch, quality []float64) *tablewrite.Items {
+	return tablewrite.Build(tablewrite.Batch{Batch: b, ReceivedAt: time.Now(), Hash: b.IdentityHash(), Quality: quality},
+		90*24*time.Hour, time.Now())
+}
+
+func readingsOf(t *testing.T, client *dynamodb.Client, table, hw string) []map[string]types.AttributeValue {
+	t.Helper()
+	out, err := client.Query(context.Background(), &dynamodb.QueryInput{
+		TableName:                 aws.String(table),
+		KeyConditionExpression:    aws.String("hardware_id = :hw"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":hw": &types.AttributeValueMemberS{Value: hw}},
+		ConsistentRead:            aws.Bool(true),
+	})
+	require.NoError(t, err)
+	return out.Items
+}
+
+func TestSameBatchIsDuplicateAndAnotherPayloadIsConflict(t *testing.T) {
+	local := dynamotest.Shared(t)
+	tables := local.NewTables(t)
+	client := local.Client(t)
+	w := tablewrite.New(client, tables, tablewrite.Options{})
+	ctx := context.Background()
+	for _, tt := range []struct {
+		name     string
+		hw       string
+		readings int
+		limit    int
+	}{
+		{"transaction", "EE:00:00:00:15:01", 3, 10},
+		{"split", "EE:00:00:00:15:02", 30, 10},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b := testBatch(tt.hw, 0, tt.readings, 21.5)
+			require.Equal(t, tablewrite.Delivered, w.Write(ctx, build(b, nil), tt.limit).Outcome)
+			require.Equal(t, tablewrite.Duplicate, w.Write(ctx, build(b, nil), tt.limit).Outcome)
+			other := testBatch(tt.hw, 0, tt.readings, 30)
+			r := w.Write(ctx, build(other, nil), tt.limit)
+			require.Equal(t, tablewrite.Conflict, r.Outcome)
+			require.ErrorContains(t, r.Err, "another payload")
+			items := readingsOf(t, client, tables.Readings, tt.hw)
+			require.Len(t, items, tt.readings)
+		})
+	}
+}
+
+func TestMarkerWithoutHashAnswersDuplicate(t *testing.T) {
+	local := dynamotest.Shared(t)
+	tables := local.NewTables(t)
+	client := local.Client(t)
+	ctx := context.Background()
+	b := testBatch("EE:00:00:00:15:03", 0, 2, 20)
+	// A marker as written before the payload hash.
+	_, err := client.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(tables.ProcessedBatches),
+		Item: map[string]types.AttributeValue{
+			"batch_id": &types.AttributeValueMemberS{Value: b.BatchID}, "hardware_id": &types.AttributeValueMemberS{Value: b.HardwareID},
+			"received_at": &types.AttributeValueMemberS{Value: "2024-01-01T00:00:00Z"}, "expiration_time": &types.AttributeValueMemberN{Value: "1"},
+		}})
+	require.NoError(t, err)
+	w := tablewrite.New(client, tables, tablewrite.Options{})
+	require.Equal(t, tablewrite.Duplicate, w.Write(ctx, build(b, nil), 10).Outcome)
+	hashes, err := w.MarkerHashes(ctx, []string{b.BatchID, "absent"})
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{b.BatchID: ""}, hashes)
+}
+
+func TestWaveWritesQualityScoresAndReportsEachBatch(t *testing.T) {
+	local := dynamotest.Shared(t)
+	tables := local.NewTables(t)
+	client := local.Client(t)
+	ctx := context.Background()
+	w := tablewrite.New(client, tables, tablewrite.Options{})
+	first := testBatch("EE:00:00:00:15:04", 0, 3, 20)
+	require.Equal(t, tablewrite.Delivered, w.Write(ctx, build(first, nil), 10).Outcome)
+	wave := []*tablewrite.Items{
+		build(first, nil), // duplicate
+		build(testBatch("EE:00:00:00:15:04", 0, 3, 99), nil),               // conflict
+		build(testBatch("EE:00:00:00:15:05", 1, 2, 20), []float64{1, 0.5}), // new, scored
+	}
+	results := w.WriteWave(ctx, wave, 4)
+	require.Equal(t, []tablewrite.Outcome{tablewrite.Duplicate, tablewrite.Conflict, tablewrite.Delivered},
+		[]tablewrite.Outcome{results[0].Outcome, results[1].Outcome, results[2].Outcome})
+	items := readingsOf(t, client, tables.Readings, "EE:00:00:00:15:05")
+	require.Len(t, items, 2)
+	require.Equal(t, &types.AttributeValueMemberN{Value: "0.5"}, items[1][tablewrite.AttrQualityScore])
+	hashes, err := w.MarkerHashes(ctx, []string{first.BatchID})
+	require.NoError(t, err)
+	h := first.IdentityHash()
+	require.Equal(t, fmt.Sprintf("%x", h[:]), hashes[first.BatchID])
+}
+
+func TestValidationRefusalIsRejected(t *testing.T) {
+	local := dynamotest.Shared(t)
+	client := local.Client(t)
+	// Tables that do not exist are not a refusal of the content.
+	w := tablewrite.New(client, cloud.TableNames("missing-"), tablewrite.Options{})
+	r := w.Write(context.Background(), build(testBatch("EE:00:00:00:15:06", 0, 1, 20), nil), 10)
+	require.Equal(t, tablewrite.Failed, r.Outcome)
+	require.False(t, r.InCloud())
+}
