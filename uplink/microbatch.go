@@ -3,7 +3,6 @@ package uplink
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"sync"
@@ -199,9 +198,9 @@ func (m *microBatcher) settle(d packDone) {
 func (m *microBatcher) push(hw string, now time.Time) {
 	for m.next[hw] < len(m.byDevice[hw]) {
 		p := m.byDevice[hw][m.next[hw]]
-		withSpan, readings, err := decodePending(p)
+		b, withSpan, err := decodeBuffered(p)
 		if err == nil {
-			m.ready = append(m.ready, readyBatch{p: withSpan, readings: readings, since: now})
+			m.ready = append(m.ready, readyBatch{p: withSpan, readings: len(b.Readings), since: now})
 			m.readyBytes += len(p.Payload) + itemOverhead
 			m.t.ready.add(1, now)
 			return
@@ -213,32 +212,4 @@ func (m *microBatcher) push(hw string, now time.Time) {
 		m.u.metrics.batches.WithLabelValues("dead_lettered").Inc()
 		m.next[hw]++
 	}
-}
-
-// decodePending checks a buffered payload (the gateway validated and
-// encoded it, so a failure is damage on disk) and returns p with its
-// reading span, for the buffer's history, and its number of readings.
-func decodePending(p buffer.Pending) (buffer.Pending, int, error) {
-	var b struct {
-		BatchID  string `json:"batch_id"`
-		Readings []struct {
-			TimestampMS int64 `json:"timestamp_ms"`
-		} `json:"readings"`
-	}
-	if err := json.Unmarshal(p.Payload, &b); err != nil {
-		return p, 0, fmt.Errorf("decoding buffered batch %s: %w", p.BatchID, err)
-	}
-	if b.BatchID != p.BatchID {
-		return p, 0, fmt.Errorf("buffered batch %s holds batch_id %q", p.BatchID, b.BatchID)
-	}
-	for i, r := range b.Readings {
-		if i == 0 || r.TimestampMS < p.FirstMS {
-			p.FirstMS = r.TimestampMS
-		}
-		if i == 0 || r.TimestampMS > p.LastMS {
-			p.LastMS = r.TimestampMS
-		}
-	}
-	p.SpanKnown = len(b.Readings) > 0
-	return p, len(b.Readings), nil
 }
