@@ -4,8 +4,9 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"net/url"
 	"time"
+
+	"greenhouse-gateway/internal/cloud"
 )
 
 // Targets of the uplink (Config.Target).
@@ -86,11 +87,8 @@ func (c LambdaConfig) validate(target string) error {
 	case c.Timeout < 0:
 		return errors.New("uplink.lambda.timeout: must not be negative")
 	}
-	if c.Endpoint != "" {
-		u, err := url.Parse(c.Endpoint)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("uplink.lambda.endpoint: %q must be an http or https URL with a host", c.Endpoint)
-		}
+	if err := (cloud.Config{Endpoint: c.Endpoint}).Validate(); err != nil {
+		return fmt.Errorf("uplink.lambda.endpoint: %q must be an http or https URL with a host", c.Endpoint)
 	}
 	return nil
 }
