@@ -111,9 +111,18 @@ func answerOf(out *lambda.InvokeOutput, err error) (map[string]itemResult, error
 		return nil, &invocationError{kind: "function_error", err: fmt.Errorf("function error %s: %.200s",
 			aws.ToString(out.FunctionError), out.Payload)}
 	}
-	var a batchAnswer
+	var a struct {
+		batchAnswer
+		// A function error the Runtime Interface Emulator answers
+		// without X-Amz-Function-Error.
+		ErrorType    string `json:"errorType"`
+		ErrorMessage string `json:"errorMessage"`
+	}
 	if err := json.Unmarshal(out.Payload, &a); err != nil {
 		return nil, &invocationError{kind: "error", err: fmt.Errorf("decoding the function's answer: %w", err)}
+	}
+	if a.V == 0 && a.Results == nil && a.ErrorType != "" {
+		return nil, &invocationError{kind: "function_error", err: fmt.Errorf("function error %s: %.200s", a.ErrorType, a.ErrorMessage)}
 	}
 	results := make(map[string]itemResult, len(a.Results))
 	for _, r := range a.Results {
