@@ -54,6 +54,15 @@ fuzz: ## run every fuzz target of every package for FUZZTIME each (default 20s)
 fuzz-short: ## every fuzz target for FUZZ_SHORT_TIME each (default 5s), a quick check for CI
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZ_SHORT_TIME)
 
+# The readings function (cmd/function) for AWS Lambda, runtime provided.al2023.
+LAMBDA_ARCH ?= $(shell $(GO) env GOHOSTARCH)
+.PHONY: lambda
+lambda: ## build the readings function: bin/lambda/bootstrap and bin/lambda/function.zip (LAMBDA_ARCH=arm64|amd64, default the host's)
+	@case '$(LAMBDA_ARCH)' in arm64|amd64) ;; *) echo "LAMBDA_ARCH: '$(LAMBDA_ARCH)' is not arm64 or amd64" >&2; exit 2;; esac
+	@mkdir -p bin/lambda
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(LAMBDA_ARCH) $(GO) build -trimpath -tags lambda.norpc -ldflags '-s -w' -o bin/lambda/bootstrap ./cmd/function
+	$(GO) run ./deploy/lambdazip bin/lambda/function.zip bin/lambda/bootstrap
+
 clean: ## remove build output and local run state (keeps the DynamoDB Local download)
 	rm -rf bin .run dist
 

@@ -114,6 +114,10 @@ type Result struct {
 	Status  Status  `json:"status"`
 	Reason  *Reason `json:"reason"`
 	Message *string `json:"message"`
+	// Quality holds the quality score of each reading, in reading order,
+	// when the cloud readings function stored the batch; omitted
+	// otherwise (and always by the gateway).
+	Quality []float64 `json:"quality,omitempty"`
 }
 
 // NewResult returns the result for a batch: status (accepted or duplicate)

@@ -7,6 +7,8 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"greenhouse-gateway/firmware-contract"
 )
 
 // Test hooks for the tests of package ingest_test: they read or change
@@ -16,7 +18,7 @@ import (
 const MaxConnectPacketSize = maxConnectPacketSize
 
 // MinBatchBytes bounds the batches of one HTTP request.
-const MinBatchBytes = minBatchBytes
+const MinBatchBytes = contract.MinBatchBytes
 
 // SetConnectLimits sets the broker's connect timeout and its cap on
 // unauthenticated connections in total; call it before Listen.

@@ -345,14 +345,9 @@ func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusBadRequest, contract.RequestErrorResponse(err.Error()))
 		return
 	}
-	// No valid batch is shorter than minBatchBytes, so a body with more
-	// batches than that allows is refused whole: answering each one costs
-	// far more than its bytes (a 1 MiB body of "{}" batches would take a
-	// 32 MB answer and about 200 MiB of heap).
-	if limit := max(1, h.cfg.MaxBodyBytes/minBatchBytes); int64(len(batches)) > limit {
-		h.ingest.auditRequest(r, audit.ReasonBadRequest, fmt.Sprintf("%d batches in one request, over %d", len(batches), limit))
-		httpapi.WriteJSON(w, http.StatusBadRequest, contract.RequestErrorResponse(fmt.Sprintf(
-			"%d batches in one request; a %d-byte body holds at most %d valid ones", len(batches), h.cfg.MaxBodyBytes, limit)))
+	if err := contract.CheckBatchCount(len(batches), h.cfg.MaxBodyBytes); err != nil {
+		h.ingest.auditRequest(r, audit.ReasonBadRequest, err.Error())
+		httpapi.WriteJSON(w, http.StatusBadRequest, contract.RequestErrorResponse(err.Error()))
 		return
 	}
 	payloads := make([][]byte, len(batches))
@@ -374,10 +369,6 @@ func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
 	}
 	httpapi.WriteJSON(w, code, resp)
 }
-
-// minBatchBytes is less than the length of the shortest valid batch (183
-// bytes).
-const minBatchBytes = 128
 
 func (h *HTTPServer) unavailable(w http.ResponseWriter, msg string) {
 	httpapi.Unavailable(w, h.cfg.RetryAfter, msg)

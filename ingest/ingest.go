@@ -445,16 +445,8 @@ func (in *Ingest) prepare(ctx context.Context, transport string, payload []byte,
 		fixed = true
 	}
 	if in.cfg.Ordering == "reject_older" {
-		if last := in.devices.LastTimestamp(b.HardwareID); last != 0 {
-			first := b.Readings[0].TimestampMS
-			for _, r := range b.Readings {
-				first = min(first, r.TimestampMS)
-			}
-			if first < last-in.cfg.OrderingGrace.Milliseconds() {
-				return p, false, contract.NewError(contract.ReasonTimestampConflict, "readings",
-					fmt.Sprintf("starts at %d, more than %s before the newest reading already accepted (%d)",
-						first, in.cfg.OrderingGrace, last))
-			}
+		if err := b.CheckOrder(in.devices.LastTimestamp(b.HardwareID), in.cfg.OrderingGrace); err != nil {
+			return p, false, err
 		}
 	}
 	return p, fixed, nil

@@ -21,15 +21,18 @@ func WriteJSON(w http.ResponseWriter, code int, v any) {
 }
 
 // APIKey returns the key of "Authorization: Bearer KEY" or "X-API-Key: KEY".
-func APIKey(r *http.Request) string {
-	if auth := r.Header.Get("Authorization"); auth != "" {
+func APIKey(r *http.Request) string { return APIKeyOf(r.Header) }
+
+// APIKeyOf is APIKey for request headers h.
+func APIKeyOf(h http.Header) string {
+	if auth := h.Get("Authorization"); auth != "" {
 		scheme, key, ok := strings.Cut(auth, " ")
 		if ok && strings.EqualFold(scheme, "Bearer") {
 			return strings.TrimSpace(key)
 		}
 		return ""
 	}
-	return r.Header.Get("X-API-Key")
+	return h.Get("X-API-Key")
 }
 
 // Unavailable answers 503 with Retry-After and the contract's request

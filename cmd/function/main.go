@@ -1,0 +1,40 @@
+// Command function is the readings function's Lambda bootstrap (runtime
+// provided.al2023): it reads its configuration from the environment
+// (function.ConfigFromEnv: API_KEY_PEPPER, TABLE_PREFIX, DYNAMODB_ENDPOINT,
+// ...) and serves invocations with function.Function.Handle. `make lambda`
+// builds it into bin/lambda/bootstrap and bin/lambda/function.zip.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/aws/aws-lambda-go/lambda"
+
+	"greenhouse-gateway/function"
+	"greenhouse-gateway/internal/cloud"
+)
+
+func main() {
+	logger := slog.New(slog.NewJSONHandler(os.Stdout, nil))
+	f, err := setup(context.Background(), logger)
+	if err != nil {
+		logger.Error("the readings function cannot start", "err", err)
+		os.Exit(1)
+	}
+	lambda.Start(f.Handle)
+}
+
+func setup(ctx context.Context, logger *slog.Logger) (*function.Function, error) {
+	cfg, err := function.ConfigFromEnv(os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	client, err := cloud.NewClient(ctx, cloud.Config{Endpoint: cfg.Endpoint})
+	if err != nil {
+		return nil, fmt.Errorf("DYNAMODB_ENDPOINT or the AWS configuration: %w", err)
+	}
+	return function.New(cfg, client, logger)
+}

@@ -1,0 +1,217 @@
+package function
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/firmware-contract/quality"
+	"greenhouse-gateway/internal/tablewrite"
+)
+
+// job is one device batch on its way to the tables. A job is settled once
+// it has an outcome; err explains every outcome but Delivered and
+// Duplicate, and is a *contract.Error when the contract has a reason for it.
+type job struct {
+	batch   *contract.Batch
+	hash    [32]byte
+	settled bool
+	outcome tablewrite.Outcome
+	err     error
+	quality []float64
+}
+
+// settle gives the job its outcome, once.
+func (j *job) settle(o tablewrite.Outcome, err error) {
+	if !j.settled {
+		j.settled, j.outcome, j.err = true, o, err
+	}
+}
+
+// newJob returns a job for a decoded batch, or a job rejected with err
+// when the batch did not decode.
+func newJob(b *contract.Batch, err error) *job {
+	if err != nil {
+		j := &job{batch: b}
+		j.settle(tablewrite.Rejected, err)
+		return j
+	}
+	return &job{batch: b, hash: b.IdentityHash()}
+}
+
+// store writes the unsettled jobs and settles every one: batches already
+// in the cloud answer duplicate or conflict without a write; the others
+// get the ordering rule and their quality scores against their device's
+// newest readings, then are written in waves, each device's batches in
+// order, a device stopping at its first batch to retry.
+func (f *Function) store(ctx context.Context, jobs []*job) {
+	f.checkMarkers(ctx, jobs)
+	order, byDevice := groupJobs(jobs)
+	for _, hw := range order {
+		f.prepareDevice(ctx, hw, byDevice[hw])
+	}
+	received := f.now()
+	next := make(map[string]int, len(order))
+	for {
+		var wave []*job
+		for _, hw := range order {
+			if js := byDevice[hw]; next[hw] < len(js) {
+				wave = append(wave, js[next[hw]])
+				next[hw]++
+			}
+		}
+		if len(wave) == 0 {
+			return
+		}
+		f.writeWave(ctx, wave, received)
+		for _, j := range wave {
+			if j.outcome == tablewrite.Throttled || j.outcome == tablewrite.Failed {
+				f.holdBack(byDevice[j.batch.HardwareID][next[j.batch.HardwareID]:], j)
+				next[j.batch.HardwareID] = len(byDevice[j.batch.HardwareID])
+			}
+		}
+	}
+}
+
+// holdBack settles the later batches of a device whose batch failed: they
+// must not overtake it.
+func (f *Function) holdBack(later []*job, failed *job) {
+	for _, j := range later {
+		j.settle(tablewrite.Failed, fmt.Errorf("not attempted: batch %s of this device must be retried first", failed.batch.BatchID))
+	}
+}
+
+// groupJobs returns the unsettled jobs by device, in request order, and
+// the devices in the order of their first batch.
+func groupJobs(jobs []*job) ([]string, map[string][]*job) {
+	var order []string
+	byDevice := map[string][]*job{}
+	for _, j := range jobs {
+		if j.settled {
+			continue
+		}
+		hw := j.batch.HardwareID
+		if _, ok := byDevice[hw]; !ok {
+			order = append(order, hw)
+		}
+		byDevice[hw] = append(byDevice[hw], j)
+	}
+	return order, byDevice
+}
+
+// checkMarkers settles the jobs whose marker exists: duplicate when the
+// stored payload hash is the batch's (or there is none), conflict otherwise.
+func (f *Function) checkMarkers(ctx context.Context, jobs []*job) {
+	var pending []*job
+	for _, j := range jobs {
+		if !j.settled {
+			pending = append(pending, j)
+		}
+	}
+	for start := 0; start < len(pending); start += tablewrite.BatchGetMax {
+		part := pending[start:min(start+tablewrite.BatchGetMax, len(pending))]
+		ids := make([]string, len(part))
+		for i, j := range part {
+			ids[i] = j.batch.BatchID
+		}
+		stored, err := f.writer.MarkerHashes(ctx, ids)
+		for _, j := range part {
+			h, found := stored[j.batch.BatchID]
+			switch {
+			case err != nil:
+				j.settle(cloudFailure(err), fmt.Errorf("looking up the batch's marker: %w", err))
+			case found && h != "" && h != hex.EncodeToString(j.hash[:]):
+				j.settle(tablewrite.Conflict, errConflict)
+			case found:
+				j.settle(tablewrite.Duplicate, nil)
+			}
+		}
+	}
+}
+
+// errConflict is the contract's conflict.
+var errConflict = contract.NewError(contract.ReasonConflict, "batch_id", "was already received with a different payload")
+
+// cloudFailure is the outcome of a failed DynamoDB request.
+func cloudFailure(err error) tablewrite.Outcome {
+	if tablewrite.Throttling(err) {
+		return tablewrite.Throttled
+	}
+	return tablewrite.Failed
+}
+
+// prepareDevice reads a device's newest readings, applies the ordering
+// rule to its batches in order and scores their readings.
+func (f *Function) prepareDevice(ctx context.Context, hw string, jobs []*job) {
+	hist, err := f.recentReadings(ctx, hw)
+	if err != nil {
+		for _, j := range jobs {
+			j.settle(cloudFailure(err), fmt.Errorf("reading the device's newest readings: %w", err))
+		}
+		return
+	}
+	last := int64(0)
+	for _, r := range hist {
+		last = max(last, r.TimestampMS)
+	}
+	for _, j := range jobs {
+		if f.cfg.Ordering == "reject_older" {
+			if err := j.batch.CheckOrder(last, f.cfg.OrderingGrace); err != nil {
+				j.settle(tablewrite.Rejected, err)
+				continue
+			}
+		} else if older(j.batch, last) {
+			f.logger.Info("batch older than the device's newest reading accepted", "batch_id", j.batch.BatchID,
+				"hardware_id", hw, "newest_ms", last, "older_batches", 1)
+		}
+		j.quality = quality.ScoreSequence(append(hist, j.batch.Readings...))[len(hist):]
+		hist = append(hist, j.batch.Readings...)
+		for _, r := range j.batch.Readings {
+			last = max(last, r.TimestampMS)
+		}
+	}
+}
+
+// older reports whether b starts before lastMS.
+func older(b *contract.Batch, lastMS int64) bool {
+	for _, r := range b.Readings {
+		if r.TimestampMS < lastMS {
+			return true
+		}
+	}
+	return false
+}
+
+// writeWave writes one wave (at most one batch per device) and settles
+// its jobs: one batch in a transaction when it fits, more packed into
+// BatchWriteItem requests.
+func (f *Function) writeWave(ctx context.Context, wave []*job, received time.Time) {
+	var todo []*job
+	var items []*tablewrite.Items
+	for _, j := range wave {
+		if j.settled {
+			continue
+		}
+		todo = append(todo, j)
+		items = append(items, tablewrite.Build(tablewrite.Batch{Batch: j.batch, ReceivedAt: received, Hash: j.hash,
+			Quality: j.quality}, f.cfg.ReadingsRetention, f.now()))
+	}
+	var results []tablewrite.Result
+	switch len(todo) {
+	case 0:
+		return
+	case 1:
+		results = []tablewrite.Result{f.writer.Write(ctx, items[0], f.cfg.TransactionMaxItems)}
+	default:
+		results = f.writer.WriteWave(ctx, items, f.cfg.WriteConcurrency)
+	}
+	for i, j := range todo {
+		err := results[i].Err
+		if results[i].Outcome == tablewrite.Conflict {
+			err = errConflict
+		}
+		j.settle(results[i].Outcome, err)
+	}
+}
