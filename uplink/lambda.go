@@ -15,6 +15,7 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"greenhouse-gateway/function"
 	"greenhouse-gateway/internal/cloud"
 )
 
@@ -60,8 +61,8 @@ func (e *invocationError) Unwrap() error { return e.err }
 // invoke sends one event and returns the function's results by id. It
 // waits for a slot of the invocations' AIMD limit; a throttling answer
 // (TooManyRequestsException, HTTP 429, or a throttled result) halves it.
-func (t *lambdaTarget) invoke(ctx context.Context, ev *batchEvent) (map[string]itemResult, error) {
-	ev.V, ev.Kind, ev.GatewayID = 1, eventKind, t.gatewayID
+func (t *lambdaTarget) invoke(ctx context.Context, ev *function.BatchEvent) (map[string]function.ItemResult, error) {
+	ev.V, ev.Kind, ev.GatewayID = function.EventVersion, function.KindGatewayBatches, t.gatewayID
 	payload, err := json.Marshal(ev)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the batch event: %w", err)
@@ -97,7 +98,7 @@ func (t *lambdaTarget) invoke(ctx context.Context, ev *batchEvent) (map[string]i
 }
 
 // answerOf turns an Invoke answer into the function's results by id.
-func answerOf(out *lambda.InvokeOutput, err error) (map[string]itemResult, error) {
+func answerOf(out *lambda.InvokeOutput, err error) (map[string]function.ItemResult, error) {
 	if err != nil {
 		var ae smithy.APIError
 		var re *smithyhttp.ResponseError
@@ -112,7 +113,7 @@ func answerOf(out *lambda.InvokeOutput, err error) (map[string]itemResult, error
 			aws.ToString(out.FunctionError), out.Payload)}
 	}
 	var a struct {
-		batchAnswer
+		function.BatchResponse
 		// A function error the Runtime Interface Emulator answers
 		// without X-Amz-Function-Error.
 		ErrorType    string `json:"errorType"`
@@ -124,7 +125,7 @@ func answerOf(out *lambda.InvokeOutput, err error) (map[string]itemResult, error
 	if a.V == 0 && a.Results == nil && a.ErrorType != "" {
 		return nil, &invocationError{kind: "function_error", err: fmt.Errorf("function error %s: %.200s", a.ErrorType, a.ErrorMessage)}
 	}
-	results := make(map[string]itemResult, len(a.Results))
+	results := make(map[string]function.ItemResult, len(a.Results))
 	for _, r := range a.Results {
 		results[r.ID] = r
 	}
@@ -140,9 +141,9 @@ func invocationKind(err error) string {
 	return "error"
 }
 
-func anyThrottled(results map[string]itemResult) bool {
+func anyThrottled(results map[string]function.ItemResult) bool {
 	for _, r := range results {
-		if r.Status == statusThrottled {
+		if r.Status == function.StatusThrottled {
 			return true
 		}
 	}
@@ -151,7 +152,7 @@ func anyThrottled(results map[string]itemResult) bool {
 
 // resultError is a result that is neither delivered nor a permanent
 // refusal: the item is retried.
-func resultError(id string, r itemResult, ok bool) error {
+func resultError(id string, r function.ItemResult, ok bool) error {
 	if !ok {
 		return fmt.Errorf("the function's answer has no result for id %s", id)
 	}
@@ -164,7 +165,7 @@ func resultError(id string, r itemResult, ok bool) error {
 // that is not written is tried again next round without holding back the
 // readings.
 func (u *Uplink) syncLambda(ctx context.Context) (int, error) {
-	var ev batchEvent
+	var ev function.BatchEvent
 	var devices []cloud.DeviceUpsert
 	if u.devices != nil {
 		devices = u.devices.PendingUpserts(100)
@@ -177,10 +178,10 @@ func (u *Uplink) syncLambda(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	for i, d := range devices {
-		ev.Devices = append(ev.Devices, eventDevice{ID: "d-" + strconv.Itoa(i), Upsert: d})
+		ev.Devices = append(ev.Devices, function.DeviceItem{ID: "d-" + strconv.Itoa(i), Upsert: d})
 	}
 	for i, k := range keys {
-		ev.Keys = append(ev.Keys, eventKey{ID: "k-" + strconv.Itoa(i), Write: k})
+		ev.Keys = append(ev.Keys, function.KeyItem{ID: "k-" + strconv.Itoa(i), Write: k})
 	}
 	results, err := u.lambda.invoke(ctx, &ev)
 	if err != nil {
@@ -196,7 +197,7 @@ func (u *Uplink) syncLambda(ctx context.Context) (int, error) {
 		id := "d-" + strconv.Itoa(i)
 		r, ok := results[id]
 		u.lambda.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
-		if !ok || r.Status != statusDelivered {
+		if !ok || r.Status != function.StatusDelivered {
 			firstErr = cmp.Or(firstErr, fmt.Errorf("device record %s: %w", d.HardwareID, resultError(id, r, ok)))
 			continue
 		}
@@ -208,7 +209,7 @@ func (u *Uplink) syncLambda(ctx context.Context) (int, error) {
 		id := "k-" + strconv.Itoa(i)
 		r, ok := results[id]
 		u.lambda.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
-		if !ok || r.Status != statusDelivered {
+		if !ok || r.Status != function.StatusDelivered {
 			u.keyWarning(k, resultError(id, r, ok))
 			continue
 		}
@@ -220,12 +221,12 @@ func (u *Uplink) syncLambda(ctx context.Context) (int, error) {
 
 // resultLabel is a result's status for metrics; "missing" when the answer
 // had none for the id.
-func resultLabel(r itemResult, ok bool) string {
+func resultLabel(r function.ItemResult, ok bool) string {
 	switch {
 	case !ok:
 		return "missing"
-	case r.Status == statusDelivered, r.Status == statusDuplicate, r.Status == statusConflict,
-		r.Status == statusRejected, r.Status == statusThrottled, r.Status == statusError:
+	case r.Status == function.StatusDelivered, r.Status == function.StatusDuplicate, r.Status == function.StatusConflict,
+		r.Status == function.StatusRejected, r.Status == function.StatusThrottled, r.Status == function.StatusError:
 		return r.Status
 	}
 	return "other"

@@ -17,6 +17,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/function"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/uplink"
 )
@@ -47,24 +48,6 @@ type fakeFunction struct {
 	mixed       bool // an invocation held two batches of one device
 }
 
-type wireEvent struct {
-	V         int    `json:"v"`
-	Kind      string `json:"kind"`
-	GatewayID string `json:"gateway_id"`
-	Items     []struct {
-		ID    string         `json:"id"`
-		Batch contract.Batch `json:"batch"`
-	} `json:"items"`
-	Devices []struct {
-		ID     string             `json:"id"`
-		Upsert cloud.DeviceUpsert `json:"upsert"`
-	} `json:"devices"`
-	Keys []struct {
-		ID    string         `json:"id"`
-		Write cloud.KeyWrite `json:"write"`
-	} `json:"keys"`
-}
-
 func newFakeFunction(t *testing.T) (*fakeFunction, string) {
 	f := &fakeFunction{t: t, sent: map[string]int{}, isDelivered: map[string]bool{}}
 	srv := httptest.NewServer(http.HandlerFunc(f.serve))
@@ -87,7 +70,7 @@ func (f *fakeFunction) serve(w http.ResponseWriter, r *http.Request) {
 	if f.invocation != nil && f.invocation(n, w) {
 		return
 	}
-	var ev wireEvent
+	var ev function.BatchEvent
 	require.NoError(f.t, json.Unmarshal(body, &ev))
 	require.Equal(f.t, 1, ev.V)
 	require.Equal(f.t, "gateway_batches", ev.Kind)
@@ -97,13 +80,14 @@ func (f *fakeFunction) serve(w http.ResponseWriter, r *http.Request) {
 }
 
 // answer applies an event and returns its results.
-func (f *fakeFunction) answer(ev wireEvent) []map[string]any {
+func (f *fakeFunction) answer(ev function.BatchEvent) []map[string]any {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var results []map[string]any
 	seen := map[string]bool{}
 	for _, it := range ev.Items {
-		b := it.Batch
+		var b contract.Batch
+		require.NoError(f.t, json.Unmarshal(it.Batch, &b))
 		if seen[b.HardwareID] {
 			f.mixed = true
 		}
