@@ -80,6 +80,9 @@ func (p *Proxy) Run(ctx context.Context) error {
 	return nil
 }
 
+// Handler is the proxy's handler, for a server of the caller's.
+func (p *Proxy) Handler() http.Handler { return p.srv.Handler }
+
 // Close stops serving.
 func (p *Proxy) Close() error { return p.srv.Close() }
 
