@@ -29,12 +29,13 @@ const (
 	ScenarioFixed     = "fixed"
 	ScenarioHTTP      = "http"
 	ScenarioDrain     = "drain"
+	ScenarioLambda    = "lambda"
 	ScenarioFootprint = "footprint"
 	ScenarioIdle      = "idle"
 )
 
 // Scenarios lists every scenario in run order.
-var Scenarios = []string{ScenarioMQTT, ScenarioFixed, ScenarioHTTP, ScenarioDrain, ScenarioFootprint, ScenarioIdle}
+var Scenarios = []string{ScenarioMQTT, ScenarioFixed, ScenarioHTTP, ScenarioDrain, ScenarioLambda, ScenarioFootprint, ScenarioIdle}
 
 // Config configures a run. DefaultConfig documents the defaults.
 type Config struct {
@@ -259,7 +260,7 @@ func (r *runner) run(ctx context.Context) error {
 		return err
 	}
 	ingest := r.cfg.has(ScenarioMQTT) || r.cfg.has(ScenarioFixed) || r.cfg.has(ScenarioHTTP) || r.cfg.has(ScenarioIdle)
-	if ingest || r.cfg.has(ScenarioDrain) {
+	if ingest || r.cfg.has(ScenarioDrain) || r.cfg.has(ScenarioLambda) {
 		r.log.Info("starting DynamoDB Local")
 		if r.dynamo, err = startDynamoLocal(ctx, r.root, r.work); err != nil {
 			return err
@@ -291,6 +292,11 @@ func (r *runner) run(ctx context.Context) error {
 	if r.cfg.has(ScenarioDrain) {
 		if err := r.drain(ctx); err != nil {
 			return fmt.Errorf("drain: %w", err)
+		}
+	}
+	if r.cfg.has(ScenarioLambda) {
+		if err := r.lambdaDrain(ctx); err != nil {
+			return fmt.Errorf("drain through lambda: %w", err)
 		}
 	}
 	if r.cfg.has(ScenarioFootprint) {

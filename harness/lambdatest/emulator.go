@@ -66,6 +66,16 @@ func Start(tb testing.TB, bootstrap string, env map[string]string) *Emulator {
 	return e
 }
 
+// Run is Start for programs that are not tests (the benchmark): the
+// caller closes the emulator.
+func Run(bootstrap string, env map[string]string) (*Emulator, error) {
+	rie, err := once("rie", buildRIE)
+	if err != nil {
+		return nil, err
+	}
+	return start(rie, bootstrap, env)
+}
+
 func start(rie, bootstrap string, overrides map[string]string) (*Emulator, error) {
 	e := &Emulator{rie: rie, bootstrap: bootstrap, env: env(overrides), output: &syncbuf.Buffer{Max: 1 << 20}}
 	var err error

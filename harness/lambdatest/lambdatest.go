@@ -117,7 +117,17 @@ func buildRIE() (string, error) {
 // and returns the binary.
 func BuildFunction(tb testing.TB) string {
 	tb.Helper()
-	p, err := once("function", func() (string, error) {
+	p, err := FunctionBinary()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
+
+// FunctionBinary is BuildFunction for programs that are not tests (the
+// benchmark).
+func FunctionBinary() (string, error) {
+	return once("function", func() (string, error) {
 		root, err := moduleRoot()
 		if err != nil {
 			return "", err
@@ -137,10 +147,6 @@ func BuildFunction(tb testing.TB) string {
 		}
 		return bin, nil
 	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return p
 }
 
 // freePort returns a port free on 127.0.0.1 a moment ago.
