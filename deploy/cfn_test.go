@@ -305,6 +305,10 @@ func (t *template) ref(name string, depth int) (any, error) {
 		return t.tableName(name, depth)
 	case "AWS::IAM::ManagedPolicy":
 		return "arn:" + cfnPartition + ":iam::" + cfnAccount + ":policy/" + name, nil
+	case "AWS::Lambda::Function":
+		return t.functionName(name, depth)
+	case "AWS::ApiGatewayV2::Api", "AWS::ApiGatewayV2::Integration", "AWS::IAM::Role":
+		return name, nil // the physical ID, which CloudFormation makes up
 	}
 	return nil, fmt.Errorf("Ref %s: resource type %v not understood", name, r["Type"])
 }
@@ -314,6 +318,18 @@ func (t *template) getAtt(res, attr string, depth int) (any, error) {
 	if !ok {
 		return nil, fmt.Errorf("Fn::GetAtt %s.%s: no such resource", res, attr)
 	}
+	switch {
+	case r["Type"] == "AWS::Lambda::Function" && attr == "Arn":
+		name, err := t.functionName(res, depth)
+		if err != nil {
+			return nil, err
+		}
+		return fmt.Sprintf("arn:%s:lambda:%s:%s:function:%s", cfnPartition, cfnRegion, cfnAccount, name), nil
+	case r["Type"] == "AWS::IAM::Role" && attr == "Arn":
+		return fmt.Sprintf("arn:%s:iam::%s:role/%s", cfnPartition, cfnAccount, res), nil
+	case r["Type"] == "AWS::ApiGatewayV2::Api" && attr == "ApiEndpoint":
+		return fmt.Sprintf("https://%s.execute-api.%s.amazonaws.com", res, cfnRegion), nil
+	}
 	if r["Type"] == "AWS::DynamoDB::Table" && attr == "Arn" {
 		name, err := t.tableName(res, depth)
 		if err != nil {
@@ -322,6 +338,20 @@ func (t *template) getAtt(res, attr string, depth int) (any, error) {
 		return fmt.Sprintf("arn:%s:dynamodb:%s:%s:table/%s", cfnPartition, cfnRegion, cfnAccount, name), nil
 	}
 	return nil, fmt.Errorf("Fn::GetAtt %s.%s: not understood", res, attr)
+}
+
+// functionName is a Lambda function's FunctionName.
+func (t *template) functionName(id string, depth int) (string, error) {
+	props, _ := t.Resources[id]["Properties"].(map[string]any)
+	v, err := t.eval(props["FunctionName"], depth+1)
+	if err != nil {
+		return "", err
+	}
+	name, ok := v.(string)
+	if !ok || name == "" {
+		return "", fmt.Errorf("function %s: FunctionName is not a string", id)
+	}
+	return name, nil
 }
 
 func (t *template) tableName(id string, depth int) (string, error) {

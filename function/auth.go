@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"greenhouse-gateway/internal/cloud"
+	"greenhouse-gateway/internal/tablewrite"
 )
 
 // lastUsedInterval is the least time between two last_used_at writes of a
@@ -27,7 +28,11 @@ func (f *Function) authenticate(ctx context.Context, raw string) (cloud.KeyInfo,
 	info, found, err := f.keys.Lookup(ctx, raw)
 	if err != nil {
 		f.logger.Warn("an API key could not be verified", "err", err)
-		a := requestError(http.StatusServiceUnavailable, "the API key cannot be verified now; retry later")
+		code := http.StatusServiceUnavailable
+		if tablewrite.Throttling(err) {
+			code = http.StatusTooManyRequests
+		}
+		a := requestError(code, "the API key cannot be verified now; retry later")
 		return cloud.KeyInfo{}, &a
 	}
 	if !found || !info.Active {

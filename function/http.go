@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/aws/aws-lambda-go/events"
 
@@ -15,6 +17,9 @@ import (
 	"greenhouse-gateway/internal/httpapi"
 	"greenhouse-gateway/internal/tablewrite"
 )
+
+// Routes are the API Gateway routes the function serves (route keys).
+var Routes = []string{"POST /v1/readings", "POST /v1/register"}
 
 // retryAfterSeconds is the Retry-After of 429 and 503 answers.
 const retryAfterSeconds = 2
@@ -57,8 +62,8 @@ func (f *Function) handleHTTPEvent(ctx context.Context, raw json.RawMessage) (ev
 func (f *Function) serveHTTP(ctx context.Context, req events.APIGatewayV2HTTPRequest) answer {
 	method, path := req.RequestContext.HTTP.Method, req.RawPath
 	route := method + " " + path
-	if route != "POST /v1/readings" && route != "POST /v1/register" {
-		return requestError(http.StatusNotFound, fmt.Sprintf("no route %s; the routes are POST /v1/readings and POST /v1/register", route))
+	if !slices.Contains(Routes, route) {
+		return requestError(http.StatusNotFound, fmt.Sprintf("no route %s; the routes are %s", route, strings.Join(Routes, ", ")))
 	}
 	headers := http.Header{}
 	for k, v := range req.Headers {

@@ -164,3 +164,33 @@ func countMarkers(t *testing.T, r *rig, batches map[string]*contract.Batch) int 
 	}
 	return n
 }
+
+// TestThrottlingAnswers429AndThrottled throttles every DynamoDB request:
+// devices get 429 with Retry-After, gateways "throttled" per id, and
+// both go through once DynamoDB recovers.
+func TestThrottlingAnswers429AndThrottled(t *testing.T) {
+	local := dynamotest.Shared(t)
+	proxy, err := faultproxy.New(faultproxy.Config{Target: local.Endpoint}, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, proxy.Listen())
+	go func() { _ = proxy.Run(ctx) }()
+	r := newRig(t, map[string]string{"DYNAMODB_ENDPOINT": proxy.URL()})
+	hw := "AA:BB:CC:00:15:21"
+	b := batch(hw, base(), 0, 2, 21)
+
+	require.NoError(t, proxy.Set(faultproxy.Fault{Mode: faultproxy.Throttle}))
+	code, body := r.post(t, "/v1/readings", r.key, nil, jsonOf(t, b))
+	require.Equal(t, 429, code, body)
+	var resp function.BatchResponse
+	r.invoke(t, nativeEvent(t, map[string]*contract.Batch{"c-1": b}, []string{"c-1"}), &resp)
+	require.Equal(t, function.StatusThrottled, resp.Results[0].Status, "%+v", resp.Results[0])
+
+	require.NoError(t, proxy.Set(faultproxy.Fault{}))
+	r.invoke(t, nativeEvent(t, map[string]*contract.Batch{"c-1": b}, []string{"c-1"}), &resp)
+	require.Equal(t, function.StatusDelivered, resp.Results[0].Status)
+	code, body = r.post(t, "/v1/readings", r.key, nil, jsonOf(t, b))
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, `"duplicate"`)
+}

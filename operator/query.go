@@ -155,6 +155,10 @@ type LocalReading struct {
 	// TimeSource is "device", or "gateway" when the gateway repaired the
 	// timestamp from the device's uptime.
 	TimeSource string `json:"time_source"`
+	// QualityScore is the quality score in [0, 1] of the reading this value
+	// belongs to (the same on every row of that reading), computed over the
+	// query's sequence of readings (see quality.go).
+	QualityScore float64 `json:"quality_score"`
 }
 
 // ReadingsPage is the answer of GET /v1/devices/{hardware_id}/readings.
@@ -258,20 +262,51 @@ func (h *API) deviceReadings(w http.ResponseWriter, r *http.Request) {
 		}
 		after = &k
 	}
-	type row struct {
-		key readingKey
-		r   LocalReading
+	rows, err := h.readingRows(hw, from, to, after, limit)
+	if err != nil {
+		h.queryFailed(w, err)
+		return
 	}
-	var rows []row
+	page := ReadingsPage{HardwareID: hw, From: from.UTC(), To: to.UTC(), Readings: make([]LocalReading, 0, len(rows))}
+	if len(rows) > limit {
+		rows = rows[:limit]
+		page.Truncated = true
+		page.NextCursor = rows[limit-1].key.cursor()
+	}
+	for _, r := range rows {
+		r.r.QualityScore = r.sr.score
+		page.Readings = append(page.Readings, r.r)
+	}
+	page.Count = len(page.Readings)
+	httpapi.WriteJSON(w, http.StatusOK, page)
+}
+
+// readingRow is one row of a readings answer.
+type readingRow struct {
+	key readingKey
+	r   LocalReading
+	sr  *scoredReading
+}
+
+// readingRows returns the limit+1 first rows of hw's window after the cursor
+// (all when fewer), in order, with the scores of the first limit rows'
+// readings set.
+func (h *API) readingRows(hw string, from, to time.Time, after *readingKey, limit int) ([]readingRow, error) {
+	var rows []readingRow
 	// Keep the limit+1 oldest rows: sort and cut whenever rows grow past
 	// a few pages, so memory stays bounded by the limit.
 	trim := func() {
-		slices.SortFunc(rows, func(a, b row) int { return a.key.compare(b.key) })
+		slices.SortFunc(rows, func(a, b readingRow) int { return a.key.compare(b.key) })
 		if len(rows) > limit+1 {
 			rows = rows[:limit+1]
 		}
 	}
-	err = h.eachReading(hw, from, to, func(d buffer.DeviceBatch, rd *contract.Reading, t time.Time) {
+	scorer := newPageScorer(after)
+	err := h.eachReading(hw, from, to, func(d buffer.DeviceBatch, rd *contract.Reading, t time.Time) {
+		sr := scorer.observe(d.BatchID, rd)
+		if sr == nil {
+			return
+		}
 		state, source := "pending", "device"
 		if d.Delivered {
 			state = "delivered"
@@ -284,7 +319,7 @@ func (h *API) deviceReadings(w http.ResponseWriter, r *http.Request) {
 			if after != nil && k.compare(*after) <= 0 {
 				continue
 			}
-			rows = append(rows, row{key: k, r: LocalReading{Timestamp: t.UTC(), TimestampMS: rd.TimestampMS,
+			rows = append(rows, readingRow{key: k, sr: sr, r: LocalReading{Timestamp: t.UTC(), TimestampMS: rd.TimestampMS,
 				Sensor: name, Value: v, Unit: unitOf(name), BatchID: d.BatchID, State: state,
 				Delivered: d.Delivered, TimeSource: source}})
 		}
@@ -293,21 +328,17 @@ func (h *API) deviceReadings(w http.ResponseWriter, r *http.Request) {
 		}
 	})
 	if err != nil {
-		h.queryFailed(w, err)
-		return
+		return nil, err
 	}
 	trim()
-	page := ReadingsPage{HardwareID: hw, From: from.UTC(), To: to.UTC(), Readings: make([]LocalReading, 0, len(rows))}
-	if len(rows) > limit {
-		rows = rows[:limit]
-		page.Truncated = true
-		page.NextCursor = rows[limit-1].key.cursor()
+	var page []*scoredReading
+	for i := 0; i < len(rows) && i < limit; i++ {
+		if len(page) == 0 || page[len(page)-1] != rows[i].sr {
+			page = append(page, rows[i].sr)
+		}
 	}
-	for _, r := range rows {
-		page.Readings = append(page.Readings, r.r)
-	}
-	page.Count = len(page.Readings)
-	httpapi.WriteJSON(w, http.StatusOK, page)
+	scorer.score(page)
+	return rows, nil
 }
 
 func (h *API) deviceSummary(w http.ResponseWriter, r *http.Request) {

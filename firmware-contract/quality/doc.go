@@ -37,7 +37,7 @@
 // "error", and 0.5 for any other status (the contract allows only ok and error;
 // 0.5 keeps a future status from scoring like either).
 //
-// Range. The unit is the name's suffix from the table [Units] (the longest
+// Range. The unit is the name's suffix from the table of [Units] (the longest
 // suffix that matches). A value inside [Min, Max] has range factor 1; outside,
 // at distance d from the nearer bound, the factor is max(0, 1 - d/margin) with
 // LowMargin below Min and HighMargin above Max; a margin of 0 makes any value

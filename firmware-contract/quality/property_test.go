@@ -84,7 +84,7 @@ func TestPropertyScoreWithinBounds(t *testing.T) {
 
 func TestPropertyRangeMonotone(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	for _, u := range Units {
+	for _, u := range Units() {
 		name := "x" + u.Suffix
 		for range propertyRounds / 10 {
 			// Two values on the same side of the range, b farther out than a.

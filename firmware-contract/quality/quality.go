@@ -2,6 +2,7 @@ package quality
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -44,9 +45,9 @@ type Unit struct {
 	Stuck bool
 }
 
-// Units are the unit suffixes the scorer knows, with ranges chosen for a
-// greenhouse. Callers must not modify it.
-var Units = []Unit{
+// units are the unit suffixes the scorer knows, with ranges chosen for a
+// greenhouse (a constant table).
+var units = []Unit{
 	// Air, soil and water temperature; 85 (the DS18B20 power-on value) and
 	// -127 (its "disconnected" value) score 0.
 	{Suffix: "_c", Name: "temperature, °C", Min: -20, Max: 60, LowMargin: 20, HighMargin: 25, SpikeSpread: 0.5, Stuck: true},
@@ -71,19 +72,23 @@ var Units = []Unit{
 	{Suffix: "_dbm", Name: "signal strength, dBm", Min: -120, Max: 0, LowMargin: 20, HighMargin: 0},
 }
 
+// Units returns the unit suffixes the scorer knows, with ranges chosen for a
+// greenhouse.
+func Units() []Unit { return slices.Clone(units) }
+
 // UnitOf returns the unit of a sensor name (the longest matching suffix of
 // [Units]) and whether there is one.
 func UnitOf(name string) (Unit, bool) {
 	best := -1
-	for i, u := range Units {
-		if strings.HasSuffix(name, u.Suffix) && (best < 0 || len(u.Suffix) > len(Units[best].Suffix)) {
+	for i, u := range units {
+		if strings.HasSuffix(name, u.Suffix) && (best < 0 || len(u.Suffix) > len(units[best].Suffix)) {
 			best = i
 		}
 	}
 	if best < 0 {
 		return Unit{}, false
 	}
-	return Units[best], true
+	return units[best], true
 }
 
 // Score is the quality of reading r: the mean of its entries' scores, rounded

@@ -38,7 +38,7 @@ func TestUnitOf(t *testing.T) {
 
 func TestUnitsAreConsistent(t *testing.T) {
 	seen := map[string]bool{}
-	for _, u := range Units {
+	for _, u := range Units() {
 		require.False(t, seen[u.Suffix], "suffix %s once", u.Suffix)
 		seen[u.Suffix] = true
 		require.Regexp(t, `^_[a-z0-9_]+$`, u.Suffix)

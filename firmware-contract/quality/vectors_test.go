@@ -96,7 +96,7 @@ func TestVectorsCoverEveryRule(t *testing.T) {
 			}
 		}
 	}
-	for _, u := range Units {
+	for _, u := range Units() {
 		require.True(t, lowered[u.Suffix], "a vector lowers a score for a %s value", u.Suffix)
 	}
 	for _, prefix := range []string{"spike_", "stuck_", "status_", "unknown_suffix"} {

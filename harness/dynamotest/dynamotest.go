@@ -117,7 +117,7 @@ func Start(tb testing.TB) *Local {
 }
 
 func start() (*Local, error) {
-	dir, err := ensureInstalled()
+	dir, err := EnsureInstalled()
 	if err != nil {
 		return nil, err
 	}
@@ -383,9 +383,10 @@ func Shared(tb testing.TB) *Local {
 	return shared.local
 }
 
-// ensureInstalled returns the DynamoDB Local directory, running the install script when the
-// jar or java is missing.
-func ensureInstalled() (string, error) {
+// EnsureInstalled returns the DynamoDB Local directory ($DYNAMODB_LOCAL_DIR or
+// <module root>/.cache/dynamodb-local), running deploy/local/dynamodb-local.sh install when
+// the jar or java is missing.
+func EnsureInstalled() (string, error) {
 	dir := os.Getenv("DYNAMODB_LOCAL_DIR")
 	root, rootErr := moduleRoot()
 	if dir == "" {

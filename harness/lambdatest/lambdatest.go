@@ -19,7 +19,6 @@ package lambdatest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -43,22 +42,14 @@ const (
 	startTimeout = 15 * time.Second
 )
 
-// moduleRoot is the nearest directory above the working directory with a go.mod.
+// moduleRoot is the directory of the main module's go.mod (go env GOMOD).
 func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	gomod := strings.TrimSpace(string(out))
+	if err != nil || gomod == "" || gomod == os.DevNull {
+		return "", fmt.Errorf("no go.mod above the working directory (go env GOMOD: %q, %v)", gomod, err)
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = parent
-	}
+	return filepath.Dir(gomod), nil
 }
 
 var builds struct {

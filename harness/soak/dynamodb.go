@@ -16,6 +16,7 @@ import (
 
 	"greenhouse-gateway/internal/cloud"
 
+	"greenhouse-gateway/harness/dynamotest"
 	"greenhouse-gateway/harness/proc"
 )
 
@@ -23,8 +24,6 @@ import (
 const (
 	// dynamoStartTimeout bounds the wait for a (re)started JVM to answer.
 	dynamoStartTimeout = 90 * time.Second
-	// dynamoInstallTimeout bounds deploy/local/dynamodb-local.sh install.
-	dynamoInstallTimeout = 10 * time.Minute
 )
 
 // dynamoJVMOptions keep the JVM small and quick to start, as
@@ -52,7 +51,7 @@ type dynamoLocal struct {
 // newDynamoLocal prepares an instance whose database is in dbPath and whose
 // log goes to dir.
 func newDynamoLocal(dir, dbPath string) (*dynamoLocal, error) {
-	install, err := dynamoInstallDir()
+	install, err := dynamotest.EnsureInstalled()
 	if err != nil {
 		return nil, err
 	}
@@ -189,35 +188,4 @@ func dynamoDBPath(dir string) (string, error) {
 	}
 	p := filepath.Join(dir, "dynamodb")
 	return p, os.MkdirAll(p, 0o750)
-}
-
-// dynamoInstallDir returns the DynamoDB Local installation: $DYNAMODB_LOCAL_DIR
-// or <module root>/.cache/dynamodb-local, installed with
-// deploy/local/dynamodb-local.sh when missing (as harness/dynamotest does).
-func dynamoInstallDir() (string, error) {
-	dir := os.Getenv("DYNAMODB_LOCAL_DIR")
-	root, rootErr := moduleRoot()
-	if dir == "" {
-		if rootErr != nil {
-			return "", rootErr
-		}
-		dir = filepath.Join(root, ".cache", "dynamodb-local")
-	}
-	_, jarErr := os.Stat(filepath.Join(dir, "DynamoDBLocal.jar"))
-	_, javaErr := exec.LookPath("java")
-	if jarErr == nil && javaErr == nil {
-		return dir, nil
-	}
-	if rootErr != nil {
-		return "", fmt.Errorf("dynamodb local missing in %s and no install script: %w", dir, rootErr)
-	}
-	script := filepath.Join(root, "deploy", "local", "dynamodb-local.sh")
-	ctx, cancel := context.WithTimeout(context.Background(), dynamoInstallTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", script, "install")
-	cmd.Env = append(os.Environ(), "DYNAMODB_LOCAL_DIR="+dir)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("running %s install: %w\n%s", script, err, out)
-	}
-	return dir, nil
 }

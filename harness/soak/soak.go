@@ -19,6 +19,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
+	"greenhouse-gateway/harness/dynamotest"
 	"greenhouse-gateway/harness/faultfs"
 	"greenhouse-gateway/harness/faultproxy"
 	"greenhouse-gateway/internal/cloud"
@@ -325,7 +326,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			return rep, fmt.Errorf("soak: %w", err)
 		}
 	}
-	if _, err := dynamoInstallDir(); err != nil {
+	if _, err := dynamotest.EnsureInstalled(); err != nil {
 		return rep, err
 	}
 	share := cfg.Duration / time.Duration(len(cfg.Scenarios))
