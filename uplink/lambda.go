@@ -15,7 +15,7 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"greenhouse-gateway/function"
+	"greenhouse-gateway/function/event"
 	"greenhouse-gateway/internal/cloud"
 )
 
@@ -61,8 +61,8 @@ func (e *invocationError) Unwrap() error { return e.err }
 // invoke sends one event and returns the function's results by id. It
 // waits for a slot of the invocations' AIMD limit; a throttling answer
 // (TooManyRequestsException, HTTP 429, or a throttled result) halves it.
-func (t *lambdaTarget) invoke(ctx context.Context, ev *function.BatchEvent) (map[string]function.ItemResult, error) {
-	ev.V, ev.Kind, ev.GatewayID = function.EventVersion, function.KindGatewayBatches, t.gatewayID
+func (t *lambdaTarget) invoke(ctx context.Context, ev *event.BatchEvent) (map[string]event.ItemResult, error) {
+	ev.V, ev.Kind, ev.GatewayID = event.EventVersion, event.KindGatewayBatches, t.gatewayID
 	payload, err := json.Marshal(ev)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the batch event: %w", err)
@@ -98,7 +98,7 @@ func (t *lambdaTarget) invoke(ctx context.Context, ev *function.BatchEvent) (map
 }
 
 // answerOf turns an Invoke answer into the function's results by id.
-func answerOf(out *lambda.InvokeOutput, err error) (map[string]function.ItemResult, error) {
+func answerOf(out *lambda.InvokeOutput, err error) (map[string]event.ItemResult, error) {
 	if err != nil {
 		var ae smithy.APIError
 		var re *smithyhttp.ResponseError
@@ -113,7 +113,7 @@ func answerOf(out *lambda.InvokeOutput, err error) (map[string]function.ItemResu
 			aws.ToString(out.FunctionError), out.Payload)}
 	}
 	var a struct {
-		function.BatchResponse
+		event.BatchResponse
 		// A function error the Runtime Interface Emulator answers
 		// without X-Amz-Function-Error.
 		ErrorType    string `json:"errorType"`
@@ -125,7 +125,7 @@ func answerOf(out *lambda.InvokeOutput, err error) (map[string]function.ItemResu
 	if a.V == 0 && a.Results == nil && a.ErrorType != "" {
 		return nil, &invocationError{kind: "function_error", err: fmt.Errorf("function error %s: %.200s", a.ErrorType, a.ErrorMessage)}
 	}
-	results := make(map[string]function.ItemResult, len(a.Results))
+	results := make(map[string]event.ItemResult, len(a.Results))
 	for _, r := range a.Results {
 		results[r.ID] = r
 	}
@@ -141,9 +141,9 @@ func invocationKind(err error) string {
 	return "error"
 }
 
-func anyThrottled(results map[string]function.ItemResult) bool {
+func anyThrottled(results map[string]event.ItemResult) bool {
 	for _, r := range results {
-		if r.Status == function.StatusThrottled {
+		if r.Status == event.StatusThrottled {
 			return true
 		}
 	}
@@ -152,7 +152,7 @@ func anyThrottled(results map[string]function.ItemResult) bool {
 
 // resultError is a result that is neither delivered nor a permanent
 // refusal: the item is retried.
-func resultError(id string, r function.ItemResult, ok bool) error {
+func resultError(id string, r event.ItemResult, ok bool) error {
 	if !ok {
 		return fmt.Errorf("the function's answer has no result for id %s", id)
 	}
@@ -165,7 +165,7 @@ func resultError(id string, r function.ItemResult, ok bool) error {
 // that is not written is tried again next round without holding back the
 // readings.
 func (u *Uplink) syncLambda(ctx context.Context) (int, error) {
-	var ev function.BatchEvent
+	var ev event.BatchEvent
 	var devices []cloud.DeviceUpsert
 	if u.devices != nil {
 		devices = u.devices.PendingUpserts(100)
@@ -178,10 +178,10 @@ func (u *Uplink) syncLambda(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	for i, d := range devices {
-		ev.Devices = append(ev.Devices, function.DeviceItem{ID: "d-" + strconv.Itoa(i), Upsert: d})
+		ev.Devices = append(ev.Devices, event.DeviceItem{ID: "d-" + strconv.Itoa(i), Upsert: d})
 	}
 	for i, k := range keys {
-		ev.Keys = append(ev.Keys, function.KeyItem{ID: "k-" + strconv.Itoa(i), Write: k})
+		ev.Keys = append(ev.Keys, event.KeyItem{ID: "k-" + strconv.Itoa(i), Write: k})
 	}
 	results, err := u.lambda.invoke(ctx, &ev)
 	if err != nil {
@@ -197,7 +197,7 @@ func (u *Uplink) syncLambda(ctx context.Context) (int, error) {
 		id := "d-" + strconv.Itoa(i)
 		r, ok := results[id]
 		u.lambda.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
-		if !ok || r.Status != function.StatusDelivered {
+		if !ok || r.Status != event.StatusDelivered {
 			firstErr = cmp.Or(firstErr, fmt.Errorf("device record %s: %w", d.HardwareID, resultError(id, r, ok)))
 			continue
 		}
@@ -209,7 +209,7 @@ func (u *Uplink) syncLambda(ctx context.Context) (int, error) {
 		id := "k-" + strconv.Itoa(i)
 		r, ok := results[id]
 		u.lambda.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
-		if !ok || r.Status != function.StatusDelivered {
+		if !ok || r.Status != event.StatusDelivered {
 			u.keyWarning(k, resultError(id, r, ok))
 			continue
 		}
@@ -221,12 +221,12 @@ func (u *Uplink) syncLambda(ctx context.Context) (int, error) {
 
 // resultLabel is a result's status for metrics; "missing" when the answer
 // had none for the id.
-func resultLabel(r function.ItemResult, ok bool) string {
+func resultLabel(r event.ItemResult, ok bool) string {
 	switch {
 	case !ok:
 		return "missing"
-	case r.Status == function.StatusDelivered, r.Status == function.StatusDuplicate, r.Status == function.StatusConflict,
-		r.Status == function.StatusRejected, r.Status == function.StatusThrottled, r.Status == function.StatusError:
+	case r.Status == event.StatusDelivered, r.Status == event.StatusDuplicate, r.Status == event.StatusConflict,
+		r.Status == event.StatusRejected, r.Status == event.StatusThrottled, r.Status == event.StatusError:
 		return r.Status
 	}
 	return "other"
@@ -253,7 +253,7 @@ func newLambdaMetrics(reg prometheus.Registerer) *lambdaMetrics {
 		}),
 		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocation_duration_seconds",
-			Help:    "Latency of one invocation of the readings function.",
+			Help:    "Latency of one invocation of the readings event.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -17,7 +17,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
-	"greenhouse-gateway/function"
+	"greenhouse-gateway/function/event"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/uplink"
 )
@@ -70,7 +70,7 @@ func (f *fakeFunction) serve(w http.ResponseWriter, r *http.Request) {
 	if f.invocation != nil && f.invocation(n, w) {
 		return
 	}
-	var ev function.BatchEvent
+	var ev event.BatchEvent
 	require.NoError(f.t, json.Unmarshal(body, &ev))
 	require.Equal(f.t, 1, ev.V)
 	require.Equal(f.t, "gateway_batches", ev.Kind)
@@ -80,7 +80,7 @@ func (f *fakeFunction) serve(w http.ResponseWriter, r *http.Request) {
 }
 
 // answer applies an event and returns its results.
-func (f *fakeFunction) answer(ev function.BatchEvent) []map[string]any {
+func (f *fakeFunction) answer(ev event.BatchEvent) []map[string]any {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var results []map[string]any

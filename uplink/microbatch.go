@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/function"
+	"greenhouse-gateway/function/event"
 )
 
 // The lambda target's micro-buffer (seed 004 §5.5). A round's batches
@@ -42,7 +42,7 @@ type readyBatch struct {
 // packDone is one invocation's outcome.
 type packDone struct {
 	pack    []readyBatch
-	results map[string]function.ItemResult
+	results map[string]event.ItemResult
 	err     error
 }
 
@@ -133,9 +133,9 @@ func (m *microBatcher) send(ctx context.Context) {
 	pack := append([]readyBatch(nil), m.ready[:n]...)
 	m.ready = m.ready[n:]
 	m.readyBytes -= bytes - envelopeOverhead
-	ev := &function.BatchEvent{Items: make([]function.BatchItem, 0, n)}
+	ev := &event.BatchEvent{Items: make([]event.BatchItem, 0, n)}
 	for _, rb := range pack {
-		ev.Items = append(ev.Items, function.BatchItem{ID: itemID(rb.p), Batch: rb.p.Payload})
+		ev.Items = append(ev.Items, event.BatchItem{ID: itemID(rb.p), Batch: rb.p.Payload})
 	}
 	m.inflight++
 	go func() {
@@ -164,11 +164,11 @@ func (m *microBatcher) settle(d packDone) {
 		r, ok := d.results[id]
 		m.t.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
 		switch {
-		case ok && (r.Status == function.StatusDelivered || r.Status == function.StatusDuplicate):
+		case ok && (r.Status == event.StatusDelivered || r.Status == event.StatusDuplicate):
 			delivered = append(delivered, rb.p)
-			m.u.metrics.batches.WithLabelValues(map[bool]string{true: "delivered", false: "already_delivered"}[r.Status == function.StatusDelivered]).Inc()
+			m.u.metrics.batches.WithLabelValues(map[bool]string{true: "delivered", false: "already_delivered"}[r.Status == event.StatusDelivered]).Inc()
 			m.u.metrics.readings.Add(float64(rb.readings))
-		case ok && (r.Status == function.StatusConflict || r.Status == function.StatusRejected):
+		case ok && (r.Status == event.StatusConflict || r.Status == event.StatusRejected):
 			reason := fmt.Sprintf("the readings function answered %s: %s %s", r.Status, r.Reason, r.Message)
 			if err := m.u.deadLetter(rb.p, reason); err != nil {
 				m.firstErr = cmp.Or(m.firstErr, fmt.Errorf("dead-lettering %s: %w", rb.p.BatchID, err))
