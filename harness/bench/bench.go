@@ -66,6 +66,11 @@ type Config struct {
 	DrainTimeout time.Duration `json:"drain_timeout_ns"`
 	// UplinkConcurrency is uplink.concurrency, and the SDK loop's.
 	UplinkConcurrency int `json:"uplink_concurrency"`
+	// LambdaInstances is how many Runtime Interface Emulators run the
+	// readings function in the lambda scenario, side by side behind
+	// invokeproxy (each runs one invocation at a time), as Lambda runs
+	// concurrent instances.
+	LambdaInstances int `json:"lambda_instances"`
 	// ReadyReadings is the backlog of the time-to-ready figure; ReadyRuns
 	// how many starts are measured (the median is reported).
 	ReadyReadings int `json:"ready_readings"`
@@ -107,6 +112,7 @@ func DefaultConfig() Config {
 		DrainBaselineReadings: 0,
 		DrainTimeout:          10 * time.Minute,
 		UplinkConcurrency:     16,
+		LambdaInstances:       1,
 		ReadyReadings:         1_000_000,
 		ReadyRuns:             3,
 		CacheDir:              ".cache/bench",
@@ -144,6 +150,8 @@ func (c Config) Validate() error {
 		return errors.New("drain baseline readings: must not be negative")
 	case c.DrainTimeout <= 0:
 		return errors.New("drain timeout: must be positive")
+	case c.LambdaInstances < 1 || c.LambdaInstances > 16:
+		return errors.New("lambda instances: must be between 1 and 16")
 	case c.UplinkConcurrency < 1 || c.UplinkConcurrency > 256:
 		return errors.New("uplink concurrency: must be between 1 and 256")
 	case c.ReadyReadings < c.Readings || c.ReadyReadings > 10_000_000:

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"greenhouse-gateway/harness/invokeproxy"
 	"greenhouse-gateway/harness/lambdatest"
 )
 
@@ -30,17 +31,13 @@ func (r *runner) lambdaDrain(ctx context.Context) error {
 		return err
 	}
 	target := func(ctx context.Context, prefix string) ([]string, func(), error) {
-		em, err := lambdatest.Run(bootstrap, map[string]string{
-			"API_KEY_PEPPER": pepper, "TABLE_PREFIX": prefix, "DYNAMODB_ENDPOINT": r.dynamo.endpoint,
-			"TRANSACTION_MAX_ITEMS": strconv.Itoa(r.txLimit), "AWS_REGION": awsRegion,
-			"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
-		})
+		url, stop, err := r.startFunctions(bootstrap, prefix)
 		if err != nil {
 			return nil, nil, err
 		}
 		env := []string{"GATEWAY_UPLINK_TARGET=lambda", "GATEWAY_UPLINK_LAMBDA_FUNCTION=" + lambdatest.FunctionName,
-			"GATEWAY_UPLINK_LAMBDA_ENDPOINT=" + em.Endpoint}
-		return env, func() { _ = em.Close() }, nil
+			"GATEWAY_UPLINK_LAMBDA_ENDPOINT=" + url}
+		return env, stop, nil
 	}
 	batches := r.cfg.DrainReadings / r.cfg.Readings
 	var runs [2]gatewayDrain
@@ -63,6 +60,45 @@ func (r *runner) lambdaDrain(ctx context.Context) error {
 	return nil
 }
 
+// startFunctions runs LambdaInstances emulators of the function for the
+// tables of prefix and returns the Invoke API's URL: the emulator's proxy,
+// or with several, an invokeproxy that passes each invoke to a free one.
+func (r *runner) startFunctions(bootstrap, prefix string) (string, func(), error) {
+	var ems []*lambdatest.Emulator
+	stop := func() {
+		for _, em := range ems {
+			_ = em.Close()
+		}
+	}
+	var urls []string
+	for range r.cfg.LambdaInstances {
+		em, err := lambdatest.Run(bootstrap, map[string]string{
+			"API_KEY_PEPPER": pepper, "TABLE_PREFIX": prefix, "DYNAMODB_ENDPOINT": r.dynamo.endpoint,
+			"TRANSACTION_MAX_ITEMS": strconv.Itoa(r.txLimit), "AWS_REGION": awsRegion,
+			"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
+		})
+		if err != nil {
+			stop()
+			return "", nil, err
+		}
+		ems = append(ems, em)
+		urls = append(urls, em.Endpoint)
+	}
+	if len(urls) == 1 {
+		return urls[0], stop, nil
+	}
+	p, err := invokeproxy.New(urls, 0, r.log)
+	if err == nil {
+		err = p.Listen("127.0.0.1:0")
+	}
+	if err != nil {
+		stop()
+		return "", nil, err
+	}
+	go func() { _ = p.Run(context.Background()) }()
+	return p.URL(), func() { _ = p.Close(); stop() }, nil
+}
+
 // reportLambdaDrain adds the figures of a drain through the function (via)
 // against the direct one.
 func (r *runner) reportLambdaDrain(direct, via gatewayDrain, batches int) {
@@ -78,8 +114,8 @@ func (r *runner) reportLambdaDrain(direct, via gatewayDrain, batches int) {
 		"batches per DynamoDB request, direct", atLeast(50, "batches"))
 	r.res.add(section, "invocations per reading", "inv", via.Invocations/via.Readings, requests/direct.Readings,
 		"DynamoDB requests per reading, direct", nil)
-	r.res.note("%s: %d readings from %d devices, %d a batch; %.0f invocations carried %.0f batches; the Runtime Interface "+
-		"Emulator runs one invocation at a time (invokeproxy queues the others), so the Lambda path here is one function "+
-		"instance: its rate is a floor of what Lambda's concurrent instances give, and the queue makes invocations fuller",
-		section, batches*r.cfg.Readings, r.cfg.maxDevices(), r.cfg.Readings, via.Invocations, via.InvokedBatches)
+	r.res.note("%s: %d readings from %d devices, %d a batch; %.0f invocations carried %.0f batches; %d Runtime Interface "+
+		"Emulator(s), each running one invocation at a time (invokeproxy queues the others), stand for as many concurrent "+
+		"Lambda instances: the rate is a floor of what Lambda gives at a higher concurrency, and the queue makes invocations fuller",
+		section, batches*r.cfg.Readings, r.cfg.maxDevices(), r.cfg.Readings, via.Invocations, via.InvokedBatches, r.cfg.LambdaInstances)
 }

@@ -5,8 +5,11 @@
 // before, even when that one's caller has gone away (a killed gateway, a
 // timed-out invocation): the emulator is still running it.
 //
-// It is a development and test tool: Lambda itself runs invocations
-// concurrently.
+// With several emulators (each running the function once) the proxy
+// passes each invoke to a free one, as Lambda passes invocations to its
+// concurrent instances.
+//
+// It is a development and test tool.
 package invokeproxy
 
 import (
@@ -19,32 +22,40 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"sync"
 	"time"
 )
 
 // maxPayload bounds a request body: Lambda's 6 MB synchronous payload.
 const maxPayload = 6 << 20
 
-// Proxy forwards requests to one emulator, one at a time.
+// Proxy forwards requests to emulators, one at a time to each.
 type Proxy struct {
-	upstream *url.URL
-	timeout  time.Duration
-	logger   *slog.Logger
-	client   *http.Client
-	ln       net.Listener
-	srv      *http.Server
+	upstreams []*url.URL
+	timeout   time.Duration
+	logger    *slog.Logger
+	client    *http.Client
+	ln        net.Listener
+	srv       *http.Server
 
-	mu sync.Mutex // held while a request is at the emulator
+	// free holds the indexes of the emulators without a request.
+	free chan int
 }
 
-// New returns a proxy to the emulator at upstream (its base URL, e.g.
-// http://127.0.0.1:9001); timeout bounds one invocation at the emulator
+// New returns a proxy to the emulators at upstreams (base URLs, e.g.
+// http://127.0.0.1:9001); timeout bounds one invocation at an emulator
 // (0: 5 minutes). It does no I/O.
-func New(upstream string, timeout time.Duration, logger *slog.Logger) (*Proxy, error) {
-	u, err := url.Parse(upstream)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("invokeproxy: upstream %q must be an http URL with a host", upstream)
+func New(upstreams []string, timeout time.Duration, logger *slog.Logger) (*Proxy, error) {
+	if len(upstreams) == 0 {
+		return nil, errors.New("invokeproxy: no upstream")
+	}
+	p := &Proxy{free: make(chan int, len(upstreams))}
+	for i, up := range upstreams {
+		u, err := url.Parse(up)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("invokeproxy: upstream %q must be an http URL with a host", up)
+		}
+		p.upstreams = append(p.upstreams, u)
+		p.free <- i
 	}
 	if timeout <= 0 {
 		timeout = 5 * time.Minute
@@ -52,7 +63,7 @@ func New(upstream string, timeout time.Duration, logger *slog.Logger) (*Proxy, e
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{upstream: u, timeout: timeout, logger: logger, client: &http.Client{}}
+	p.timeout, p.logger, p.client = timeout, logger, &http.Client{}
 	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ReadHeaderTimeout: 10 * time.Second}
 	return p, nil
 }
@@ -92,9 +103,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"Type":"User","message":"request body: `+err.Error()+`"}`, http.StatusRequestEntityTooLarge)
 		return
 	}
-	p.mu.Lock()
-	resp, respBody, err := p.forward(r, body)
-	p.mu.Unlock()
+	var i int
+	select {
+	case i = <-p.free:
+	case <-r.Context().Done():
+		return // gone before anything was sent
+	}
+	resp, respBody, err := p.forward(p.upstreams[i], r, body)
+	p.free <- i
 	if err != nil {
 		p.logger.Warn("the emulator did not answer", "path", r.URL.Path, "err", err)
 		w.Header().Set("X-Amzn-ErrorType", "ServiceException")
@@ -110,13 +126,13 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(respBody)
 }
 
-// forward sends one request to the emulator and reads its whole answer.
+// forward sends one request to an emulator and reads its whole answer.
 // Its context is not the caller's: a caller that goes away does not end
 // the invocation at the emulator, so the next one must wait for it.
-func (p *Proxy) forward(r *http.Request, body []byte) (*http.Response, []byte, error) {
+func (p *Proxy) forward(upstream *url.URL, r *http.Request, body []byte) (*http.Response, []byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
-	target := *p.upstream
+	target := *upstream
 	target.Path, target.RawQuery = r.URL.Path, r.URL.RawQuery
 	req, err := http.NewRequestWithContext(ctx, r.Method, target.String(), bytes.NewReader(body))
 	if err != nil {

@@ -94,7 +94,7 @@ func start(rie, bootstrap string, overrides map[string]string) (*Emulator, error
 	// invokeproxy holds the next invoke until the emulator answered the one
 	// before, even when that one's caller went away (the emulator still runs
 	// it, and crashes on a second).
-	serial, err := invokeproxy.New(target.String(), 0, nil)
+	serial, err := invokeproxy.New([]string{target.String()}, 0, nil)
 	if err != nil {
 		return nil, err
 	}

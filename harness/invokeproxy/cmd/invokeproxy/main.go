@@ -2,7 +2,7 @@
 // Runtime Interface Emulator (see package invokeproxy): `make run
 // UPLINK=lambda` points gatewayd's uplink at it.
 //
-//	invokeproxy --listen 127.0.0.1:9000 --upstream http://127.0.0.1:9001
+//	invokeproxy --listen 127.0.0.1:9000 --upstream http://127.0.0.1:9001[,http://127.0.0.1:9003...]
 package main
 
 import (
@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:9000", "address to serve the Invoke API on")
-	upstream := flag.String("upstream", "http://127.0.0.1:9001", "the emulator's base URL")
+	upstream := flag.String("upstream", "http://127.0.0.1:9001", "the emulators' base URLs, comma-separated (one invoke at a time to each)")
 	timeout := flag.Duration("timeout", 0, "bound on one invocation at the emulator (default 5m)")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -31,7 +32,7 @@ func main() {
 }
 
 func run(listen, upstream string, timeout time.Duration, logger *slog.Logger) error {
-	p, err := invokeproxy.New(upstream, timeout, logger)
+	p, err := invokeproxy.New(strings.Split(upstream, ","), timeout, logger)
 	if err != nil {
 		return err
 	}
