@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -25,8 +26,10 @@ import (
 // fakeFunction speaks Lambda's Invoke API (POST
 // /2015-03-31/functions/{name}/invocations) and answers the native batch
 // event like the readings function: one result per id, duplicate for a
-// batch it delivered before. Its behaviour per invocation and per batch
-// is scripted; it checks the protocol, not the tables.
+// batch it delivered before, a device's batches in event order with the
+// later ones not attempted (error) after one that is not settled. Its
+// behaviour per invocation and per batch is scripted; it checks the
+// protocol, not the tables.
 type fakeFunction struct {
 	t *testing.T
 	// invocation, when set, may answer a whole invocation itself (n counts
@@ -45,11 +48,12 @@ type fakeFunction struct {
 	isDelivered map[string]bool
 	devices     []cloud.DeviceUpsert
 	keys        []cloud.KeyWrite
-	mixed       bool // an invocation held two batches of one device
+	inflight    map[string]int // devices in invocations being answered
+	overlap     bool           // a device was in two invocations at once
 }
 
 func newFakeFunction(t *testing.T) (*fakeFunction, string) {
-	f := &fakeFunction{t: t, sent: map[string]int{}, isDelivered: map[string]bool{}}
+	f := &fakeFunction{t: t, sent: map[string]int{}, isDelivered: map[string]bool{}, inflight: map[string]int{}}
 	srv := httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(srv.Close)
 	return f, srv.URL
@@ -75,8 +79,38 @@ func (f *fakeFunction) serve(w http.ResponseWriter, r *http.Request) {
 	require.Equal(f.t, 1, ev.V)
 	require.Equal(f.t, "gateway_batches", ev.Kind)
 	require.Equal(f.t, "gw-test", ev.GatewayID)
+	devices := f.enter(ev)
+	defer f.leave(devices)
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"v": 1, "results": f.answer(ev)})
+}
+
+// enter records the event's devices as in flight, noting a device that
+// already is, and leaves time for another invocation to overlap.
+func (f *fakeFunction) enter(ev event.BatchEvent) []string {
+	f.mu.Lock()
+	var devices []string
+	for _, it := range ev.Items {
+		var b contract.Batch
+		require.NoError(f.t, json.Unmarshal(it.Batch, &b))
+		if !slices.Contains(devices, b.HardwareID) {
+			devices = append(devices, b.HardwareID)
+			if f.inflight[b.HardwareID]++; f.inflight[b.HardwareID] > 1 {
+				f.overlap = true
+			}
+		}
+	}
+	f.mu.Unlock()
+	time.Sleep(2 * time.Millisecond)
+	return devices
+}
+
+func (f *fakeFunction) leave(devices []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, hw := range devices {
+		f.inflight[hw]--
+	}
 }
 
 // answer applies an event and returns its results.
@@ -84,22 +118,23 @@ func (f *fakeFunction) answer(ev event.BatchEvent) []map[string]any {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var results []map[string]any
-	seen := map[string]bool{}
+	failed := map[string]bool{} // devices whose later batches are not attempted
 	for _, it := range ev.Items {
 		var b contract.Batch
 		require.NoError(f.t, json.Unmarshal(it.Batch, &b))
-		if seen[b.HardwareID] {
-			f.mixed = true
-		}
-		seen[b.HardwareID] = true
 		f.sent[b.BatchID]++
 		st := ""
 		if f.status != nil {
 			st = f.status(b.BatchID, f.sent[b.BatchID])
 		}
 		switch {
+		case failed[b.HardwareID]:
+			st = "error"
 		case st == "missing":
+			failed[b.HardwareID] = true
 			continue
+		case st == "throttled" || st == "error":
+			failed[b.HardwareID] = true
 		case st == "" && f.isDelivered[b.BatchID]:
 			st = "duplicate"
 		case st == "":
@@ -121,10 +156,10 @@ func (f *fakeFunction) answer(ev event.BatchEvent) []map[string]any {
 	return results
 }
 
-func (f *fakeFunction) snapshot() (delivered []string, sizes []int, mixed bool) {
+func (f *fakeFunction) snapshot() (delivered []string, sizes []int, overlap bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]string(nil), f.delivered...), append([]int(nil), f.sizes...), f.mixed
+	return append([]string(nil), f.delivered...), append([]int(nil), f.sizes...), f.overlap
 }
 
 // newLambdaUplink returns an uplink with the lambda target pointed at url.
@@ -166,12 +201,12 @@ func TestLambdaTargetMicroBatchesAcrossDevicesInOrder(t *testing.T) {
 	up, reg := newLambdaUplink(t, buf, url, uplink.Config{}, nil)
 	runUntilEmpty(t, up, buf)
 
-	delivered, sizes, mixed := fn.snapshot()
+	delivered, sizes, overlap := fn.snapshot()
 	require.Len(t, delivered, 240, "every batch delivered exactly once")
 	require.Equal(t, want, perDevice(delivered), "per-device order")
-	require.False(t, mixed, "no invocation holds two batches of one device")
+	require.False(t, overlap, "no device is in two invocations at once")
 	require.Less(t, len(sizes), 240/10, "batches share invocations: %v", sizes)
-	require.Equal(t, 60, sizes[0], "the first invocation takes every device's oldest batch")
+	require.Equal(t, 200, sizes[0], "the first invocation is full (uplink.lambda.max_items)")
 	require.Equal(t, 240.0, metricValue(reg, "gateway_uplink_batches_total", "delivered"))
 	require.Equal(t, 720.0, metricValue(reg, "gateway_uplink_readings_total", ""))
 	require.Equal(t, float64(len(sizes)), metricValue(reg, "gateway_uplink_lambda_invocations_total", "ok"))
@@ -356,4 +391,27 @@ func TestLambdaTargetNeedsAClient(t *testing.T) {
 	up, err := uplink.New(uplink.Config{Target: uplink.TargetLambda, Lambda: uplink.LambdaConfig{Function: "f"}}, buf, nil, nil, nil, nil, cloud.Tables{}, nil, nil)
 	require.NoError(t, err)
 	require.ErrorContains(t, up.Run(context.Background()), "SetLambda")
+}
+
+// A few devices with deep backlogs still fill invocations: a device's
+// consecutive batches go together, and a failure in the middle holds its
+// later batches back.
+func TestLambdaTargetFillsInvocationsFromFewDevices(t *testing.T) {
+	buf := openBuffer(t)
+	want := fleetBacklog(t, buf, 3, 40)
+	failOnce := want["AA:BB:CC:00:00:01"][10]
+	fn, url := newFakeFunction(t)
+	fn.status = func(id string, k int) string {
+		if id == failOnce && k == 1 {
+			return "error"
+		}
+		return ""
+	}
+	up, _ := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{MaxItems: 60}}, nil)
+	runUntilEmpty(t, up, buf)
+	delivered, sizes, overlap := fn.snapshot()
+	require.Len(t, delivered, 120)
+	require.Equal(t, want, perDevice(delivered), "per-device order, through the failure")
+	require.False(t, overlap, "no device is in two invocations at once")
+	require.Equal(t, 60, slices.Max(sizes), "3 devices fill an invocation of 60")
 }

@@ -24,6 +24,12 @@ const EventVersion = 1
 //	 "items":[{"id":"c-1","batch":{...one device batch as the device contract's JSON...}}],
 //	 "devices":[{"id":"d-1","upsert":{...cloud.DeviceUpsert...}}],
 //	 "keys":[{"id":"k-1","write":{...cloud.KeyWrite...}}]}
+//
+// A device's batches are written in event order: when one is neither in
+// the cloud nor refused for good (throttled, error), its later batches in
+// the event are not attempted and answer error. A gateway may therefore
+// put several consecutive batches of a device in one event, but never a
+// device's batches in two events in flight at once.
 type BatchEvent struct {
 	V         int          `json:"v"`
 	Kind      string       `json:"kind"`
