@@ -3,7 +3,9 @@ package function
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"greenhouse-gateway/firmware-contract"
@@ -49,9 +51,7 @@ func newJob(b *contract.Batch, err error) *job {
 func (f *Function) store(ctx context.Context, jobs []*job) {
 	f.checkMarkers(ctx, jobs)
 	order, byDevice := groupJobs(jobs)
-	for _, hw := range order {
-		f.prepareDevice(ctx, hw, byDevice[hw])
-	}
+	f.prepareDevices(ctx, order, byDevice)
 	received := f.now()
 	next := make(map[string]int, len(order))
 	for {
@@ -75,11 +75,15 @@ func (f *Function) store(ctx context.Context, jobs []*job) {
 	}
 }
 
+// errHeldBack is a batch not attempted because an earlier batch of its
+// device failed in the same invocation.
+var errHeldBack = errors.New("not attempted")
+
 // holdBack settles the later batches of a device whose batch failed: they
 // must not overtake it.
 func (f *Function) holdBack(later []*job, failed *job) {
 	for _, j := range later {
-		j.settle(tablewrite.Failed, fmt.Errorf("not attempted: batch %s of this device must be retried first", failed.batch.BatchID))
+		j.settle(tablewrite.Failed, fmt.Errorf("%w: batch %s of this device must be retried first", errHeldBack, failed.batch.BatchID))
 	}
 }
 
@@ -140,6 +144,21 @@ func cloudFailure(err error) tablewrite.Outcome {
 		return tablewrite.Throttled
 	}
 	return tablewrite.Failed
+}
+
+// prepareDevices prepares the devices' batches (prepareDevice), up to
+// WriteConcurrency devices at once.
+func (f *Function) prepareDevices(ctx context.Context, order []string, byDevice map[string][]*job) {
+	sem := make(chan struct{}, max(f.cfg.WriteConcurrency, 1))
+	var wg sync.WaitGroup
+	for _, hw := range order {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			f.prepareDevice(ctx, hw, byDevice[hw])
+		})
+	}
+	wg.Wait()
 }
 
 // prepareDevice reads a device's newest readings, applies the ordering

@@ -32,7 +32,7 @@ type rig struct {
 
 // newRig starts the function with its tables, a fleet key and env added to
 // its environment.
-func newRig(t *testing.T, env map[string]string) *rig {
+func newRig(t testing.TB, env map[string]string) *rig {
 	t.Helper()
 	local := dynamotest.Shared(t)
 	r := &rig{tables: local.NewTables(t), db: local.Client(t)}
@@ -57,7 +57,7 @@ func newRig(t *testing.T, env map[string]string) *rig {
 
 // invoke invokes the function with v encoded as JSON and decodes its
 // answer into out.
-func (r *rig) invoke(t *testing.T, v, out any) {
+func (r *rig) invoke(t testing.TB, v, out any) {
 	t.Helper()
 	payload, err := json.Marshal(v)
 	require.NoError(t, err)
@@ -120,7 +120,7 @@ func batch(hw string, base time.Time, window, n int, temp float64) *contract.Bat
 // not in the future (clock skew).
 func base() time.Time { return time.Now().Add(-time.Hour).Truncate(time.Minute) }
 
-func jsonOf(t *testing.T, v any) string {
+func jsonOf(t testing.TB, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)
 	require.NoError(t, err)

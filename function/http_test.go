@@ -1,6 +1,7 @@
 package function_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/tablewrite"
 )
 
@@ -92,6 +94,17 @@ func TestRegisterRouteUnderTheEmulator(t *testing.T) {
 
 	code, _ = r.post(t, "/v1/register", "", nil, reg)
 	require.Equal(t, http.StatusUnauthorized, code)
+
+	// A device key acts for its own device only.
+	bound, _, err := cloud.NewKeys(r.db, r.tables.APIKeys, testPepper).CreateBound(context.Background(), "device key", "AA:BB:CC:00:15:09")
+	require.NoError(t, err)
+	code, body = r.post(t, "/v1/register", bound, nil, reg)
+	require.Equal(t, http.StatusForbidden, code, body)
+	code, body = r.post(t, "/v1/readings", bound, nil, jsonOf(t, batch("AA:BB:CC:00:15:02", base(), 0, 1, 20)))
+	require.Equal(t, http.StatusForbidden, code, body)
+	require.Contains(t, body, `"forbidden"`)
+	code, body = r.post(t, "/v1/readings", bound, nil, jsonOf(t, batch("AA:BB:CC:00:15:09", base(), 0, 1, 20)))
+	require.Equal(t, http.StatusOK, code, body)
 }
 
 func TestIdempotencyKeyReplaysTheAnswer(t *testing.T) {

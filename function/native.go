@@ -66,8 +66,11 @@ func itemResult(id string, j *job) ItemResult {
 		r.Reason, r.Message = string(e.Reason), e.Error()
 	case tablewrite.Throttled:
 		r.Reason, r.Message = "throttled", j.err.Error()
-	default:
+	case tablewrite.Failed:
 		r.Reason, r.Message = "dynamodb", j.err.Error()
+		if errors.Is(j.err, errHeldBack) {
+			r.Reason = "not_attempted"
+		}
 	}
 	return r
 }

@@ -19,7 +19,7 @@ import (
 	"greenhouse-gateway/internal/tablewrite"
 )
 
-func nativeEvent(t *testing.T, batches map[string]*contract.Batch, order []string) function.BatchEvent {
+func nativeEvent(t testing.TB, batches map[string]*contract.Batch, order []string) function.BatchEvent {
 	ev := function.BatchEvent{V: 1, Kind: function.KindGatewayBatches, GatewayID: "gw-1"}
 	for _, id := range order {
 		ev.Items = append(ev.Items, function.BatchItem{ID: id, Batch: json.RawMessage(jsonOf(t, batches[id]))})

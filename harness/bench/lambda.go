@@ -30,8 +30,12 @@ func (r *runner) lambdaDrain(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	rie, err := lambdatest.BuildRIE()
+	if err != nil {
+		return err
+	}
 	target := func(ctx context.Context, prefix string) ([]string, func(), error) {
-		url, stop, err := r.startFunctions(bootstrap, prefix)
+		url, stop, err := r.startFunctions(rie, bootstrap, prefix)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -63,7 +67,7 @@ func (r *runner) lambdaDrain(ctx context.Context) error {
 // startFunctions runs LambdaInstances emulators of the function for the
 // tables of prefix and returns the Invoke API's URL: the emulator's proxy,
 // or with several, an invokeproxy that passes each invoke to a free one.
-func (r *runner) startFunctions(bootstrap, prefix string) (string, func(), error) {
+func (r *runner) startFunctions(rie, bootstrap, prefix string) (string, func(), error) {
 	var ems []*lambdatest.Emulator
 	stop := func() {
 		for _, em := range ems {
@@ -72,7 +76,7 @@ func (r *runner) startFunctions(bootstrap, prefix string) (string, func(), error
 	}
 	var urls []string
 	for range r.cfg.LambdaInstances {
-		em, err := lambdatest.Run(bootstrap, map[string]string{
+		em, err := lambdatest.Launch(rie, bootstrap, map[string]string{
 			"API_KEY_PEPPER": pepper, "TABLE_PREFIX": prefix, "DYNAMODB_ENDPOINT": r.dynamo.endpoint,
 			"TRANSACTION_MAX_ITEMS": strconv.Itoa(r.txLimit), "AWS_REGION": awsRegion,
 			"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",

@@ -54,7 +54,7 @@ type Emulator struct {
 // process's environment, and stops it when the test ends.
 func Start(tb testing.TB, bootstrap string, env map[string]string) *Emulator {
 	tb.Helper()
-	e, err := start(RIEPath(tb), bootstrap, env)
+	e, err := Launch(RIEPath(tb), bootstrap, env)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -66,17 +66,10 @@ func Start(tb testing.TB, bootstrap string, env map[string]string) *Emulator {
 	return e
 }
 
-// Run is Start for programs that are not tests (the benchmark): the
-// caller closes the emulator.
-func Run(bootstrap string, env map[string]string) (*Emulator, error) {
-	rie, err := once("rie", buildRIE)
-	if err != nil {
-		return nil, err
-	}
-	return start(rie, bootstrap, env)
-}
-
-func start(rie, bootstrap string, overrides map[string]string) (*Emulator, error) {
+// Launch runs bootstrap under the emulator binary rie (BuildRIE) with
+// overrides added to this process's environment, outside tests (make run);
+// the caller Closes it.
+func Launch(rie, bootstrap string, overrides map[string]string) (*Emulator, error) {
 	e := &Emulator{rie: rie, bootstrap: bootstrap, env: env(overrides), output: &syncbuf.Buffer{Max: 1 << 20}}
 	var err error
 	if e.riePort, err = freePort(); err != nil {

@@ -76,14 +76,16 @@ func once(key string, build func() (string, error)) (string, error) {
 // RIEPath returns the emulator's binary, building it first when missing.
 func RIEPath(tb testing.TB) string {
 	tb.Helper()
-	p, err := once("rie", buildRIE)
+	p, err := once("rie", BuildRIE)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	return p
 }
 
-func buildRIE() (string, error) {
+// BuildRIE returns the emulator's binary in <module root>/.cache/bin,
+// running go install of RIEVersion first when it is missing.
+func BuildRIE() (string, error) {
 	root, err := moduleRoot()
 	if err != nil {
 		return "", err
@@ -105,7 +107,7 @@ func buildRIE() (string, error) {
 }
 
 // BuildFunction builds cmd/function for this machine, once per process,
-// and returns the binary.
+// into <module root>/.cache/lambdatest/bootstrap, and returns its path.
 func BuildFunction(tb testing.TB) string {
 	tb.Helper()
 	p, err := FunctionBinary()
@@ -123,20 +125,25 @@ func FunctionBinary() (string, error) {
 		if err != nil {
 			return "", err
 		}
-		dir, err := os.MkdirTemp("", "lambdatest-function-")
-		if err != nil {
+		// Built beside the cache's other binaries and renamed into place:
+		// emulators of other test processes keep running the file they
+		// started, and nothing is left in /tmp.
+		dir := filepath.Join(root, ".cache", "lambdatest")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return "", err
 		}
 		bin := filepath.Join(dir, "bootstrap")
+		tmp := fmt.Sprintf("%s.%d.tmp", bin, os.Getpid())
 		ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-tags", "lambda.norpc", "-o", bin, "./cmd/function")
+		cmd := exec.CommandContext(ctx, "go", "build", "-tags", "lambda.norpc", "-o", tmp, "./cmd/function")
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
+			_ = os.Remove(tmp)
 			return "", fmt.Errorf("building cmd/function: %w\n%s", err, out)
 		}
-		return bin, nil
+		return bin, os.Rename(tmp, bin)
 	})
 }
 
