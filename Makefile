@@ -19,8 +19,17 @@ build: ## build bin/gatewayd, bin/gatewayctl and bin/devicesim
 dynamodb-local: ## install AWS DynamoDB Local into .cache/ (needs Java 17; installed with apt if missing)
 	@deploy/local/dynamodb-local.sh install
 
-run: build dynamodb-local ## run the gateway, DynamoDB Local, its tables and a few simulated devices; Ctrl-C stops all
-	@deploy/local/run.sh
+# UPLINK=lambda: the uplink invokes the readings function under the Runtime
+# Interface Emulator (built into .cache/bin, as harness/lambdatest does).
+UPLINK ?= dynamodb
+RIE_VERSION ?= v0.0.0-20261030222936-bef5c4ba774d
+run: build dynamodb-local $(if $(filter lambda,$(UPLINK)),lambda-local) ## run the gateway, DynamoDB Local, its tables and a few simulated devices (UPLINK=lambda: through the readings function under the Lambda emulator); Ctrl-C stops all
+	@UPLINK=$(UPLINK) deploy/local/run.sh
+
+.PHONY: lambda-local
+lambda-local: lambda ## the readings function, the Lambda Runtime Interface Emulator (.cache/bin) and bin/invokeproxy, for make run UPLINK=lambda
+	GOBIN=$(CURDIR)/.cache/bin/aws-lambda-rie-$(RIE_VERSION) $(GO) install github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@$(RIE_VERSION)
+	$(GO) build -trimpath -o bin/invokeproxy ./harness/invokeproxy/cmd/invokeproxy
 
 test: dynamodb-local test-deps lint ## every test, integration and 3-minute soak included, with the race detector; then each fuzz target briefly
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...

@@ -21,32 +21,41 @@ type cloudBatch struct {
 // buildBatch decodes a buffered payload into its table items. now sets the
 // marker's expiration time.
 func buildBatch(p buffer.Pending, readingsRetention time.Duration, now time.Time) (*cloudBatch, error) {
-	var b contract.Batch
-	if err := json.Unmarshal(p.Payload, &b); err != nil {
-		return nil, fmt.Errorf("decoding buffered batch %s: %w", p.BatchID, err)
+	b, p, err := decodeBuffered(p)
+	if err != nil {
+		return nil, err
 	}
-	if b.BatchID != p.BatchID {
-		return nil, fmt.Errorf("buffered batch %s holds batch_id %q", p.BatchID, b.BatchID)
-	}
-	cb := &cloudBatch{pending: p}
-	for i, r := range b.Readings {
-		// The buffer's history keeps the batch under its reading times
-		// when it is marked delivered.
-		if i == 0 || r.TimestampMS < cb.pending.FirstMS {
-			cb.pending.FirstMS = r.TimestampMS
-		}
-		if i == 0 || r.TimestampMS > cb.pending.LastMS {
-			cb.pending.LastMS = r.TimestampMS
-		}
-	}
-	cb.pending.SpanKnown = len(b.Readings) > 0
 	received := p.ReceivedAt
 	if received.Before(clock.DefaultFloor) {
 		// Stamped by a clock that was not set yet: the forwarding time is
 		// the best receive time there is.
 		received = now
 	}
-	cb.items = tablewrite.Build(tablewrite.Batch{Batch: &b, ReceivedAt: received, Hash: b.IdentityHash()},
+	items := tablewrite.Build(tablewrite.Batch{Batch: b, ReceivedAt: received, Hash: b.IdentityHash()},
 		readingsRetention, now)
-	return cb, nil
+	return &cloudBatch{pending: p, items: items}, nil
+}
+
+// decodeBuffered decodes a buffered payload (the gateway validated and
+// encoded it, so a failure is damage on disk) and returns it with p
+// carrying its reading span: the buffer's history keeps the batch under
+// its reading times when it is marked delivered.
+func decodeBuffered(p buffer.Pending) (*contract.Batch, buffer.Pending, error) {
+	var b contract.Batch
+	if err := json.Unmarshal(p.Payload, &b); err != nil {
+		return nil, p, fmt.Errorf("decoding buffered batch %s: %w", p.BatchID, err)
+	}
+	if b.BatchID != p.BatchID {
+		return nil, p, fmt.Errorf("buffered batch %s holds batch_id %q", p.BatchID, b.BatchID)
+	}
+	for i, r := range b.Readings {
+		if i == 0 || r.TimestampMS < p.FirstMS {
+			p.FirstMS = r.TimestampMS
+		}
+		if i == 0 || r.TimestampMS > p.LastMS {
+			p.LastMS = r.TimestampMS
+		}
+	}
+	p.SpanKnown = len(b.Readings) > 0
+	return &b, p, nil
 }

@@ -45,14 +45,20 @@ func (u *Uplink) writeKeys(ctx context.Context) {
 		}
 		err := u.call(ctx, op, func(ctx context.Context) error { return write(ctx, w.Key) })
 		if err != nil {
-			if now := time.Now(); now.Sub(u.keyLoggedAt) >= keyLogInterval {
-				u.keyLoggedAt = now
-				u.logger.Warn("a device key could not be written to api_keys; trying again", "hardware_id",
-					w.Key.HardwareID, "key_id", w.Key.KeyID, "revoke", w.Revoked, "err", err)
-			}
+			u.keyWarning(w, err)
 			return
 		}
 		u.keys.KeyWritten(w)
 		u.metrics.keyWrites.WithLabelValues(map[bool]string{false: "issued", true: "revoked"}[w.Revoked]).Inc()
+	}
+}
+
+// keyWarning logs that w could not be written, at most once per
+// keyLogInterval.
+func (u *Uplink) keyWarning(w cloud.KeyWrite, err error) {
+	if now := time.Now(); now.Sub(u.keyLoggedAt) >= keyLogInterval {
+		u.keyLoggedAt = now
+		u.logger.Warn("a device key could not be written to api_keys; trying again", "hardware_id",
+			w.Key.HardwareID, "key_id", w.Key.KeyID, "revoke", w.Revoked, "err", err)
 	}
 }

@@ -50,6 +50,9 @@ func (u *Uplink) Report() delivery.Report {
 	r.ArrivalRateBatches = u.arrivals.at(now)
 	r.ETASeconds = eta(r.BacklogBatches, r.DrainRateBatches)
 	r.Concurrency = u.limiter.current()
+	if u.lambda != nil {
+		r.Concurrency = u.lambda.limiter.current()
+	}
 	return r
 }
 

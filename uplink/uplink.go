@@ -37,6 +37,12 @@ import (
 
 // Config configures the uplink. The zero value of a field means its default.
 type Config struct {
+	// Target is where batches go: "dynamodb" (default) writes the tables
+	// directly; "lambda" invokes the readings function (Lambda), which
+	// writes them, so the gateway needs no table write permission.
+	Target string `yaml:"target"`
+	// Lambda configures the lambda target.
+	Lambda LambdaConfig `yaml:"lambda"`
 	// WriteMode is how batches are written. "transaction" (default): each
 	// batch's readings and its conditional marker in one
 	// TransactWriteItems when they fit, readings first and marker last
@@ -99,6 +105,8 @@ type Config struct {
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{
+		Target:            TargetDynamoDB,
+		Lambda:            DefaultLambdaConfig(),
 		WriteMode:         "transaction",
 		Concurrency:       16,
 		MaxConcurrency:    64,
@@ -118,6 +126,14 @@ func DefaultConfig() Config {
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
+	switch c.Target {
+	case "", TargetDynamoDB, TargetLambda:
+	default:
+		return fmt.Errorf("uplink.target: %q is not one of dynamodb, lambda", c.Target)
+	}
+	if err := c.Lambda.validate(c.Target); err != nil {
+		return err
+	}
 	switch c.WriteMode {
 	case "", "transaction", "batch":
 	default:
@@ -169,6 +185,8 @@ func (c Config) Validate() error {
 
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
+	c.Target = cmp.Or(c.Target, d.Target)
+	c.Lambda = c.Lambda.withDefaults()
 	c.WriteMode = cmp.Or(c.WriteMode, d.WriteMode)
 	c.Concurrency = cmp.Or(c.Concurrency, d.Concurrency)
 	if c.MaxConcurrency == 0 {
@@ -239,6 +257,7 @@ type Uplink struct {
 	keyWriter   KeyWriter
 	keyLoggedAt time.Time
 	db          DynamoDB
+	lambda      *lambdaTarget // the lambda target (SetLambda); nil: dynamodb
 	probe       Prober
 	tables      cloud.Tables
 	logger      *slog.Logger
@@ -283,10 +302,10 @@ func New(cfg Config, store Store, devices DeviceSource, clk clock.Source, db Dyn
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	if store == nil || db == nil {
+	if store == nil || (db == nil && cfg.Target != TargetLambda) {
 		return nil, errors.New("uplink: store and DynamoDB client are required")
 	}
-	if cfg.TransactionMaxItems == 0 && probe == nil && cfg.WriteMode != "batch" {
+	if cfg.TransactionMaxItems == 0 && probe == nil && cfg.WriteMode != "batch" && cfg.Target != TargetLambda {
 		return nil, errors.New("uplink.transaction_max_items: 0 (probe) needs a prober")
 	}
 	if logger == nil {
@@ -331,6 +350,9 @@ func (u *Uplink) Status() Status {
 // Run forwards batches until ctx is done. A round interrupted by ctx leaves
 // its batches pending; forwarding them again after a restart is harmless.
 func (u *Uplink) Run(ctx context.Context) error {
+	if u.cfg.Target == TargetLambda && u.lambda == nil {
+		return errLambdaUnset
+	}
 	backoff := u.cfg.MinBackoff
 	poll := time.NewTimer(0)
 	defer poll.Stop()
@@ -406,16 +428,15 @@ func (u *Uplink) gather(ctx context.Context, wait time.Duration) {
 // A round first makes sure the clock can be trusted, writes the device
 // records and keys the cloud lacks, then leases batches (lease), checks
 // the ones whose earlier write may have been applied (checkUncertain) and
-// forwards the rest device by device, fresh devices first.
+// forwards the rest device by device, fresh devices first. The lambda
+// target sends device records, keys and batches through the readings
+// function, which answers duplicate for a batch already in the cloud, so
+// it reads no table.
 func (u *Uplink) round(ctx context.Context) (int, bool, error) {
-	if err := u.checkClock(ctx); err != nil {
-		return 0, false, err
-	}
-	devices, err := u.upsertDevices(ctx)
+	devices, err := u.prepare(ctx)
 	if err != nil {
 		return 0, false, err
 	}
-	u.writeKeys(ctx)
 	l, err := u.lease()
 	if err != nil {
 		return 0, false, err
@@ -426,16 +447,20 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 	}
 	u.metrics.roundBatches.Observe(float64(len(l.batches)))
 	taken, fresh := len(l.batches), l.freshDevices()
-	batches, err := u.checkUncertain(ctx, l.batches, l.oldest)
-	if err != nil {
-		return 0, false, err
+	batches := l.batches
+	if u.lambda == nil {
+		if batches, err = u.checkUncertain(ctx, l.batches, l.oldest); err != nil {
+			return 0, false, err
+		}
 	}
 	order, byDevice := groupByDevice(batches)
 	freshFirst(order, fresh)
-	if len(order) == 0 {
+	switch {
+	case len(order) == 0:
 		return taken, l.full, nil
-	}
-	if u.cfg.WriteMode == "batch" {
+	case u.lambda != nil:
+		return taken, l.full, u.forwardInvocations(ctx, order, byDevice)
+	case u.cfg.WriteMode == "batch":
 		return taken, l.full, u.forwardWaves(ctx, order, byDevice)
 	}
 	limit, err := u.transactionLimit(ctx)
@@ -443,6 +468,25 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 		return 0, false, err
 	}
 	return taken, l.full, u.forwardDevices(ctx, order, byDevice, limit)
+}
+
+// prepare readies a round: with the dynamodb target it checks the clock
+// and writes the device records and keys the cloud lacks; with the lambda
+// target it sends those through the function. It returns how many device
+// records were written.
+func (u *Uplink) prepare(ctx context.Context) (int, error) {
+	if u.lambda != nil {
+		return u.syncLambda(ctx)
+	}
+	if err := u.checkClock(ctx); err != nil {
+		return 0, err
+	}
+	devices, err := u.upsertDevices(ctx)
+	if err != nil {
+		return 0, err
+	}
+	u.writeKeys(ctx)
+	return devices, nil
 }
 
 // checkClock fails while the gateway's clock is not plausible, after one

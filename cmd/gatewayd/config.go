@@ -188,6 +188,9 @@ var flagSettings = []struct {
 	{"dynamodb-endpoint", "DynamoDB endpoint URL; empty means AWS itself (dynamodb_endpoint)", func(c *Config) *string { return &c.DynamoDBEndpoint }},
 	{"aws-region", "AWS region (aws_region); default from the SDK chain", func(c *Config) *string { return &c.AWSRegion }},
 	{"table-prefix", "prefix of the four table names (table_prefix)", func(c *Config) *string { return &c.TablePrefix }},
+	{"uplink-target", "dynamodb (write the tables) or lambda (invoke the readings function) (uplink.target)", func(c *Config) *string { return &c.Uplink.Target }},
+	{"lambda-function", "the readings function's name or ARN, for uplink.target lambda (uplink.lambda.function)", func(c *Config) *string { return &c.Uplink.Lambda.Function }},
+	{"lambda-endpoint", "Lambda API URL for local runs, e.g. http://127.0.0.1:9001; empty means AWS itself (uplink.lambda.endpoint)", func(c *Config) *string { return &c.Uplink.Lambda.Endpoint }},
 	{"log-level", "debug, info, warn or error (log_level)", func(c *Config) *string { return &c.LogLevel }},
 	{"pprof-addr", "serve Go profiles on this address, e.g. 127.0.0.1:6060 (debug.pprof_addr; default off)", func(c *Config) *string { return &c.Debug.PprofAddr }},
 }

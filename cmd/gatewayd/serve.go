@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -198,6 +200,10 @@ type cloudSide struct {
 	// uplink is the uplink's client: the uplink owns retries (forever,
 	// with backoff), so it makes no SDK retries.
 	uplink *dynamodb.Client
+	// lambda is the lambda target's client (uplink.target: lambda; else
+	// nil), and gatewayID the gateway's id in its events (the host name).
+	lambda    *lambda.Client
+	gatewayID string
 }
 
 func newCloud(ctx context.Context, cfg Config, clk *clock.Clock, pepper string) (cloudSide, error) {
@@ -210,7 +216,17 @@ func newCloud(ctx context.Context, cfg Config, clk *clock.Clock, pepper string) 
 	if err != nil {
 		return cloudSide{}, fmt.Errorf("configuring DynamoDB: %w", err)
 	}
-	return cloudSide{tables: tables, keys: cloud.NewKeys(keysClient, tables.APIKeys, pepper), uplink: uplinkClient}, nil
+	side := cloudSide{tables: tables, keys: cloud.NewKeys(keysClient, tables.APIKeys, pepper), uplink: uplinkClient}
+	if cfg.Uplink.Target == uplink.TargetLambda {
+		lc := cloud.Config{Endpoint: cfg.Uplink.Lambda.Endpoint, Region: cfg.AWSRegion}
+		if side.lambda, err = cloud.NewLambdaClient(ctx, lc); err != nil {
+			return cloudSide{}, fmt.Errorf("configuring Lambda: %w", err)
+		}
+		if side.gatewayID, err = os.Hostname(); err != nil {
+			return cloudSide{}, fmt.Errorf("reading the host name (the gateway's id): %w", err)
+		}
+	}
+	return side, nil
 }
 
 // deviceSide is what devices talk to: the authenticator and device keys,
@@ -299,6 +315,9 @@ func newUplink(cfg Config, buf *buffer.Buffer, dev *deviceSide, clk *clock.Clock
 		return nil, err
 	}
 	up.SetKeys(dev.deviceKeys, db.keys)
+	if db.lambda != nil {
+		up.SetLambda(db.lambda, db.gatewayID)
+	}
 	return up, nil
 }
 

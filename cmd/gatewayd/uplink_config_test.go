@@ -51,3 +51,46 @@ func TestUplinkAdaptiveSettingsErrorsNameTheSetting(t *testing.T) {
 		})
 	}
 }
+
+func TestUplinkLambdaSettingsFromFileEnvironmentAndFlags(t *testing.T) {
+	file := writeFile(t, "uplink:\n  target: lambda\n  lambda:\n    function: from-file\n    max_items: 80\n")
+	env := []string{"GATEWAY_UPLINK_LAMBDA_MAX_WAIT=30ms", "GATEWAY_UPLINK_LAMBDA_FUNCTION=from-env", "GATEWAY_API_KEY_PEPPER=x"}
+	cfg, _, unknown, err := loadConfig([]string{"--config", file, "--lambda-function", "arn:aws:lambda:eu-west-1:123456789012:function:readings",
+		"--lambda-endpoint", "http://127.0.0.1:9001"}, env)
+	require.NoError(t, err)
+	require.Empty(t, unknown)
+	u := cfg.Uplink
+	require.Equal(t, "lambda", u.Target)
+	require.Equal(t, "arn:aws:lambda:eu-west-1:123456789012:function:readings", u.Lambda.Function, "a flag beats environment and file")
+	require.Equal(t, "http://127.0.0.1:9001", u.Lambda.Endpoint)
+	require.Equal(t, 80, u.Lambda.MaxItems)
+	require.Equal(t, 30*time.Millisecond, u.Lambda.MaxWait)
+
+	cfg, _, _, err = loadConfig([]string{"--uplink-target", "lambda", "--lambda-function", "function"}, []string{"GATEWAY_API_KEY_PEPPER=x"})
+	require.NoError(t, err)
+	require.Equal(t, "lambda", cfg.Uplink.Target)
+	require.Equal(t, 5<<20, cfg.Uplink.Lambda.MaxBytes, "the default stays under Lambda's 6 MB payload")
+}
+
+func TestUplinkLambdaSettingsErrorsNameTheSetting(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		want string
+	}{
+		{"unknown target", []string{"--uplink-target", "sqs"}, nil, `uplink.target: "sqs" is not one of dynamodb, lambda`},
+		{"lambda without a function", []string{"--uplink-target", "lambda"}, nil, "uplink.lambda.function: must be set when uplink.target is lambda"},
+		{"endpoint not a URL", []string{"--uplink-target", "lambda", "--lambda-function", "f", "--lambda-endpoint", "127.0.0.1:9001"}, nil, "uplink.lambda.endpoint:"},
+		{"max_bytes over the payload limit", nil, []string{"GATEWAY_UPLINK_LAMBDA_MAX_BYTES=6291456"}, "uplink.lambda.max_bytes: must be between 65536 and 5767168"},
+		{"negative max_items", nil, []string{"GATEWAY_UPLINK_LAMBDA_MAX_ITEMS=-1"}, "uplink.lambda.max_items: must be between 1 and 10000"},
+		{"negative max_wait", nil, []string{"GATEWAY_UPLINK_LAMBDA_MAX_WAIT=-1ms"}, "uplink.lambda.max_wait: must not be negative"},
+		{"concurrency above max", nil, []string{"GATEWAY_UPLINK_LAMBDA_CONCURRENCY=20", "GATEWAY_UPLINK_LAMBDA_MAX_CONCURRENCY=10"}, "uplink.lambda.concurrency: must not exceed uplink.lambda.max_concurrency"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, _, err := loadConfig(tt.args, append(tt.env, "GATEWAY_API_KEY_PEPPER=x"))
+			require.ErrorContains(t, err, tt.want)
+		})
+	}
+}

@@ -31,12 +31,13 @@ const (
 	ScenarioFixed     = "fixed"
 	ScenarioHTTP      = "http"
 	ScenarioDrain     = "drain"
+	ScenarioLambda    = "lambda"
 	ScenarioFootprint = "footprint"
 	ScenarioIdle      = "idle"
 )
 
 // Scenarios lists every scenario in run order.
-var Scenarios = []string{ScenarioMQTT, ScenarioFixed, ScenarioHTTP, ScenarioDrain, ScenarioFootprint, ScenarioIdle}
+var Scenarios = []string{ScenarioMQTT, ScenarioFixed, ScenarioHTTP, ScenarioDrain, ScenarioLambda, ScenarioFootprint, ScenarioIdle}
 
 // Config configures a run. DefaultConfig documents the defaults.
 type Config struct {
@@ -67,6 +68,11 @@ type Config struct {
 	DrainTimeout time.Duration `json:"drain_timeout_ns"`
 	// UplinkConcurrency is uplink.concurrency, and the SDK loop's.
 	UplinkConcurrency int `json:"uplink_concurrency"`
+	// LambdaInstances is how many Runtime Interface Emulators run the
+	// readings function in the lambda scenario, side by side behind
+	// invokeproxy (each runs one invocation at a time), as Lambda runs
+	// concurrent instances.
+	LambdaInstances int `json:"lambda_instances"`
 	// ReadyReadings is the backlog of the time-to-ready figure; ReadyRuns
 	// how many starts are measured (the median is reported).
 	ReadyReadings int `json:"ready_readings"`
@@ -108,6 +114,7 @@ func DefaultConfig() Config {
 		DrainBaselineReadings: 0,
 		DrainTimeout:          10 * time.Minute,
 		UplinkConcurrency:     16,
+		LambdaInstances:       1,
 		ReadyReadings:         1_000_000,
 		ReadyRuns:             3,
 		CacheDir:              ".cache/bench",
@@ -145,6 +152,8 @@ func (c Config) Validate() error {
 		return errors.New("drain baseline readings: must not be negative")
 	case c.DrainTimeout <= 0:
 		return errors.New("drain timeout: must be positive")
+	case c.LambdaInstances < 1 || c.LambdaInstances > 16:
+		return errors.New("lambda instances: must be between 1 and 16")
 	case c.UplinkConcurrency < 1 || c.UplinkConcurrency > 256:
 		return errors.New("uplink concurrency: must be between 1 and 256")
 	case c.ReadyReadings < c.Readings || c.ReadyReadings > 10_000_000:
@@ -261,7 +270,7 @@ func (r *runner) run(ctx context.Context) error {
 		return err
 	}
 	ingest := r.cfg.has(ScenarioMQTT) || r.cfg.has(ScenarioFixed) || r.cfg.has(ScenarioHTTP) || r.cfg.has(ScenarioIdle)
-	if ingest || r.cfg.has(ScenarioDrain) {
+	if ingest || r.cfg.has(ScenarioDrain) || r.cfg.has(ScenarioLambda) {
 		r.log.Info("starting DynamoDB Local")
 		if r.dynamo, err = startDynamoLocal(ctx, r.root, r.work); err != nil {
 			return err
@@ -293,6 +302,11 @@ func (r *runner) run(ctx context.Context) error {
 	if r.cfg.has(ScenarioDrain) {
 		if err := r.drain(ctx); err != nil {
 			return fmt.Errorf("drain: %w", err)
+		}
+	}
+	if r.cfg.has(ScenarioLambda) {
+		if err := r.lambdaDrain(ctx); err != nil {
+			return fmt.Errorf("drain through lambda: %w", err)
 		}
 	}
 	if r.cfg.has(ScenarioFootprint) {

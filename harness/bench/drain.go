@@ -45,7 +45,11 @@ type gatewayDrain struct {
 	IdleMemory     memory     `json:"memory_not_forwarding"`
 	IdleReady      float64    `json:"ready_not_forwarding_s"`
 	ReadingsStored int64      `json:"readings_in_table"`
-	MarkersStored  int64      `json:"markers_in_table"`
+	// Invocations and InvokedBatches are the lambda target's invocations
+	// and the device batches they carried.
+	Invocations    float64 `json:"lambda_invocations,omitempty"`
+	InvokedBatches float64 `json:"lambda_invoked_batches,omitempty"`
+	MarkersStored  int64   `json:"markers_in_table"`
 }
 
 // progress is a point of a drain's progress.
@@ -236,7 +240,7 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 			return run, err
 		}
 	}
-	if run.Gateway, err = r.gatewayDrain(ctx, client, dir, mode); err != nil {
+	if run.Gateway, err = r.gatewayDrain(ctx, client, dir, mode, nil); err != nil {
 		return run, err
 	}
 	if !sdkFirst {
@@ -261,7 +265,14 @@ func gatewayWCU(g gatewayDrain, p itemPricing) float64 {
 		2*(txReadings*p.ReadingWCU+g.Requests["TransactWriteItems"]*p.MarkerWCU)
 }
 
-func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir, mode string) (gatewayDrain, error) {
+// drainTarget starts what gatewayd forwards to besides DynamoDB Local, for
+// the tables of prefix, and returns gatewayd's extra settings and how to
+// stop it.
+type drainTarget func(ctx context.Context, prefix string) (env []string, stop func(), err error)
+
+// gatewayDrain has gatewayd forward the backlog in dir in write mode mode,
+// to DynamoDB Local, or through target when it is not nil.
+func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir, mode string, target drainTarget) (gatewayDrain, error) {
 	gd := gatewayDrain{Mode: mode, Requests: map[string]float64{}}
 	// AIMD would raise the requests in flight above uplink.concurrency;
 	// the ceiling is pinned to it, so that gatewayd and the SDK loop run at
@@ -290,7 +301,15 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 		return gd, err
 	}
 	defer func() { _ = dropTables(ctx, client, tables) }()
-	r.log.Info("drain: gatewayd forwarding", "mode", mode)
+	if target != nil {
+		extra, stop, err := target(ctx, prefix)
+		if err != nil {
+			return gd, err
+		}
+		defer stop()
+		env = append(env, extra...)
+	}
+	r.log.Info("drain: gatewayd forwarding", "mode", mode, "through_lambda", target != nil)
 	g, err = startGatewayd(ctx, gatewaydSpec{bin: r.bin, dataDir: dir, endpoint: r.dynamo.endpoint, prefix: prefix,
 		logPath: logPath, env: env})
 	if err != nil {
@@ -369,6 +388,8 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 		}
 	}
 	gd.TxLimit = m.sum("gateway_uplink_transaction_max_items")
+	gd.Invocations = m.sum("gateway_uplink_lambda_invocation_batches_count")
+	gd.InvokedBatches = m.sum("gateway_uplink_lambda_invocation_batches_sum")
 	if err := g.stop(); err != nil {
 		return gd, err
 	}

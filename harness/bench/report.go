@@ -45,6 +45,10 @@ func below(x float64, unit string) *target {
 	return &target{fmt.Sprintf("< %g %s", x, unit), func(f Figure) bool { return f.Value < x }}
 }
 
+func atLeast(x float64, unit string) *target {
+	return &target{fmt.Sprintf(">= %g %s", x, unit), func(f Figure) bool { return f.Value >= x }}
+}
+
 func atMost(x float64, unit string) *target {
 	return &target{fmt.Sprintf("<= %g %s", x, unit), func(f Figure) bool { return f.Value <= x }}
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/exec"
@@ -26,6 +25,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 
+	"greenhouse-gateway/harness/invokeproxy"
 	"greenhouse-gateway/harness/proc"
 	"greenhouse-gateway/harness/syncbuf"
 )
@@ -84,7 +84,14 @@ func Launch(rie, bootstrap string, overrides map[string]string) (*Emulator, erro
 		return nil, fmt.Errorf("listening for the emulator's proxy: %w", err)
 	}
 	e.Endpoint = "http://" + l.Addr().String()
-	e.proxy = &http.Server{Handler: serialize(httputil.NewSingleHostReverseProxy(target)), ReadHeaderTimeout: 10 * time.Second}
+	// invokeproxy holds the next invoke until the emulator answered the one
+	// before, even when that one's caller went away (the emulator still runs
+	// it, and crashes on a second).
+	serial, err := invokeproxy.New([]string{target.String()}, 0, nil)
+	if err != nil {
+		return nil, err
+	}
+	e.proxy = &http.Server{Handler: serial.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = e.proxy.Serve(l) }()
 	if err := e.Restart(); err != nil {
 		_ = e.proxy.Close()

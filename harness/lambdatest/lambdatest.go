@@ -21,7 +21,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -111,7 +110,17 @@ func BuildRIE() (string, error) {
 // into <module root>/.cache/lambdatest/bootstrap, and returns its path.
 func BuildFunction(tb testing.TB) string {
 	tb.Helper()
-	p, err := once("function", func() (string, error) {
+	p, err := FunctionBinary()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
+
+// FunctionBinary is BuildFunction for programs that are not tests (the
+// benchmark).
+func FunctionBinary() (string, error) {
+	return once("function", func() (string, error) {
 		root, err := moduleRoot()
 		if err != nil {
 			return "", err
@@ -136,10 +145,6 @@ func BuildFunction(tb testing.TB) string {
 		}
 		return bin, os.Rename(tmp, bin)
 	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return p
 }
 
 // freePort returns a port free on 127.0.0.1 a moment ago.
@@ -150,16 +155,6 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// serialize passes one request at a time to next.
-func serialize(next http.Handler) http.Handler {
-	var mu sync.Mutex
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		next.ServeHTTP(w, r)
-	})
 }
 
 // env is the process environment with overrides: the emulator passes it to

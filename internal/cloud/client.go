@@ -45,8 +45,29 @@ const (
 // Retries are the SDK's standard ones unless opts change them, e.g. with
 // WithRetryMaxAttempts; opts are applied last, so they win.
 func NewClient(ctx context.Context, cfg Config, opts ...func(*dynamodb.Options)) (*dynamodb.Client, error) {
+	awsCfg, err := loadAWS(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	var clientOpts []func(*dynamodb.Options)
+	if cfg.Endpoint != "" {
+		endpoint := cfg.Endpoint
+		clientOpts = append(clientOpts, func(o *dynamodb.Options) {
+			o.BaseEndpoint = aws.String(endpoint)
+			o.DisableValidateResponseChecksum = true
+		})
+	}
+	clientOpts = append(clientOpts, opts...)
+	return dynamodb.NewFromConfig(awsCfg, clientOpts...), nil
+}
+
+// loadAWS validates cfg and loads the SDK configuration NewClient
+// describes: the default chain, cfg.Region over the chain's region, and,
+// with cfg.Endpoint set, us-east-1 and the static "local" credentials
+// when the chain has none.
+func loadAWS(ctx context.Context, cfg Config) (aws.Config, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("dynamodb config: %w", err)
+		return aws.Config{}, fmt.Errorf("dynamodb config: %w", err)
 	}
 	loadOpts := []func(*config.LoadOptions) error{
 		config.WithHTTPClient(awshttp.NewBuildableClient()),
@@ -59,27 +80,21 @@ func NewClient(ctx context.Context, cfg Config, opts ...func(*dynamodb.Options))
 	}
 	awsCfg, err := config.LoadDefaultConfig(ctx, loadOpts...)
 	if err != nil {
-		return nil, fmt.Errorf("loading aws config: %w", err)
+		return aws.Config{}, fmt.Errorf("loading aws config: %w", err)
 	}
-
-	var clientOpts []func(*dynamodb.Options)
-	if cfg.Endpoint != "" {
+	if cfg.Endpoint == "" {
 		if awsCfg.Region == "" {
-			awsCfg.Region = localRegion
+			return aws.Config{}, errors.New("no aws region: set the region option or AWS_REGION")
 		}
-		if !haveCredentials(ctx, awsCfg.Credentials) {
-			awsCfg.Credentials = credentials.NewStaticCredentialsProvider(localAccessKey, localAccessKey, "")
-		}
-		endpoint := cfg.Endpoint
-		clientOpts = append(clientOpts, func(o *dynamodb.Options) {
-			o.BaseEndpoint = aws.String(endpoint)
-			o.DisableValidateResponseChecksum = true
-		})
-	} else if awsCfg.Region == "" {
-		return nil, errors.New("no aws region: set the region option or AWS_REGION")
+		return awsCfg, nil
 	}
-	clientOpts = append(clientOpts, opts...)
-	return dynamodb.NewFromConfig(awsCfg, clientOpts...), nil
+	if awsCfg.Region == "" {
+		awsCfg.Region = localRegion
+	}
+	if !haveCredentials(ctx, awsCfg.Credentials) {
+		awsCfg.Credentials = credentials.NewStaticCredentialsProvider(localAccessKey, localAccessKey, "")
+	}
+	return awsCfg, nil
 }
 
 // WithRetryMaxAttempts returns a client option that sets the SDK's maximum number of

@@ -36,6 +36,7 @@ type Report struct {
 	// ArrivalRateBatches is the recent rate at which batches were queued,
 	// in batches per second (time constant 5 s); it sets the adaptive wait.
 	ArrivalRateBatches float64 `json:"arrival_rate_batches_per_second"`
-	// Concurrency is how many DynamoDB requests may be in flight now.
+	// Concurrency is how many DynamoDB requests (with the lambda target:
+	// invocations) may be in flight now.
 	Concurrency int `json:"concurrency"`
 }

@@ -1,0 +1,125 @@
+//go:build linux
+
+package bench
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+
+	"greenhouse-gateway/harness/invokeproxy"
+	"greenhouse-gateway/harness/lambdatest"
+)
+
+// lambdaDrain drains the same size of backlog twice in one run: gatewayd
+// writing DynamoDB Local directly (the baseline), then gatewayd with
+// uplink.target lambda invoking the readings function under the Runtime
+// Interface Emulator, which writes the same DynamoDB Local. It reports the
+// drain rate against the baseline, the device batches per invocation and
+// the invocations per reading.
+func (r *runner) lambdaDrain(ctx context.Context) error {
+	if r.txLimit == 0 {
+		// Warms DynamoDB Local and probes its transaction limit, as the
+		// drain scenario does.
+		if _, err := r.warmDynamo(ctx); err != nil {
+			return err
+		}
+	}
+	bootstrap, err := lambdatest.FunctionBinary()
+	if err != nil {
+		return err
+	}
+	rie, err := lambdatest.BuildRIE()
+	if err != nil {
+		return err
+	}
+	target := func(ctx context.Context, prefix string) ([]string, func(), error) {
+		url, stop, err := r.startFunctions(rie, bootstrap, prefix)
+		if err != nil {
+			return nil, nil, err
+		}
+		env := []string{"GATEWAY_UPLINK_TARGET=lambda", "GATEWAY_UPLINK_LAMBDA_FUNCTION=" + lambdatest.FunctionName,
+			"GATEWAY_UPLINK_LAMBDA_ENDPOINT=" + url}
+		return env, stop, nil
+	}
+	batches := r.cfg.DrainReadings / r.cfg.Readings
+	var runs [2]gatewayDrain
+	for i, t := range []drainTarget{nil, target} {
+		dir := filepath.Join(r.work, fmt.Sprintf("drain-lambda-%d", i))
+		r.log.Info("lambda drain: writing the backlog", "through_lambda", t != nil, "batches", batches)
+		bl, err := fillBacklog(ctx, dir, r.nextFleet(), r.cfg.maxDevices(), batches, r.cfg.Readings)
+		if err != nil {
+			return err
+		}
+		if runs[i], err = r.gatewayDrain(ctx, r.dynamo.client, dir, "transaction", t); err != nil {
+			return err
+		}
+		if g := runs[i]; g.ReadingsStored != int64(bl.Readings) || g.MarkersStored != int64(bl.Batches) {
+			r.res.note("drain through lambda: counts differ (through lambda: %v): backlog %d readings in %d batches; "+
+				"tables hold %d readings, %d markers", t != nil, bl.Readings, bl.Batches, g.ReadingsStored, g.MarkersStored)
+		}
+	}
+	r.reportLambdaDrain(runs[0], runs[1], batches)
+	return nil
+}
+
+// startFunctions runs LambdaInstances emulators of the function for the
+// tables of prefix and returns the Invoke API's URL: the emulator's proxy,
+// or with several, an invokeproxy that passes each invoke to a free one.
+func (r *runner) startFunctions(rie, bootstrap, prefix string) (string, func(), error) {
+	var ems []*lambdatest.Emulator
+	stop := func() {
+		for _, em := range ems {
+			_ = em.Close()
+		}
+	}
+	var urls []string
+	for range r.cfg.LambdaInstances {
+		em, err := lambdatest.Launch(rie, bootstrap, map[string]string{
+			"API_KEY_PEPPER": pepper, "TABLE_PREFIX": prefix, "DYNAMODB_ENDPOINT": r.dynamo.endpoint,
+			"TRANSACTION_MAX_ITEMS": strconv.Itoa(r.txLimit), "AWS_REGION": awsRegion,
+			"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
+		})
+		if err != nil {
+			stop()
+			return "", nil, err
+		}
+		ems = append(ems, em)
+		urls = append(urls, em.Endpoint)
+	}
+	if len(urls) == 1 {
+		return urls[0], stop, nil
+	}
+	p, err := invokeproxy.New(urls, 0, r.log)
+	if err == nil {
+		err = p.Listen("127.0.0.1:0")
+	}
+	if err != nil {
+		stop()
+		return "", nil, err
+	}
+	go func() { _ = p.Run(context.Background()) }()
+	return p.URL(), func() { _ = p.Close(); stop() }, nil
+}
+
+// reportLambdaDrain adds the figures of a drain through the function (via)
+// against the direct one.
+func (r *runner) reportLambdaDrain(direct, via gatewayDrain, batches int) {
+	const section = "drain through lambda"
+	r.res.Details[section] = map[string]gatewayDrain{"direct": direct, "lambda": via}
+	var requests float64
+	for _, n := range direct.Requests {
+		requests += n
+	}
+	r.res.add(section, "readings/s until pending is 0", "readings/s", via.Readings/via.Seconds, direct.Readings/direct.Seconds,
+		"gatewayd writing DynamoDB directly, same backlog size", ratioAtLeast(0.8))
+	r.res.add(section, "device batches per invocation", "batches", via.InvokedBatches/via.Invocations, direct.Markers/requests,
+		"batches per DynamoDB request, direct", atLeast(50, "batches"))
+	r.res.add(section, "invocations per reading", "inv", via.Invocations/via.Readings, requests/direct.Readings,
+		"DynamoDB requests per reading, direct", nil)
+	r.res.note("%s: %d readings from %d devices, %d a batch; %.0f invocations carried %.0f batches; %d Runtime Interface "+
+		"Emulator(s), each running one invocation at a time (invokeproxy queues the others), stand for as many concurrent "+
+		"Lambda instances: the rate is a floor of what Lambda gives at a higher concurrency, and the queue makes invocations fuller",
+		section, batches*r.cfg.Readings, r.cfg.maxDevices(), r.cfg.Readings, via.Invocations, via.InvokedBatches, r.cfg.LambdaInstances)
+}

@@ -1,0 +1,273 @@
+package uplink
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/lambda"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"greenhouse-gateway/function/event"
+	"greenhouse-gateway/internal/cloud"
+)
+
+// Invoker is the part of the Lambda API the lambda target uses.
+type Invoker interface {
+	Invoke(context.Context, *lambda.InvokeInput, ...func(*lambda.Options)) (*lambda.InvokeOutput, error)
+}
+
+// lambdaTarget invokes the readings function with the native batch event.
+type lambdaTarget struct {
+	cfg       LambdaConfig
+	inv       Invoker
+	gatewayID string
+	limiter   *aimd     // invocations in flight
+	ready     *ewmaRate // device batches becoming ready to send, per second
+	metrics   *lambdaMetrics
+}
+
+// SetLambda gives the lambda target (uplink.target: lambda) its client and
+// the gateway's id, sent in every event. Call it before Run.
+func (u *Uplink) SetLambda(inv Invoker, gatewayID string) {
+	lc := u.cfg.Lambda
+	m := newLambdaMetrics(u.metrics.reg)
+	u.lambda = &lambdaTarget{cfg: lc, inv: inv, gatewayID: gatewayID, metrics: m,
+		limiter: newAIMD(lc.Concurrency, lc.MaxConcurrency, func(n int) { m.concurrency.Set(float64(n)) }),
+		ready:   newEWMARate(time.Second),
+	}
+}
+
+// errLambdaUnset is Run in lambda mode without SetLambda.
+var errLambdaUnset = errors.New("uplink.target: lambda needs a Lambda client (SetLambda)")
+
+// invocationError is an invocation that failed as a whole; none of its
+// results are known.
+type invocationError struct {
+	kind string // metrics label: throttled, function_error, error
+	err  error
+}
+
+func (e *invocationError) Error() string { return e.err.Error() }
+func (e *invocationError) Unwrap() error { return e.err }
+
+// invoke sends one event and returns the function's results by id. It
+// waits for a slot of the invocations' AIMD limit; a throttling answer
+// (TooManyRequestsException, HTTP 429, or a throttled result) halves it.
+func (t *lambdaTarget) invoke(ctx context.Context, ev *event.BatchEvent) (map[string]event.ItemResult, error) {
+	ev.V, ev.Kind, ev.GatewayID = event.EventVersion, event.KindGatewayBatches, t.gatewayID
+	payload, err := json.Marshal(ev)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the batch event: %w", err)
+	}
+	gen, err := t.limiter.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ictx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	defer cancel()
+	start := time.Now()
+	out, err := t.inv.Invoke(ictx, &lambda.InvokeInput{FunctionName: aws.String(t.cfg.Function), Payload: payload})
+	t.metrics.seconds.Observe(time.Since(start).Seconds())
+	t.metrics.batches.Observe(float64(len(ev.Items)))
+	results, err := answerOf(out, err)
+	o := outcomeSuccess
+	switch {
+	case err != nil && invocationKind(err) == "throttled":
+		o = outcomeThrottled
+	case err != nil:
+		o = outcomeOther
+	case anyThrottled(results):
+		o = outcomeThrottled
+	}
+	t.limiter.release(gen, o)
+	if err != nil {
+		t.metrics.invocations.WithLabelValues(invocationKind(err)).Inc()
+		return nil, fmt.Errorf("invoking %s with %d batches, %d device records, %d keys: %w",
+			t.cfg.Function, len(ev.Items), len(ev.Devices), len(ev.Keys), err)
+	}
+	t.metrics.invocations.WithLabelValues("ok").Inc()
+	return results, nil
+}
+
+// answerOf turns an Invoke answer into the function's results by id.
+func answerOf(out *lambda.InvokeOutput, err error) (map[string]event.ItemResult, error) {
+	if err != nil {
+		var ae smithy.APIError
+		var re *smithyhttp.ResponseError
+		if (errors.As(err, &ae) && ae.ErrorCode() == "TooManyRequestsException") ||
+			(errors.As(err, &re) && re.HTTPStatusCode() == 429) {
+			return nil, &invocationError{kind: "throttled", err: err}
+		}
+		return nil, &invocationError{kind: "error", err: err}
+	}
+	if out.FunctionError != nil {
+		return nil, &invocationError{kind: "function_error", err: fmt.Errorf("function error %s: %.200s",
+			aws.ToString(out.FunctionError), out.Payload)}
+	}
+	var a struct {
+		event.BatchResponse
+		// A function error the Runtime Interface Emulator answers
+		// without X-Amz-Function-Error.
+		ErrorType    string `json:"errorType"`
+		ErrorMessage string `json:"errorMessage"`
+	}
+	if err := json.Unmarshal(out.Payload, &a); err != nil {
+		return nil, &invocationError{kind: "error", err: fmt.Errorf("decoding the function's answer: %w", err)}
+	}
+	if a.V == 0 && a.Results == nil && a.ErrorType != "" {
+		return nil, &invocationError{kind: "function_error", err: fmt.Errorf("function error %s: %.200s", a.ErrorType, a.ErrorMessage)}
+	}
+	results := make(map[string]event.ItemResult, len(a.Results))
+	for _, r := range a.Results {
+		results[r.ID] = r
+	}
+	return results, nil
+}
+
+// invocationKind labels an invocation error for metrics.
+func invocationKind(err error) string {
+	var ie *invocationError
+	if errors.As(err, &ie) {
+		return ie.kind
+	}
+	return "error"
+}
+
+func anyThrottled(results map[string]event.ItemResult) bool {
+	for _, r := range results {
+		if r.Status == event.StatusThrottled {
+			return true
+		}
+	}
+	return false
+}
+
+// resultError is a result that is neither delivered nor a permanent
+// refusal: the item is retried.
+func resultError(id string, r event.ItemResult, ok bool) error {
+	if !ok {
+		return fmt.Errorf("the function's answer has no result for id %s", id)
+	}
+	return fmt.Errorf("the function answered %s for id %s: %s %s", r.Status, id, r.Reason, r.Message)
+}
+
+// syncLambda sends the pending device records and device keys through the
+// function and returns how many device records it wrote. A device record
+// that is not written fails the round, as in the dynamodb target; a key
+// that is not written is tried again next round without holding back the
+// readings.
+func (u *Uplink) syncLambda(ctx context.Context) (int, error) {
+	var ev event.BatchEvent
+	var devices []cloud.DeviceUpsert
+	if u.devices != nil {
+		devices = u.devices.PendingUpserts(100)
+	}
+	var keys []cloud.KeyWrite
+	if u.keys != nil {
+		keys = u.keys.PendingKeyWrites(25)
+	}
+	if len(devices)+len(keys) == 0 {
+		return 0, nil
+	}
+	for i, d := range devices {
+		ev.Devices = append(ev.Devices, event.DeviceItem{ID: "d-" + strconv.Itoa(i), Upsert: d})
+	}
+	for i, k := range keys {
+		ev.Keys = append(ev.Keys, event.KeyItem{ID: "k-" + strconv.Itoa(i), Write: k})
+	}
+	results, err := u.lambda.invoke(ctx, &ev)
+	if err != nil {
+		if len(devices) > 0 {
+			return 0, err
+		}
+		u.keyWarning(keys[0], err)
+		return 0, nil
+	}
+	var firstErr error
+	written := 0
+	for i, d := range devices {
+		id := "d-" + strconv.Itoa(i)
+		r, ok := results[id]
+		u.lambda.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
+		if !ok || r.Status != event.StatusDelivered {
+			firstErr = cmp.Or(firstErr, fmt.Errorf("device record %s: %w", d.HardwareID, resultError(id, r, ok)))
+			continue
+		}
+		u.devices.Upserted(d)
+		u.metrics.deviceUpserts.Inc()
+		written++
+	}
+	for i, k := range keys {
+		id := "k-" + strconv.Itoa(i)
+		r, ok := results[id]
+		u.lambda.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
+		if !ok || r.Status != event.StatusDelivered {
+			u.keyWarning(k, resultError(id, r, ok))
+			continue
+		}
+		u.keys.KeyWritten(k)
+		u.metrics.keyWrites.WithLabelValues(map[bool]string{false: "issued", true: "revoked"}[k.Revoked]).Inc()
+	}
+	return written, firstErr
+}
+
+// resultLabel is a result's status for metrics; "missing" when the answer
+// had none for the id.
+func resultLabel(r event.ItemResult, ok bool) string {
+	switch {
+	case !ok:
+		return "missing"
+	case r.Status == event.StatusDelivered, r.Status == event.StatusDuplicate, r.Status == event.StatusConflict,
+		r.Status == event.StatusRejected, r.Status == event.StatusThrottled, r.Status == event.StatusError:
+		return r.Status
+	}
+	return "other"
+}
+
+type lambdaMetrics struct {
+	invocations *prometheus.CounterVec
+	batches     prometheus.Histogram
+	seconds     prometheus.Histogram
+	results     *prometheus.CounterVec
+	concurrency prometheus.Gauge
+}
+
+func newLambdaMetrics(reg prometheus.Registerer) *lambdaMetrics {
+	m := &lambdaMetrics{
+		invocations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocations_total",
+			Help: "Invocations of the readings function, by outcome: ok (an answer with per-id results), throttled (TooManyRequestsException, 429), function_error (X-Amz-Function-Error), error (network, timeout, other).",
+		}, []string{"outcome"}),
+		batches: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocation_batches",
+			Help:    "Device batches per invocation of the readings function (0: device records and keys only).",
+			Buckets: []float64{0, 1, 2, 5, 10, 25, 50, 100, 200, 500, 1000},
+		}),
+		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocation_duration_seconds",
+			Help:    "Latency of one invocation of the readings event.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+		results: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_results_total",
+			Help: "Per-id results of the readings function, by status: delivered, duplicate, conflict, rejected, throttled, error, missing (no result for an id), other.",
+		}, []string{"status"}),
+		concurrency: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_concurrency",
+			Help: "Invocations the uplink may have in flight now (AIMD: grows on success, halves on throttling).",
+		}),
+	}
+	for _, o := range []string{"ok", "throttled", "function_error", "error"} {
+		m.invocations.WithLabelValues(o)
+	}
+	reg.MustRegister(m.invocations, m.batches, m.seconds, m.results, m.concurrency)
+	return m
+}

@@ -1,0 +1,107 @@
+package uplink
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"time"
+
+	"greenhouse-gateway/internal/cloud"
+)
+
+// Targets of the uplink (Config.Target).
+const (
+	// TargetDynamoDB writes the cloud tables directly.
+	TargetDynamoDB = "dynamodb"
+	// TargetLambda invokes the readings function with micro-batches of
+	// device batches (the native batch event); the function writes the
+	// tables.
+	TargetLambda = "lambda"
+)
+
+// lambdaPayloadLimit is Lambda's limit on a synchronous request payload
+// (6 MB); MaxBytes must stay under it with room for the event's envelope.
+const (
+	lambdaPayloadLimit = 6 << 20
+	maxLambdaBytes     = lambdaPayloadLimit - 512<<10
+	minLambdaBytes     = 64 << 10
+)
+
+// LambdaConfig configures the lambda target. The zero value of a field
+// means its default.
+type LambdaConfig struct {
+	// Function is the readings function's name or ARN (also name:alias).
+	// Required with the lambda target.
+	Function string `yaml:"function"`
+	// Endpoint is the Lambda API's URL, for local runs (the Runtime
+	// Interface Emulator); empty means AWS itself.
+	Endpoint string `yaml:"endpoint"`
+	// MaxItems is how many device batches one invocation carries at most.
+	// Default 200.
+	MaxItems int `yaml:"max_items"`
+	// MaxBytes bounds an invocation's event, under Lambda's 6 MB request
+	// payload with room for the envelope. Default 5 MiB.
+	MaxBytes int `yaml:"max_bytes"`
+	// MaxWait bounds how long device batches ready to go wait for more
+	// before an invocation is sent while others are in flight. The wait
+	// follows the sigmoid of uplink.wait_target_rate and
+	// uplink.wait_steepness applied to the rate at which batches become
+	// ready: 0 at low rates, MaxWait at high ones. Default 50ms.
+	MaxWait time.Duration `yaml:"max_wait"`
+	// Concurrency is how many invocations may be in flight at start; it
+	// then moves by AIMD between 1 and MaxConcurrency (halved at each
+	// throttling answer). Default 4.
+	Concurrency int `yaml:"concurrency"`
+	// MaxConcurrency bounds the invocations in flight. Default 16 (or
+	// Concurrency, when that is larger).
+	MaxConcurrency int `yaml:"max_concurrency"`
+	// Timeout bounds one invocation; a timed-out invocation's batches are
+	// sent again (the function answers duplicate for those it wrote).
+	// Default 60s.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// DefaultLambdaConfig returns the defaults documented on LambdaConfig.
+func DefaultLambdaConfig() LambdaConfig {
+	return LambdaConfig{MaxItems: 200, MaxBytes: 5 << 20, MaxWait: 50 * time.Millisecond,
+		Concurrency: 4, MaxConcurrency: 16, Timeout: time.Minute}
+}
+
+// validate reports the first invalid field; target is uplink.target.
+func (c LambdaConfig) validate(target string) error {
+	switch {
+	case target == TargetLambda && c.Function == "":
+		return errors.New("uplink.lambda.function: must be set when uplink.target is lambda")
+	case c.MaxItems < 0 || c.MaxItems > 10000:
+		return errors.New("uplink.lambda.max_items: must be between 1 and 10000")
+	case c.MaxBytes != 0 && (c.MaxBytes < minLambdaBytes || c.MaxBytes > maxLambdaBytes):
+		return fmt.Errorf("uplink.lambda.max_bytes: must be between %d and %d (Lambda's 6 MB request payload less 512 KiB for the envelope)", minLambdaBytes, maxLambdaBytes)
+	case c.MaxWait < 0:
+		return errors.New("uplink.lambda.max_wait: must not be negative")
+	case c.Concurrency < 0 || c.Concurrency > 256:
+		return errors.New("uplink.lambda.concurrency: must be between 1 and 256")
+	case c.MaxConcurrency < 0 || c.MaxConcurrency > 256:
+		return errors.New("uplink.lambda.max_concurrency: must be between 1 and 256")
+	case c.MaxConcurrency != 0 && c.Concurrency > c.MaxConcurrency:
+		return errors.New("uplink.lambda.concurrency: must not exceed uplink.lambda.max_concurrency")
+	case c.Timeout < 0:
+		return errors.New("uplink.lambda.timeout: must not be negative")
+	}
+	if err := (cloud.Config{Endpoint: c.Endpoint}).Validate(); err != nil {
+		return fmt.Errorf("uplink.lambda.endpoint: %q must be an http or https URL with a host", c.Endpoint)
+	}
+	return nil
+}
+
+func (c LambdaConfig) withDefaults() LambdaConfig {
+	d := DefaultLambdaConfig()
+	c.MaxItems = cmp.Or(c.MaxItems, d.MaxItems)
+	c.MaxBytes = cmp.Or(c.MaxBytes, d.MaxBytes)
+	c.MaxWait = cmp.Or(c.MaxWait, d.MaxWait)
+	c.Concurrency = cmp.Or(c.Concurrency, d.Concurrency)
+	if c.MaxConcurrency == 0 {
+		c.MaxConcurrency = max(d.MaxConcurrency, c.Concurrency)
+	}
+	c.Timeout = cmp.Or(c.Timeout, d.Timeout)
+	return c
+}

@@ -1,0 +1,284 @@
+package uplink
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/function/event"
+)
+
+// The lambda target's micro-buffer (seed 004 §5.5). A round's batches
+// become ready device by device, and a device is in at most one
+// invocation at a time: its ready batches (all it has in the round, or as
+// many as fit) go together, in order, and the function writes them in
+// that order, not attempting later ones after one that failed
+// (event.BatchEvent). Its remaining batches become ready when that
+// invocation is settled, so a device's later batch is never delivered
+// before an earlier one. Ready batches are packed, devices in the order
+// they became ready, into invocations of at most uplink.lambda.max_items
+// batches and max_bytes bytes. An invocation goes as soon as it is full,
+// or when nothing is in flight (nothing more can become ready), or when
+// the oldest ready batch has waited the adaptive wait:
+// uplink.lambda.max_wait scaled by the sigmoid of the rate at which
+// batches become ready. The invocations in flight are bounded by their
+// own AIMD limit.
+
+// itemOverhead is an event item's bytes besides its batch: the id and
+// the JSON around them.
+const (
+	itemOverhead     = 48
+	envelopeOverhead = 256
+)
+
+// readyBatch is a device batch to send, with its reading span.
+type readyBatch struct {
+	p        buffer.Pending
+	readings int
+}
+
+// readyDevice is a device with batches ready to send.
+type readyDevice struct {
+	hw    string
+	since time.Time // when its batches became ready
+}
+
+// packDone is one invocation's outcome.
+type packDone struct {
+	pack    []readyBatch
+	results map[string]event.ItemResult
+	err     error
+}
+
+type microBatcher struct {
+	u        *Uplink
+	t        *lambdaTarget
+	byDevice map[string][]buffer.Pending
+	sent     map[string]int // the device's first batch not sent
+	queue    []readyDevice
+	// readyItems and readyBytes are the queued devices' unsent batches.
+	readyItems, readyBytes int
+	inflight               int
+	done                   chan packDone
+	firstErr               error
+
+	marks   sync.WaitGroup
+	markMu  sync.Mutex
+	markErr error
+}
+
+// forwardInvocations forwards a round's batches through the readings
+// function and returns the first error; a device whose batch failed stops
+// for the round.
+func (u *Uplink) forwardInvocations(ctx context.Context, order []string, byDevice map[string][]buffer.Pending) error {
+	m := &microBatcher{u: u, t: u.lambda, byDevice: byDevice, sent: make(map[string]int, len(order)), done: make(chan packDone)}
+	now := time.Now()
+	for _, hw := range order {
+		m.enqueue(hw, now)
+	}
+	for len(m.queue) > 0 || m.inflight > 0 {
+		if ctx.Err() != nil {
+			m.queue, m.readyItems, m.readyBytes = nil, 0, 0
+			m.firstErr = cmp.Or(m.firstErr, ctx.Err())
+		}
+		wait, send := m.due(time.Now())
+		if send {
+			m.send(ctx)
+			continue
+		}
+		var timer *time.Timer
+		var fire <-chan time.Time
+		if wait > 0 {
+			timer = time.NewTimer(wait)
+			fire = timer.C
+		}
+		select {
+		case d := <-m.done:
+			m.inflight--
+			m.settle(d)
+		case <-fire:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}
+	m.marks.Wait()
+	return cmp.Or(m.firstErr, m.markErr)
+}
+
+// due reports whether an invocation should go now, or else how long until
+// the oldest ready batch's wait is over (0: wait for an invocation to end).
+func (m *microBatcher) due(now time.Time) (time.Duration, bool) {
+	if len(m.queue) == 0 || m.inflight >= m.t.limiter.current() {
+		return 0, false
+	}
+	if m.inflight == 0 || m.readyItems >= m.t.cfg.MaxItems || m.readyBytes >= m.t.cfg.MaxBytes {
+		return 0, true
+	}
+	wait := adaptiveWait(m.t.ready.at(now), m.t.cfg.MaxWait, m.u.cfg.WaitTargetRate, m.u.cfg.WaitSteepness)
+	left := m.queue[0].since.Add(wait).Sub(now)
+	if left <= 0 {
+		return 0, true
+	}
+	return left, false
+}
+
+// send packs the queued devices' batches, oldest devices first, into one
+// invocation, in flight on its own goroutine until settle receives its
+// outcome. A device whose batches do not all fit sends the first ones.
+func (m *microBatcher) send(ctx context.Context) {
+	var pack []readyBatch
+	bytes, taken, full := envelopeOverhead, 0, false
+	for taken < len(m.queue) && !full {
+		hw, added := m.queue[taken].hw, 0
+		for m.sent[hw] < len(m.byDevice[hw]) && !full {
+			rb, size, ok := m.decode(hw)
+			switch {
+			case !ok:
+				continue
+			case len(pack) > 0 && bytes+size > m.t.cfg.MaxBytes:
+				full = true
+				continue
+			}
+			pack, bytes, added = append(pack, rb), bytes+size, added+1
+			m.sent[hw]++
+			full = len(pack) >= m.t.cfg.MaxItems
+		}
+		if added == 0 && m.sent[hw] < len(m.byDevice[hw]) {
+			break // its next batch goes in the next invocation
+		}
+		taken++
+	}
+	m.queue = m.queue[taken:]
+	m.recount()
+	if len(pack) == 0 {
+		return
+	}
+	ev := &event.BatchEvent{Items: make([]event.BatchItem, 0, len(pack))}
+	for _, rb := range pack {
+		ev.Items = append(ev.Items, event.BatchItem{ID: itemID(rb.p), Batch: rb.p.Payload})
+	}
+	m.inflight++
+	go func() {
+		results, err := m.t.invoke(ctx, ev)
+		m.done <- packDone{pack: pack, results: results, err: err}
+	}()
+}
+
+// decode returns the device's next unsent batch with its reading span and
+// its share of an event's bytes. A batch damaged on disk is dead-lettered
+// (kept for an operator) and skipped: ok is false.
+func (m *microBatcher) decode(hw string) (readyBatch, int, bool) {
+	p := m.byDevice[hw][m.sent[hw]]
+	b, withSpan, err := decodeBuffered(p)
+	if err == nil {
+		return readyBatch{p: withSpan, readings: len(b.Readings)}, len(p.Payload) + itemOverhead, true
+	}
+	if dlErr := m.u.deadLetter(p, err.Error()); dlErr != nil {
+		// Kept pending: the device stops here for this round.
+		m.firstErr = cmp.Or(m.firstErr, fmt.Errorf("dead-lettering %s: %w", p.BatchID, dlErr))
+		m.sent[hw] = len(m.byDevice[hw])
+		return readyBatch{}, 0, false
+	}
+	m.u.metrics.batches.WithLabelValues("dead_lettered").Inc()
+	m.sent[hw]++
+	return readyBatch{}, 0, false
+}
+
+// enqueue makes the device's unsent batches ready, if it has any.
+func (m *microBatcher) enqueue(hw string, now time.Time) {
+	n := len(m.byDevice[hw]) - m.sent[hw]
+	if n <= 0 {
+		return
+	}
+	m.queue = append(m.queue, readyDevice{hw: hw, since: now})
+	m.t.ready.add(n, now)
+	m.recount()
+}
+
+// recount sums the queued devices' unsent batches.
+func (m *microBatcher) recount() {
+	m.readyItems, m.readyBytes = 0, 0
+	for _, d := range m.queue {
+		for _, p := range m.byDevice[d.hw][m.sent[d.hw]:] {
+			m.readyItems++
+			m.readyBytes += len(p.Payload) + itemOverhead
+		}
+	}
+}
+
+// itemID is a batch's correlation id: its queue position, unique in the
+// buffer.
+func itemID(p buffer.Pending) string { return strconv.FormatUint(p.Seq, 10) }
+
+// settle applies an invocation's results, each device's in order:
+// delivered and duplicate batches are recorded as delivered, conflict and
+// rejected ones dead-lettered; any other result (or a failed invocation)
+// stops the device for this round. A device that did not stop has its
+// remaining batches queued again.
+func (m *microBatcher) settle(d packDone) {
+	now := time.Now()
+	var delivered []buffer.Pending
+	stopped := map[string]bool{}
+	var devices []string
+	for _, rb := range d.pack {
+		hw, id := rb.p.HardwareID, itemID(rb.p)
+		if len(devices) == 0 || devices[len(devices)-1] != hw {
+			devices = append(devices, hw)
+		}
+		if stopped[hw] {
+			continue
+		}
+		if d.err != nil {
+			m.firstErr, stopped[hw] = cmp.Or(m.firstErr, d.err), true
+			continue
+		}
+		r, ok := d.results[id]
+		m.t.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
+		if !m.apply(rb, id, r, ok, &delivered) {
+			stopped[hw] = true
+		}
+	}
+	for _, hw := range devices {
+		if !stopped[hw] {
+			m.enqueue(hw, now)
+		}
+	}
+	// Recorded per invocation, so that a crash re-sends little.
+	m.marks.Go(func() {
+		if err := m.u.markDelivered(delivered); err != nil {
+			m.markMu.Lock()
+			m.markErr = cmp.Or(m.markErr, fmt.Errorf("recording delivery: %w", err))
+			m.markMu.Unlock()
+		}
+	})
+}
+
+// apply settles one batch by its result and reports whether its device
+// goes on.
+func (m *microBatcher) apply(rb readyBatch, id string, r event.ItemResult, ok bool, delivered *[]buffer.Pending) bool {
+	hw := rb.p.HardwareID
+	switch {
+	case ok && (r.Status == event.StatusDelivered || r.Status == event.StatusDuplicate):
+		*delivered = append(*delivered, rb.p)
+		m.u.metrics.batches.WithLabelValues(map[bool]string{true: "delivered", false: "already_delivered"}[r.Status == event.StatusDelivered]).Inc()
+		m.u.metrics.readings.Add(float64(rb.readings))
+	case ok && (r.Status == event.StatusConflict || r.Status == event.StatusRejected):
+		reason := fmt.Sprintf("the readings function answered %s: %s %s", r.Status, r.Reason, r.Message)
+		if err := m.u.deadLetter(rb.p, reason); err != nil {
+			m.firstErr = cmp.Or(m.firstErr, fmt.Errorf("dead-lettering %s: %w", rb.p.BatchID, err))
+			return false
+		}
+		m.u.metrics.batches.WithLabelValues("dead_lettered").Inc()
+		m.u.logger.Error("cloud refused a batch permanently; moved to the dead-letter area",
+			"batch_id", rb.p.BatchID, "hardware_id", hw, "status", r.Status, "reason", r.Reason, "message", r.Message)
+	default:
+		m.firstErr = cmp.Or(m.firstErr, fmt.Errorf("batch %s: %w", rb.p.BatchID, resultError(id, r, ok)))
+		return false
+	}
+	return true
+}
