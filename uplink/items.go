@@ -7,6 +7,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/firmware-contract/quality"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/tablewrite"
 )
@@ -31,8 +32,11 @@ func buildBatch(p buffer.Pending, readingsRetention time.Duration, now time.Time
 		// the best receive time there is.
 		received = now
 	}
-	items := tablewrite.Build(tablewrite.Batch{Batch: b, ReceivedAt: received, Hash: b.IdentityHash()},
-		readingsRetention, now)
+	// Each reading's quality score against the readings before it in the
+	// same batch: a function of the batch alone, so that a batch written
+	// again after a failure gets the same items.
+	items := tablewrite.Build(tablewrite.Batch{Batch: b, ReceivedAt: received, Hash: b.IdentityHash(),
+		Quality: quality.ScoreSequence(b.Readings)}, readingsRetention, now)
 	return &cloudBatch{pending: p, items: items}, nil
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/firmware-contract/quality"
 	"greenhouse-gateway/harness/dynamotest"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/uplink"
@@ -183,8 +184,12 @@ func TestTransactionWritesEveryAttributeOfTheSchema(t *testing.T) {
 
 	items := e.readings(t, hw)
 	require.Len(t, items, 3)
+	scores := quality.ScoreSequence(b.Readings)
 	for i, it := range items {
 		r := b.Readings[i]
+		q, err := strconv.ParseFloat(it["quality_score"].(*types.AttributeValueMemberN).Value, 64)
+		require.NoError(t, err)
+		require.Equal(t, scores[i], q, "quality_score against the batch's earlier readings")
 		require.Equal(t, fmt.Sprintf("%013d#%s", r.TimestampMS, b.BatchID), str(t, it, "ts_batch"))
 		require.Equal(t, hw, str(t, it, "hardware_id"))
 		require.Equal(t, r.TimestampMS, num(t, it, "timestamp_ms"))
