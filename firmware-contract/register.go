@@ -197,63 +197,77 @@ func (d *decoder) capabilities(v int, c *Capabilities) *Error {
 	c.Sensors = []string{}
 	c.Features = map[string]bool{}
 	if sensorsAt != 0 {
-		v := sensorsAt - 1
-		if s[v] != '[' {
-			rule := "must be an array of sensor names, not " + kindName(s, v)
-			if s[v] == 'n' {
-				rule = nullRule
-			}
-			return validationErr("capabilities.sensors", rule)
-		}
-		for i, k := v, 0; ; k++ {
-			e, more := nextElem(s, i)
-			if !more {
-				break
-			}
-			if k == MaxCapabilities {
-				return validationErr("capabilities.sensors", fmt.Sprintf("must have at most %d entries", MaxCapabilities))
-			}
-			if s[e] != '"' {
-				return validationErr(joinIndex("capabilities.sensors", k), "must be a string (a sensor name), not "+kindName(s, e))
-			}
-			c.Sensors = append(c.Sensors, d.stringAt(e))
-			i = skipValue(s, e)
+		if err := d.capabilitySensors(sensorsAt-1, c); err != nil {
+			return err
 		}
 	}
 	if featuresAt != 0 {
-		v := featuresAt - 1
-		if s[v] != '{' {
-			rule := "must be an object mapping feature names to true or false, not " + kindName(s, v)
-			if s[v] == 'n' {
-				rule = nullRule
-			}
-			return validationErr("capabilities.features", rule)
+		return d.capabilityFeatures(featuresAt-1, c)
+	}
+	return nil
+}
+
+// capabilitySensors decodes capabilities.sensors, the array at s[v].
+func (d *decoder) capabilitySensors(v int, c *Capabilities) *Error {
+	s := d.s
+	if s[v] != '[' {
+		rule := "must be an array of sensor names, not " + kindName(s, v)
+		if s[v] == 'n' {
+			rule = nullRule
 		}
-		for i, k := v, 0; ; k++ {
-			key, vv, more := nextMember(s, i)
-			if !more {
-				break
-			}
-			if k == MaxCapabilities {
-				return validationErr("capabilities.features", fmt.Sprintf("must have at most %d entries", MaxCapabilities))
-			}
-			if _, dup := c.Features[key]; dup {
-				return validationErr(joinKey("capabilities.features", key), "duplicate key")
-			}
-			switch s[vv] {
-			case 't':
-				c.Features[key] = true
-			case 'f':
-				c.Features[key] = false
-			default:
-				rule := "must be true or false, not " + kindName(s, vv)
-				if s[vv] == '{' || s[vv] == '[' {
-					rule += " (features is a flat map)"
-				}
-				return validationErr(joinKey("capabilities.features", key), rule)
-			}
-			i = skipValue(s, vv)
+		return validationErr("capabilities.sensors", rule)
+	}
+	for i, k := v, 0; ; k++ {
+		e, more := nextElem(s, i)
+		if !more {
+			break
 		}
+		if k == MaxCapabilities {
+			return validationErr("capabilities.sensors", fmt.Sprintf("must have at most %d entries", MaxCapabilities))
+		}
+		if s[e] != '"' {
+			return validationErr(joinIndex("capabilities.sensors", k), "must be a string (a sensor name), not "+kindName(s, e))
+		}
+		c.Sensors = append(c.Sensors, d.stringAt(e))
+		i = skipValue(s, e)
+	}
+	return nil
+}
+
+// capabilityFeatures decodes capabilities.features, the object at s[v].
+func (d *decoder) capabilityFeatures(v int, c *Capabilities) *Error {
+	s := d.s
+	if s[v] != '{' {
+		rule := "must be an object mapping feature names to true or false, not " + kindName(s, v)
+		if s[v] == 'n' {
+			rule = nullRule
+		}
+		return validationErr("capabilities.features", rule)
+	}
+	for i, k := v, 0; ; k++ {
+		key, vv, more := nextMember(s, i)
+		if !more {
+			break
+		}
+		if k == MaxCapabilities {
+			return validationErr("capabilities.features", fmt.Sprintf("must have at most %d entries", MaxCapabilities))
+		}
+		if _, dup := c.Features[key]; dup {
+			return validationErr(joinKey("capabilities.features", key), "duplicate key")
+		}
+		switch s[vv] {
+		case 't':
+			c.Features[key] = true
+		case 'f':
+			c.Features[key] = false
+		default:
+			rule := "must be true or false, not " + kindName(s, vv)
+			if s[vv] == '{' || s[vv] == '[' {
+				rule += " (features is a flat map)"
+			}
+			return validationErr(joinKey("capabilities.features", key), rule)
+		}
+		i = skipValue(s, vv)
 	}
 	return nil
 }

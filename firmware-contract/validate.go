@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -152,44 +153,59 @@ func (r *Reading) validate(k int, lim Limits, maxTS int64) *Error {
 
 // checkUnique checks that timestamps are unique within the batch. Readings
 // waiting for clock repair are compared by uptime_ms instead, which is what
-// their timestamps will be derived from.
+// their timestamps will be derived from. It reports the duplicate with the
+// smallest index, naming the first reading it repeats.
 func (b *Batch) checkUnique() *Error {
 	rs := b.Readings
-	key := func(r *Reading) (int64, bool) {
-		if r.pendingRepair() {
-			if r.UptimeMS == nil {
-				return 0, false
-			}
-			return *r.UptimeMS, true
-		}
-		return r.TimestampMS, false
-	}
-	report := func(i, j int) *Error {
-		if rs[i].pendingRepair() {
-			return validationErr(joinIndex("readings", i)+".uptime_ms", fmt.Sprintf(
-				"duplicates readings[%d].uptime_ms (%d): readings whose time the gateway repairs must have unique uptimes", j, *rs[i].UptimeMS))
-		}
-		return validationErr(joinIndex("readings", i)+".timestamp_ms", fmt.Sprintf(
-			"duplicates readings[%d].timestamp_ms (%d): timestamps must be unique within a batch", j, rs[i].TimestampMS))
-	}
-	skip := func(r *Reading) bool { return r.pendingRepair() && r.UptimeMS == nil }
+	find := firstDuplicateSorted
 	if len(rs) <= 32 {
-		for i := 1; i < len(rs); i++ {
-			if skip(&rs[i]) {
-				continue
-			}
-			ki, ui := key(&rs[i])
-			for j := 0; j < i; j++ {
-				if skip(&rs[j]) {
-					continue
-				}
-				if kj, uj := key(&rs[j]); kj == ki && uj == ui {
-					return report(i, j)
-				}
-			}
-		}
+		find = firstDuplicateSmall
+	}
+	i, j := find(rs)
+	if i < 0 {
 		return nil
 	}
+	if rs[i].pendingRepair() {
+		return validationErr(joinIndex("readings", i)+".uptime_ms", fmt.Sprintf(
+			"duplicates readings[%d].uptime_ms (%d): readings whose time the gateway repairs must have unique uptimes", j, *rs[i].UptimeMS))
+	}
+	return validationErr(joinIndex("readings", i)+".timestamp_ms", fmt.Sprintf(
+		"duplicates readings[%d].timestamp_ms (%d): timestamps must be unique within a batch", j, rs[i].TimestampMS))
+}
+
+// uniqueKey is what must be unique: the timestamp, or the uptime for a
+// reading waiting for clock repair; ok is false for such a reading without
+// an uptime (another rule refuses it).
+func (r *Reading) uniqueKey() (k int64, uptime, ok bool) {
+	if r.pendingRepair() {
+		if r.UptimeMS == nil {
+			return 0, false, false
+		}
+		return *r.UptimeMS, true, true
+	}
+	return r.TimestampMS, false, true
+}
+
+// firstDuplicateSmall compares every pair: quicker than sorting for the
+// small batches devices send. i is -1 when all keys are unique.
+func firstDuplicateSmall(rs []Reading) (i, j int) {
+	for i := 1; i < len(rs); i++ {
+		ki, ui, ok := rs[i].uniqueKey()
+		if !ok {
+			continue
+		}
+		for j := 0; j < i; j++ {
+			if kj, uj, ok := rs[j].uniqueKey(); ok && kj == ki && uj == ui {
+				return i, j
+			}
+		}
+	}
+	return -1, -1
+}
+
+// firstDuplicateSorted finds what firstDuplicateSmall finds by sorting the
+// keys: O(n log n) for large batches.
+func firstDuplicateSorted(rs []Reading) (int, int) {
 	type entry struct {
 		k      int64
 		uptime bool
@@ -197,28 +213,22 @@ func (b *Batch) checkUnique() *Error {
 	}
 	es := make([]entry, 0, len(rs))
 	for i := range rs {
-		if !skip(&rs[i]) {
-			k, u := key(&rs[i])
+		if k, u, ok := rs[i].uniqueKey(); ok {
 			es = append(es, entry{k, u, i})
 		}
 	}
 	slices.SortFunc(es, func(a, b entry) int {
-		switch {
-		case a.uptime != b.uptime:
+		if a.uptime != b.uptime {
 			if a.uptime {
 				return 1
 			}
 			return -1
-		case a.k != b.k:
-			if a.k < b.k {
-				return -1
-			}
-			return 1
+		}
+		if c := cmp.Compare(a.k, b.k); c != 0 {
+			return c
 		}
 		return a.i - b.i
 	})
-	// Report the duplicate with the smallest index, naming the first reading
-	// it repeats, as the quadratic loop above does.
 	bi, bj := -1, -1
 	start := 0
 	for n := 1; n < len(es); n++ {
@@ -230,10 +240,7 @@ func (b *Batch) checkUnique() *Error {
 			bi, bj = es[n].i, es[start].i
 		}
 	}
-	if bi >= 0 {
-		return report(bi, bj)
-	}
-	return nil
+	return bi, bj
 }
 
 // NeedsClockRepair reports whether some readings are dated before 2000 and

@@ -250,6 +250,18 @@ func gatherStatus(ctx context.Context, c *apiClient) (*statusReport, error) {
 			"): uplink, devices and dead letters are not shown")
 		return r, nil
 	}
+	for _, gather := range []func(context.Context, *apiClient, *statusReport) error{gatherUplink, gatherDevices, gatherDeadLetters} {
+		if err := gather(ctx, c, r); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// gatherUplink asks /v1/uplink, or reads the backlog from /metrics where
+// the gateway offers no such route.
+func gatherUplink(ctx context.Context, c *apiClient, r *statusReport) error {
+	var aerr *apiError
 	var rep delivery.Report
 	var noUplink *apiError
 	switch err := c.do(ctx, http.MethodGet, "/v1/uplink", true, &rep); {
@@ -278,8 +290,14 @@ func gatherStatus(ctx context.Context, c *apiClient) (*statusReport, error) {
 	case errors.As(err, &aerr):
 		r.Problems = append(r.Problems, "/v1/uplink: "+aerr.Error())
 	default:
-		return nil, err
+		return err
 	}
+	return nil
+}
+
+// gatherDevices summarizes /v1/devices.
+func gatherDevices(ctx context.Context, c *apiClient, r *statusReport) error {
+	var aerr *apiError
 	var devices struct {
 		Devices []deviceView `json:"devices"`
 	}
@@ -306,8 +324,14 @@ func gatherStatus(ctx context.Context, c *apiClient) (*statusReport, error) {
 	case errors.As(err, &aerr):
 		r.Problems = append(r.Problems, "/v1/devices: "+aerr.Error())
 	default:
-		return nil, err
+		return err
 	}
+	return nil
+}
+
+// gatherDeadLetters asks /v1/dead-letters for the count and the newest five.
+func gatherDeadLetters(ctx context.Context, c *apiClient, r *statusReport) error {
+	var aerr *apiError
 	var dead struct {
 		Count       int                 `json:"count"`
 		DeadLetters []buffer.DeadLetter `json:"dead_letters"`
@@ -320,9 +344,9 @@ func gatherStatus(ctx context.Context, c *apiClient) (*statusReport, error) {
 	case errors.As(err, &aerr):
 		r.Problems = append(r.Problems, "/v1/dead-letters: "+aerr.Error())
 	default:
-		return nil, err
+		return err
 	}
-	return r, nil
+	return nil
 }
 
 func printStatus(w io.Writer, r *statusReport) {
