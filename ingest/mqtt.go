@@ -161,6 +161,7 @@ type Broker struct {
 	cfg      MQTTConfig
 	server   *mqtt.Server
 	listener *listeners.Net
+	guard    *guardListener // under listener
 	ingest   *Ingest
 	auth     *Authenticator
 	logger   *slog.Logger
@@ -314,7 +315,8 @@ func (b *Broker) Listen() error {
 	if tlsConfig != nil {
 		l = tls.NewListener(l, tlsConfig)
 	}
-	b.listener = listeners.NewNet("tcp", b.guardListener(l))
+	b.guard = b.guardListener(l)
+	b.listener = listeners.NewNet("tcp", b.guard)
 	if err := b.server.AddListener(b.listener); err != nil {
 		_ = l.Close()
 		return fmt.Errorf("listening for MQTT on %s: %w", b.cfg.Addr, err)
@@ -380,6 +382,7 @@ func (b *Broker) Run(ctx context.Context) error {
 	// mochi-mqtt/server issue 488). Do not let that hold the shutdown: the
 	// buffer still closes cleanly and the process exits.
 	closed := make(chan error, 1)
+	b.guard.drain(closeTimeout)
 	go func() { closed <- b.server.Close() }()
 	select {
 	case err := <-closed:

@@ -56,6 +56,54 @@ type guardListener struct {
 	maxPacket uint32
 	refused   func(reason string)
 	logger    *slog.Logger
+
+	// handing counts connections Accept returned that mochi has not read
+	// from yet (see drain); closing refuses new ones.
+	handMu  sync.Mutex
+	handing int
+	closing bool
+}
+
+// handed hands c to mochi: counted until mochi first reads it or closes it.
+func (l *guardListener) handed(c *guardConn) (net.Conn, error) {
+	l.handMu.Lock()
+	closing := l.closing
+	if !closing {
+		l.handing++
+	}
+	l.handMu.Unlock()
+	if closing {
+		c.taken.Do(func() {}) // never counted
+		_ = c.Close()
+		return nil, net.ErrClosed
+	}
+	return c, nil
+}
+
+func (l *guardListener) taken() {
+	l.handMu.Lock()
+	l.handing--
+	l.handMu.Unlock()
+}
+
+// drain stops accepting and waits, at most timeout, until mochi has
+// started reading every connection it was handed. mochi counts a
+// connection in a WaitGroup (Listeners.ClientsWg.Add, before its first
+// read) that Server.Close waits on; an Add racing that Wait is a data race
+// in mochi, so the broker drains before it closes the server.
+func (l *guardListener) drain(timeout time.Duration) {
+	l.handMu.Lock()
+	l.closing = true
+	l.handMu.Unlock()
+	_ = l.Listener.Close()
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		l.handMu.Lock()
+		n := l.handing
+		l.handMu.Unlock()
+		if n == 0 {
+			return
+		}
+	}
 }
 
 // Accept returns the next connection, shedding the connections its
@@ -73,7 +121,7 @@ func (l *guardListener) Accept() (net.Conn, error) {
 			time.Sleep(backoff)
 			continue
 		}
-		return l.guard(c), nil
+		return l.handed(l.guard(c))
 	}
 }
 
@@ -138,9 +186,12 @@ type guardConn struct {
 	mu     sync.Mutex
 	closed bool
 	lease  func() // releases the session slots of an authenticated connection
+	// taken ends the connection's count in the listener's handing.
+	taken sync.Once
 }
 
 func (c *guardConn) Read(p []byte) (int, error) {
+	c.taken.Do(c.l.taken)
 	for len(c.pending) == 0 {
 		if c.err != nil {
 			return 0, c.err
@@ -158,6 +209,7 @@ func (c *guardConn) Read(p []byte) (int, error) {
 // Close closes the connection and releases what it holds: its place in
 // the admission, or its session slots.
 func (c *guardConn) Close() error {
+	c.taken.Do(c.l.taken)
 	c.mu.Lock()
 	c.closed = true
 	lease := c.lease
