@@ -62,6 +62,7 @@ type guardListener struct {
 	handMu  sync.Mutex
 	handing int
 	closing bool
+	idle    chan struct{} // closed when handing reaches 0 after closing
 }
 
 // handed hands c to mochi: counted until mochi first reads it or closes it.
@@ -83,6 +84,10 @@ func (l *guardListener) handed(c *guardConn) (net.Conn, error) {
 func (l *guardListener) taken() {
 	l.handMu.Lock()
 	l.handing--
+	if l.handing == 0 && l.idle != nil {
+		close(l.idle)
+		l.idle = nil
+	}
 	l.handMu.Unlock()
 }
 
@@ -94,15 +99,21 @@ func (l *guardListener) taken() {
 func (l *guardListener) drain(timeout time.Duration) {
 	l.handMu.Lock()
 	l.closing = true
+	var idle chan struct{}
+	if l.handing > 0 {
+		idle = make(chan struct{})
+		l.idle = idle
+	}
 	l.handMu.Unlock()
 	_ = l.Listener.Close()
-	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		l.handMu.Lock()
-		n := l.handing
-		l.handMu.Unlock()
-		if n == 0 {
-			return
-		}
+	if idle == nil {
+		return
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-idle:
+	case <-t.C:
 	}
 }
 
