@@ -2,6 +2,7 @@ package uplink_test
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -406,9 +407,15 @@ func TestBatchWhoseMarkerExistsIsNotWrittenAgainAfterARestart(t *testing.T) {
 			if mode == "transaction" {
 				require.Equal(t, 30, db.writes["TransactWriteItems"])
 			} else {
-				require.Equal(t, 30, db.writes["PutItem"], "one marker per batch written")
+				require.Zero(t, db.writes["PutItem"], "markers go in BatchWriteItem requests")
+				require.Zero(t, db.writes["TransactWriteItems"])
 			}
 			db.mu.Unlock()
+			for _, b := range batches[120:] {
+				m := e.marker(t, b.BatchID)
+				require.NotEmpty(t, m, "marker of %s", b.BatchID)
+				require.Equal(t, hex.EncodeToString(func() []byte { h := b.IdentityHash(); return h[:] }()), str(t, m, "payload_hash"))
+			}
 			for _, b := range batches[:120] {
 				require.Equal(t, "2026-01-15T14:22:00Z", str(t, e.marker(t, b.BatchID), "received_at"))
 				state, err := buf.Lookup(b.BatchID)

@@ -32,6 +32,7 @@ func (u *Uplink) newWriter() *tablewrite.Writer {
 		RequestItems: func(n int) { u.metrics.requestItems.Observe(float64(n)) },
 		Unprocessed:  func(n int) { u.metrics.unprocessed.Add(float64(n)) },
 		LimitRefused: u.forgetLimit,
+		Consumed:     func(op string, units float64) { u.metrics.consumed.WithLabelValues(op).Add(units) },
 	})
 }
 

@@ -22,6 +22,7 @@ type metrics struct {
 	waveBatches    prometheus.Histogram
 	roundWait      prometheus.Histogram
 	freshBatches   prometheus.Counter
+	consumed       *prometheus.CounterVec
 
 	reg prometheus.Registerer
 }
@@ -48,7 +49,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		waveBatches: f.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "wave_batches",
-			Help:    "Batches per wave in batch write mode.",
+			Help:    "Batches per bulk write (one round's batches) in batch write mode.",
 			Buckets: batchBuckets,
 		}),
 		roundWait: f.NewHistogram(prometheus.HistogramOpts{
@@ -90,6 +91,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: "gateway", Subsystem: "uplink", Name: "unprocessed_items_total",
 			Help: "Items BatchWriteItem returned unprocessed (throttling) and that were resent.",
 		}),
+		consumed: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "consumed_capacity_units_total",
+			Help: "Capacity units DynamoDB reported consumed by the uplink's requests, by operation (write units for writes, read units for BatchGetItem).",
+		}, []string{"operation"}),
 		deviceUpserts: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "device_upserts_total",
 			Help: "Device records written to the devices table.",

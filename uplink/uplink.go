@@ -448,7 +448,8 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 	u.metrics.roundBatches.Observe(float64(len(l.batches)))
 	taken, fresh := len(l.batches), l.freshDevices()
 	batches := l.batches
-	if u.lambda == nil {
+	// The batch write mode looks up every batch's marker before writing.
+	if u.lambda == nil && u.cfg.WriteMode != "batch" {
 		if batches, err = u.checkUncertain(ctx, l.batches, l.oldest); err != nil {
 			return 0, false, err
 		}
@@ -461,7 +462,7 @@ func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 	case u.lambda != nil:
 		return taken, l.full, u.forwardInvocations(ctx, order, byDevice)
 	case u.cfg.WriteMode == "batch":
-		return taken, l.full, u.forwardWaves(ctx, order, byDevice)
+		return taken, l.full, u.forwardBulk(ctx, order, byDevice)
 	}
 	limit, err := u.transactionLimit(ctx)
 	if err != nil {

@@ -79,6 +79,9 @@ type Options struct {
 	// LimitRefused is called when the endpoint refused a transaction for
 	// its item count: the caller's limit is too high.
 	LimitRefused func()
+	// Consumed is told the capacity units DynamoDB reports for each
+	// request (every request asks for ReturnConsumedCapacity TOTAL).
+	Consumed func(op string, units float64)
 }
 
 // Writer writes batches to the tables. It is safe for concurrent use.
@@ -123,7 +126,11 @@ func (w *Writer) writeTransaction(ctx context.Context, it *Items) Result {
 		ConditionExpression: aws.String(markerCondition),
 	}})
 	err := w.call(ctx, "TransactWriteItems", func(ctx context.Context) error {
-		_, err := w.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
+		out, err := w.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items,
+			ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal})
+		if err == nil {
+			w.consumed("TransactWriteItems", out.ConsumedCapacity...)
+		}
 		return err
 	})
 	if err == nil {
@@ -185,11 +192,15 @@ func (w *Writer) WriteSplit(ctx context.Context, it *Items) Result {
 // before (or another payload under its batch_id).
 func (w *Writer) putMarker(ctx context.Context, it *Items) Result {
 	err := w.call(ctx, "PutItem", func(ctx context.Context) error {
-		_, err := w.db.PutItem(ctx, &dynamodb.PutItemInput{
-			TableName:           aws.String(w.tables.ProcessedBatches),
-			Item:                it.marker,
-			ConditionExpression: aws.String(markerCondition),
+		out, err := w.db.PutItem(ctx, &dynamodb.PutItemInput{
+			TableName:              aws.String(w.tables.ProcessedBatches),
+			Item:                   it.marker,
+			ConditionExpression:    aws.String(markerCondition),
+			ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
 		})
+		if err == nil && out.ConsumedCapacity != nil {
+			w.consumed("PutItem", *out.ConsumedCapacity)
+		}
 		return err
 	})
 	var ccf *types.ConditionalCheckFailedException
@@ -212,47 +223,13 @@ func (w *Writer) existing(ctx context.Context, it *Items) Result {
 	if err != nil {
 		return w.classify("BatchGetItem", it.BatchID, err)
 	}
-	if h := stored[it.BatchID]; h != "" && h != it.hash {
-		return Result{Outcome: Conflict, Err: fmt.Errorf("batch_id %s: already in the cloud with another payload (payload_hash %s, this one %s)", it.BatchID, h, it.hash)}
-	}
-	return Result{Outcome: Duplicate}
+	return compareHash(it, stored[it.BatchID])
 }
 
-// batchWrite writes up to 25 items, resending unprocessed ones a few times
-// before giving up with ErrUnprocessed.
+// batchWrite writes up to 25 readings, resending unprocessed ones a few
+// times before giving up with ErrUnprocessed.
 func (w *Writer) batchWrite(ctx context.Context, reqs []types.WriteRequest) error {
-	wait := 50 * time.Millisecond
-	if w.opts.RequestItems != nil {
-		w.opts.RequestItems(len(reqs))
-	}
-	for attempt := 0; ; attempt++ {
-		var out *dynamodb.BatchWriteItemOutput
-		err := w.opts.Call(ctx, "BatchWriteItem", func(ctx context.Context) (bool, error) {
-			var err error
-			out, err = w.db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
-				RequestItems: map[string][]types.WriteRequest{w.tables.Readings: reqs},
-			})
-			// Unprocessed items are DynamoDB throttling part of a request.
-			return err == nil && len(out.UnprocessedItems[w.tables.Readings]) > 0, err
-		})
-		if err != nil {
-			return err
-		}
-		reqs = out.UnprocessedItems[w.tables.Readings]
-		if len(reqs) == 0 {
-			return nil
-		}
-		if w.opts.Unprocessed != nil {
-			w.opts.Unprocessed(len(reqs))
-		}
-		if attempt == 4 {
-			return fmt.Errorf("%d items still unprocessed: %w", len(reqs), ErrUnprocessed)
-		}
-		if err := Sleep(ctx, Jitter(wait)); err != nil {
-			return err
-		}
-		wait *= 2
-	}
+	return w.batchWriteTables(ctx, map[string][]types.WriteRequest{w.tables.Readings: reqs}, len(reqs))
 }
 
 // classify turns a request error into its outcome: Rejected for refusals

@@ -1,0 +1,431 @@
+package tablewrite
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// WriteBulk writes many batches of one writer, at the cost of plain
+// writes: no transaction and no conditional write per batch.
+//
+//  1. Every batch's marker is looked up first, 100 to a consistent
+//     BatchGetItem. A marker found decides the batch (Duplicate, or
+//     Conflict for another payload) and nothing of it is written.
+//  2. The readings of the others are packed 25 to a BatchWriteItem, up to
+//     concurrency requests in flight. A batch's marker joins the next
+//     requests once every request carrying its readings is answered, so
+//     that a marker is never in the table without its readings. Readings
+//     have deterministic keys: a replay overwrites identical items.
+//  3. The markers of one device's batches go in the order given: a marker
+//     is sent only after the one before it was written, or in the same
+//     request. A batch whose write fails holds the device's later batches
+//     back (Failed), so they are not recorded as delivered before it.
+//
+// The marker write is unconditional: the lookup decided it. WriteBulk is
+// exact when the caller is the only writer of these batch_ids while it
+// runs, as the gateway is of the batches in its buffer: a batch written
+// meanwhile by someone else (the same batch sent by the device to the
+// readings function at the same moment) would get its marker written
+// twice, with the same content when the payload is the same. Callers with
+// concurrent writers of one batch_id use Write or WriteWave, whose marker
+// is conditional.
+//
+// A request DynamoDB refuses for its content has its items sent again one
+// batch to a request, to find which batch is refused (Rejected).
+// It returns each batch's result, in the order given.
+func (w *Writer) WriteBulk(ctx context.Context, batches []*Items, concurrency int) []Result {
+	b := newBulk(w, batches, max(concurrency, 1))
+	b.check(ctx)
+	b.write(ctx)
+	return b.results
+}
+
+// bulkPart is one batch's items in a bulk request: its readings, or its
+// marker.
+type bulkPart struct {
+	owner  int
+	marker bool
+	reqs   []types.WriteRequest
+}
+
+type bulkRequest struct {
+	parts []bulkPart
+	items int
+	solo  bool // one batch's items only: a refusal is that batch's
+}
+
+// markerState is where a batch's marker is.
+type markerState int
+
+const (
+	markerWaiting markerState = iota // readings unwritten, or the device's previous marker not yet written
+	markerQueued                     // may go in the next request
+	markerSent
+	markerWritten
+)
+
+type bulk struct {
+	w           *Writer
+	batches     []*Items
+	results     []Result
+	decided     []bool
+	concurrency int
+
+	// prev and next link each device's batches, in the order given.
+	prev, next []int
+
+	mu   sync.Mutex
+	cond *sync.Cond
+	// readings holds the parts of readings not sent yet, in order; solo
+	// the parts of refused requests to send again alone.
+	readings []bulkPart
+	solo     []bulkPart
+	// unwritten counts each batch's readings not yet acknowledged.
+	unwritten []int
+	marker    []markerState
+	queue     []int // batches whose markers are markerQueued, in order
+	inflight  int
+	left      int // batches not decided
+}
+
+func newBulk(w *Writer, batches []*Items, concurrency int) *bulk {
+	n := len(batches)
+	b := &bulk{
+		w: w, batches: batches, concurrency: concurrency,
+		results: make([]Result, n), decided: make([]bool, n),
+		prev: make([]int, n), next: make([]int, n),
+		unwritten: make([]int, n), marker: make([]markerState, n), left: n,
+	}
+	b.cond = sync.NewCond(&b.mu)
+	last := map[string]int{}
+	for i, it := range batches {
+		b.prev[i], b.next[i] = -1, -1
+		if p, ok := last[it.HardwareID]; ok {
+			b.prev[i], b.next[p] = p, i
+		}
+		last[it.HardwareID] = i
+	}
+	return b
+}
+
+// check looks up every batch's marker and decides the batches found.
+func (b *bulk) check(ctx context.Context) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, b.concurrency)
+	for start := 0; start < len(b.batches); start += BatchGetMax {
+		part := b.batches[start:min(start+BatchGetMax, len(b.batches))]
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			ids := make([]string, len(part))
+			for i, it := range part {
+				ids[i] = it.BatchID
+			}
+			found, err := b.w.MarkerHashes(ctx, ids)
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			for i, it := range part {
+				idx := start + i
+				switch h, ok := found[it.BatchID]; {
+				case err != nil:
+					b.fail(idx, b.w.classify("BatchGetItem", it.BatchID, err))
+				case ok:
+					b.decide(idx, compareHash(it, h))
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// compareHash is the result for a batch whose marker is stored with hash
+// stored ("" for a marker without one).
+func compareHash(it *Items, stored string) Result {
+	if it.hash != "" && stored != "" && stored != it.hash {
+		return Result{Outcome: Conflict, Err: fmt.Errorf("batch_id %s: already in the cloud with another payload (payload_hash %s, this one %s)", it.BatchID, stored, it.hash)}
+	}
+	return Result{Outcome: Duplicate}
+}
+
+// write sends the undecided batches' readings and markers.
+func (b *bulk) write(ctx context.Context) {
+	b.mu.Lock()
+	for i, it := range b.batches {
+		if b.decided[i] {
+			continue
+		}
+		for start := 0; start < len(it.readings); start += BatchWriteMax {
+			part := bulkPart{owner: i}
+			for _, r := range it.readings[start:min(start+BatchWriteMax, len(it.readings))] {
+				part.reqs = append(part.reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
+			}
+			b.readings = append(b.readings, part)
+			b.unwritten[i] += len(part.reqs)
+		}
+	}
+	for i := range b.batches {
+		b.promote(i)
+	}
+	var wg sync.WaitGroup
+	for {
+		for b.left > 0 && !b.canSend() {
+			b.cond.Wait()
+		}
+		if b.left == 0 {
+			break
+		}
+		req := b.take()
+		b.inflight++
+		wg.Go(func() { b.send(ctx, req) })
+	}
+	b.mu.Unlock()
+	wg.Wait()
+}
+
+// canSend reports whether a request should go now: a full one, or the
+// last markers when nothing in flight can add to them.
+func (b *bulk) canSend() bool {
+	if b.inflight >= b.concurrency {
+		return false
+	}
+	if len(b.solo) > 0 || len(b.readings) > 0 {
+		return true
+	}
+	n := len(b.sendable(BatchWriteMax))
+	return n == BatchWriteMax || (n > 0 && b.inflight == 0)
+}
+
+// take forms the next request: a refused request's batch alone, or queued
+// markers first and then readings, up to BatchWriteMax items.
+func (b *bulk) take() *bulkRequest {
+	if len(b.solo) > 0 {
+		p := b.solo[0]
+		b.solo = b.solo[1:]
+		b.sent(p)
+		return &bulkRequest{parts: []bulkPart{p}, items: len(p.reqs), solo: true}
+	}
+	req := &bulkRequest{}
+	take := b.sendable(BatchWriteMax)
+	for _, i := range take {
+		p := bulkPart{owner: i, marker: true, reqs: []types.WriteRequest{{PutRequest: &types.PutRequest{Item: b.batches[i].marker}}}}
+		req.parts = append(req.parts, p)
+		req.items++
+		b.sent(p)
+	}
+	if len(take) > 0 {
+		b.queue = slices.DeleteFunc(b.queue, func(i int) bool { return b.marker[i] == markerSent })
+	}
+	for req.items < BatchWriteMax && len(b.readings) > 0 {
+		p := b.readings[0]
+		if room := BatchWriteMax - req.items; len(p.reqs) > room {
+			// Split the part: the rest stays first in line.
+			b.readings[0].reqs = p.reqs[room:]
+			p.reqs = p.reqs[:room]
+		} else {
+			b.readings = b.readings[1:]
+		}
+		req.parts = append(req.parts, p)
+		req.items += len(p.reqs)
+	}
+	return req
+}
+
+func (b *bulk) sent(p bulkPart) {
+	if p.marker {
+		b.marker[p.owner] = markerSent
+	}
+}
+
+// send writes one request and records what it decided.
+func (b *bulk) send(ctx context.Context, req *bulkRequest) {
+	byTable := map[string][]types.WriteRequest{}
+	for _, p := range req.parts {
+		t := b.w.tables.Readings
+		if p.marker {
+			t = b.w.tables.ProcessedBatches
+		}
+		byTable[t] = append(byTable[t], p.reqs...)
+	}
+	err := b.w.batchWriteTables(ctx, byTable, req.items)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	defer b.cond.Broadcast()
+	b.inflight--
+	var res Result
+	if err != nil {
+		res = b.w.classify("BatchWriteItem", b.batches[req.parts[0].owner].BatchID, err)
+	}
+	for _, p := range req.parts {
+		switch {
+		case b.decided[p.owner]:
+		case err == nil && p.marker:
+			b.marker[p.owner] = markerWritten
+			b.decide(p.owner, Result{Outcome: Delivered})
+			if n := b.next[p.owner]; n >= 0 {
+				b.promote(n)
+			}
+		case err == nil:
+			b.unwritten[p.owner] -= len(p.reqs)
+			b.promote(p.owner)
+		case res.Outcome == Rejected && !req.solo:
+			// Sent again alone (a marker stays markerSent meanwhile, so
+			// that the device's next marker waits for it).
+			b.solo = append(b.solo, p)
+		default:
+			b.fail(p.owner, res)
+		}
+	}
+}
+
+// promote queues batch i's marker when its readings are written and the
+// device's previous marker is written or queued before it; a queued marker
+// lets the device's next one follow.
+func (b *bulk) promote(i int) {
+	for ; i >= 0; i = b.next[i] {
+		if b.decided[i] {
+			continue
+		}
+		if b.marker[i] != markerWaiting || b.unwritten[i] > 0 {
+			return
+		}
+		if p := b.before(i); p >= 0 && b.marker[p] == markerWaiting {
+			return
+		}
+		b.marker[i] = markerQueued
+		b.queue = append(b.queue, i)
+	}
+}
+
+// fail decides batch i with r, and the device's later batches as held
+// back; their readings not sent yet are dropped.
+func (b *bulk) fail(i int, r Result) {
+	b.decide(i, r)
+	for n := b.next[i]; n >= 0; n = b.next[n] {
+		if !b.decided[n] {
+			b.decide(n, Result{Outcome: Failed, Err: fmt.Errorf("batch_id %s waits for batch_id %s of the same device: %w",
+				b.batches[n].BatchID, b.batches[i].BatchID, r.Err)})
+		}
+	}
+	b.readings = dropDecided(b.readings, b.decided)
+	b.solo = dropDecided(b.solo, b.decided)
+	queue := b.queue
+	b.queue = nil
+	for _, q := range queue {
+		if !b.decided[q] {
+			b.queue = append(b.queue, q)
+		}
+	}
+}
+
+// decide records batch i's result.
+func (b *bulk) decide(i int, r Result) {
+	if b.decided[i] {
+		return
+	}
+	b.decided[i], b.results[i] = true, r
+	b.left--
+}
+
+// before is the device's nearest batch before i still undecided, or -1:
+// i's marker goes after that one's.
+func (b *bulk) before(i int) int {
+	p := b.prev[i]
+	for p >= 0 && b.decided[p] {
+		p = b.prev[p]
+	}
+	return p
+}
+
+// sendable returns up to limit queued markers that may go in one request,
+// in queue order: a marker goes with or after the device's previous one,
+// never in a request sent before it.
+func (b *bulk) sendable(limit int) []int {
+	var out []int
+	picked := map[int]bool{}
+	for _, i := range b.queue {
+		if len(out) == limit {
+			break
+		}
+		if p := b.before(i); p < 0 || picked[p] {
+			out = append(out, i)
+			picked[i] = true
+		}
+	}
+	return out
+}
+
+func dropDecided(parts []bulkPart, decided []bool) []bulkPart {
+	out := parts[:0]
+	for _, p := range parts {
+		if !decided[p.owner] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// batchWriteTables writes up to 25 items across tables, resending
+// unprocessed ones a few times before giving up with ErrUnprocessed.
+func (w *Writer) batchWriteTables(ctx context.Context, byTable map[string][]types.WriteRequest, items int) error {
+	wait := 50 * time.Millisecond
+	if w.opts.RequestItems != nil {
+		w.opts.RequestItems(items)
+	}
+	for attempt := 0; ; attempt++ {
+		var out *dynamodb.BatchWriteItemOutput
+		err := w.opts.Call(ctx, "BatchWriteItem", func(ctx context.Context) (bool, error) {
+			var err error
+			out, err = w.db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
+				RequestItems:           byTable,
+				ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
+			})
+			if err == nil {
+				w.consumed("BatchWriteItem", out.ConsumedCapacity...)
+			}
+			// Unprocessed items are DynamoDB throttling part of a request.
+			return err == nil && len(out.UnprocessedItems) > 0, err
+		})
+		if err != nil {
+			return err
+		}
+		left := 0
+		for _, reqs := range out.UnprocessedItems {
+			left += len(reqs)
+		}
+		if left == 0 {
+			return nil
+		}
+		byTable = out.UnprocessedItems
+		if w.opts.Unprocessed != nil {
+			w.opts.Unprocessed(left)
+		}
+		if attempt == 4 {
+			return fmt.Errorf("%d items still unprocessed: %w", left, ErrUnprocessed)
+		}
+		if err := Sleep(ctx, Jitter(wait)); err != nil {
+			return err
+		}
+		wait *= 2
+	}
+}
+
+// consumed reports the capacity units DynamoDB says a request used.
+func (w *Writer) consumed(op string, cc ...types.ConsumedCapacity) {
+	if w.opts.Consumed == nil {
+		return
+	}
+	var units float64
+	for _, c := range cc {
+		units += aws.ToFloat64(c.CapacityUnits)
+	}
+	if units > 0 {
+		w.opts.Consumed(op, units)
+	}
+}

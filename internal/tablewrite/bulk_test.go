@@ -1,0 +1,272 @@
+package tablewrite_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/internal/cloud"
+	"greenhouse-gateway/internal/tablewrite"
+)
+
+// bulkDB is an in-memory pair of tables that logs every item it applies,
+// in order, and can refuse, fail or leave unprocessed the requests that
+// hold chosen items.
+type bulkDB struct {
+	tablewrite.DB
+	tables cloud.Tables
+
+	mu       sync.Mutex
+	applied  []string // "r <batch_id> <ts_batch>" or "m <batch_id>", in apply order
+	markers  map[string]string
+	requests [][]string // each BatchWriteItem's items, as in applied
+	// reject refuses, fail fails (network), and unprocessed leaves
+	// unprocessed once, any request holding an item of that batch_id.
+	reject, fail, unprocessed string
+	gets                      int
+}
+
+func newBulkDB() *bulkDB {
+	return &bulkDB{tables: cloud.TableNames(""), markers: map[string]string{}}
+}
+
+func itemName(table string, item map[string]types.AttributeValue, tables cloud.Tables) string {
+	id := item["batch_id"].(*types.AttributeValueMemberS).Value
+	if table == tables.ProcessedBatches {
+		return "m " + id
+	}
+	return "r " + id + " " + item["ts_batch"].(*types.AttributeValueMemberS).Value
+}
+
+func (f *bulkDB) BatchWriteItem(_ context.Context, in *dynamodb.BatchWriteItemInput, _ ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error) {
+	time.Sleep(100 * time.Microsecond) // let requests overlap
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var names []string
+	holds := func(id string) bool {
+		return id != "" && slices.ContainsFunc(names, func(n string) bool { return strings.Contains(n, " "+id) })
+	}
+	n := 0
+	for table, reqs := range in.RequestItems {
+		for _, r := range reqs {
+			names = append(names, itemName(table, r.PutRequest.Item, f.tables))
+			n++
+		}
+	}
+	if n > tablewrite.BatchWriteMax {
+		return nil, &smithy.GenericAPIError{Code: "ValidationException", Message: "Too many items requested for the BatchWriteItem call"}
+	}
+	f.requests = append(f.requests, names)
+	switch {
+	case holds(f.reject):
+		return nil, &smithy.GenericAPIError{Code: "ValidationException", Message: "Item size has exceeded the maximum allowed size"}
+	case holds(f.fail):
+		return nil, errors.New("connection reset by peer")
+	}
+	out := &dynamodb.BatchWriteItemOutput{UnprocessedItems: map[string][]types.WriteRequest{}}
+	for table, reqs := range in.RequestItems {
+		for _, r := range reqs {
+			name := itemName(table, r.PutRequest.Item, f.tables)
+			if f.unprocessed != "" && strings.Contains(name, " "+f.unprocessed) {
+				out.UnprocessedItems[table] = append(out.UnprocessedItems[table], r)
+				continue
+			}
+			f.applied = append(f.applied, name)
+			if table == f.tables.ProcessedBatches {
+				hash := ""
+				if h, ok := r.PutRequest.Item[tablewrite.AttrPayloadHash].(*types.AttributeValueMemberS); ok {
+					hash = h.Value
+				}
+				f.markers[strings.TrimPrefix(name, "m ")] = hash
+			}
+		}
+	}
+	if len(out.UnprocessedItems) > 0 {
+		f.unprocessed = "" // once
+	}
+	return out, nil
+}
+
+func (f *bulkDB) BatchGetItem(_ context.Context, in *dynamodb.BatchGetItemInput, _ ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gets++
+	out := &dynamodb.BatchGetItemOutput{Responses: map[string][]map[string]types.AttributeValue{}}
+	for table, ka := range in.RequestItems {
+		if len(ka.Keys) > tablewrite.BatchGetMax || !aws.ToBool(ka.ConsistentRead) {
+			return nil, errors.New("at most 100 keys, read consistently")
+		}
+		for _, k := range ka.Keys {
+			id := k["batch_id"].(*types.AttributeValueMemberS).Value
+			if h, ok := f.markers[id]; ok {
+				out.Responses[table] = append(out.Responses[table], map[string]types.AttributeValue{
+					"batch_id": k["batch_id"], tablewrite.AttrPayloadHash: &types.AttributeValueMemberS{Value: h}})
+			}
+		}
+	}
+	return out, nil
+}
+
+// bulkFleet returns devices × perDevice batches of readings each, given
+// round-robin across devices (every device's first batch, then second...).
+func bulkFleet(devices, perDevice, readings int) []*tablewrite.Items {
+	var out []*tablewrite.Items
+	for w := range perDevice {
+		for d := range devices {
+			out = append(out, build(testBatch(fmt.Sprintf("EE:00:00:00:%02X:%02X", d/256, d%256), w, readings, 20), nil))
+		}
+	}
+	return out
+}
+
+// checkBulkOrder asserts the write plan's two rules on what f applied:
+// a batch's marker after all of its readings, and each device's markers in
+// the order of items.
+func checkBulkOrder(t *testing.T, f *bulkDB, items []*tablewrite.Items) {
+	t.Helper()
+	pos := map[string]int{}
+	for i, name := range f.applied {
+		pos[name] = i
+	}
+	lastMarker := map[string]int{}
+	for _, it := range items {
+		m, ok := pos["m "+it.BatchID]
+		if !ok {
+			continue
+		}
+		for _, r := range it.ReadingItems() {
+			rp, ok := pos[itemName(f.tables.Readings, r, f.tables)]
+			require.True(t, ok, "marker of %s written without all its readings", it.BatchID)
+			require.Less(t, rp, m, "reading of %s after its marker", it.BatchID)
+		}
+		if prev, ok := lastMarker[it.HardwareID]; ok {
+			require.Less(t, prev, m, "markers of %s out of order", it.HardwareID)
+		}
+		lastMarker[it.HardwareID] = m
+	}
+}
+
+func outcomes(rs []tablewrite.Result) map[tablewrite.Outcome]int {
+	out := map[tablewrite.Outcome]int{}
+	for _, r := range rs {
+		out[r.Outcome]++
+	}
+	return out
+}
+
+func TestWriteBulkPacksReadingsAndMarkersIntoFullRequests(t *testing.T) {
+	f := newBulkDB()
+	items := bulkFleet(50, 4, 10) // 200 batches, 2,000 readings, 2,200 items
+	results := tablewrite.New(f, f.tables, tablewrite.Options{}).WriteBulk(context.Background(), items, 8)
+	require.Equal(t, map[tablewrite.Outcome]int{tablewrite.Delivered: 200}, outcomes(results))
+	require.Len(t, f.applied, 2200, "every reading and marker once")
+	require.Equal(t, 2, f.gets, "200 markers looked up in 2 requests")
+	checkBulkOrder(t, f, items)
+	full := 0
+	for _, r := range f.requests {
+		if len(r) == tablewrite.BatchWriteMax {
+			full++
+		}
+	}
+	// 2,200 items fill 88 requests; only the last markers may go in
+	// requests that are not full.
+	require.LessOrEqual(t, len(f.requests), 88+3)
+	require.GreaterOrEqual(t, full, 85)
+}
+
+func TestWriteBulkKeepsOneDevicesMarkersInOrder(t *testing.T) {
+	f := newBulkDB()
+	items := bulkFleet(1, 60, 3) // one device: its markers form one chain
+	results := tablewrite.New(f, f.tables, tablewrite.Options{}).WriteBulk(context.Background(), items, 16)
+	require.Equal(t, map[tablewrite.Outcome]int{tablewrite.Delivered: 60}, outcomes(results))
+	checkBulkOrder(t, f, items)
+	require.LessOrEqual(t, len(f.requests), 20, "a device's queued markers share requests")
+}
+
+func TestWriteBulkWritesNothingOfABatchWhoseMarkerExists(t *testing.T) {
+	f := newBulkDB()
+	items := bulkFleet(3, 2, 5)
+	w := tablewrite.New(f, f.tables, tablewrite.Options{})
+	require.Equal(t, map[tablewrite.Outcome]int{tablewrite.Delivered: 4}, outcomes(w.WriteBulk(context.Background(), items[:4], 4)))
+	// The same four again, and two new ones; one of the four now carries
+	// another payload under its batch_id.
+	changed := build(testBatch(items[1].HardwareID, 0, 5, 99), nil)
+	require.Equal(t, items[1].BatchID, changed.BatchID)
+	again := []*tablewrite.Items{items[0], changed, items[2], items[3], items[4], items[5]}
+	before := len(f.applied)
+	results := w.WriteBulk(context.Background(), again, 4)
+	require.Equal(t, tablewrite.Duplicate, results[0].Outcome)
+	require.Equal(t, tablewrite.Conflict, results[1].Outcome)
+	require.ErrorContains(t, results[1].Err, "another payload")
+	require.Equal(t, []tablewrite.Outcome{tablewrite.Duplicate, tablewrite.Duplicate, tablewrite.Delivered, tablewrite.Delivered},
+		[]tablewrite.Outcome{results[2].Outcome, results[3].Outcome, results[4].Outcome, results[5].Outcome})
+	require.Len(t, f.applied[before:], 12, "only the two new batches' readings and markers")
+	checkBulkOrder(t, f, again)
+}
+
+func TestWriteBulkFindsTheRefusedBatch(t *testing.T) {
+	f := newBulkDB()
+	items := bulkFleet(10, 3, 4)
+	f.reject = items[13].BatchID // device 3's second batch
+	results := tablewrite.New(f, f.tables, tablewrite.Options{}).WriteBulk(context.Background(), items, 4)
+	for i, r := range results {
+		switch {
+		case i == 13:
+			require.Equal(t, tablewrite.Rejected, r.Outcome)
+		case i == 23: // device 3's third batch waits behind it
+			require.Equal(t, tablewrite.Failed, r.Outcome)
+			require.ErrorContains(t, r.Err, "waits for batch_id "+items[13].BatchID)
+		default:
+			require.Equal(t, tablewrite.Delivered, r.Outcome, "batch %d", i)
+		}
+	}
+	_, ok := f.markers[items[23].BatchID]
+	require.False(t, ok, "no marker after the refused batch")
+	checkBulkOrder(t, f, items)
+}
+
+func TestWriteBulkHoldsADevicesLaterBatchesBehindAFailure(t *testing.T) {
+	f := newBulkDB()
+	items := bulkFleet(4, 3, 10)
+	f.fail = items[1].BatchID // device 1's first batch
+	results := tablewrite.New(f, f.tables, tablewrite.Options{}).WriteBulk(context.Background(), items, 2)
+	for i, r := range results {
+		if i%4 == 1 {
+			require.Equal(t, tablewrite.Failed, r.Outcome, "batch %d", i)
+			_, ok := f.markers[items[i].BatchID]
+			require.False(t, ok)
+			continue
+		}
+		// Other batches in a request with the failing one fail with it.
+		if r.Outcome != tablewrite.Delivered {
+			require.Equal(t, tablewrite.Failed, r.Outcome)
+		}
+	}
+	require.Positive(t, outcomes(results)[tablewrite.Delivered])
+	checkBulkOrder(t, f, items)
+}
+
+func TestWriteBulkResendsUnprocessedItems(t *testing.T) {
+	f := newBulkDB()
+	items := bulkFleet(5, 2, 10)
+	f.unprocessed = items[2].BatchID
+	var unprocessed atomic.Int64
+	w := tablewrite.New(f, f.tables, tablewrite.Options{Unprocessed: func(n int) { unprocessed.Add(int64(n)) }})
+	results := w.WriteBulk(context.Background(), items, 3)
+	require.Equal(t, map[tablewrite.Outcome]int{tablewrite.Delivered: 10}, outcomes(results))
+	require.Positive(t, unprocessed.Load())
+	require.Len(t, f.applied, 110)
+	checkBulkOrder(t, f, items)
+}
