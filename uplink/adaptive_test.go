@@ -194,7 +194,7 @@ func TestThrottlingHalvesConcurrencyAndSuccessRestoresIt(t *testing.T) {
 		concurrency = append(concurrency, v)
 		mu.Unlock()
 	}
-	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, Concurrency: 4, MaxConcurrency: 8, LeaseBatches: 64,
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, Concurrency: 4, MaxConcurrency: 8, LeaseBatches: 64,
 		MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}, buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
 	require.NoError(t, err)
 	runUntilEmpty(t, up, buf)
@@ -233,7 +233,7 @@ func TestFreshBatchesAreNotHeldBehindOtherDevicesBacklog(t *testing.T) {
 
 	db := &recordingDB{}
 	reg := prometheus.NewRegistry()
-	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, LeaseBatches: 64, FreshReserve: 8},
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, LeaseBatches: 64, FreshReserve: 8},
 		buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
 	require.NoError(t, err)
 	runUntilEmpty(t, up, buf)
@@ -257,7 +257,7 @@ func TestAmbiguousFailureIsCheckedBeforeTheBatchIsWrittenAgain(t *testing.T) {
 	// b1's write is applied but its answer times out.
 	db := &recordingDB{loseOnce: map[string]int{b1.BatchID: 1}}
 	reg := prometheus.NewRegistry()
-	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
 		buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
 	require.NoError(t, err)
 	runUntilEmpty(t, up, buf)
@@ -280,7 +280,7 @@ func TestReportKeepsTheLastErrorAndTellsTheDrain(t *testing.T) {
 	}
 	store(t, buf, batches...)
 	db := &recordingDB{failOnce: 3}
-	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
 		buf, nil, nil, db, nil, cloud.TableNames(""), nil, nil)
 	require.NoError(t, err)
 
@@ -439,7 +439,7 @@ func TestFreshBatchQueuedBeforeAStartIsCheckedFirst(t *testing.T) {
 	// recording it.
 	db := &recordingDB{written: []string{b.BatchID}}
 	reg := prometheus.NewRegistry()
-	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, LeaseBatches: 16, FreshReserve: 1},
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, LeaseBatches: 16, FreshReserve: 1},
 		buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
 	require.NoError(t, err)
 	runUntilEmpty(t, up, buf)
@@ -472,7 +472,7 @@ func TestMarkerLookupResendsUnprocessedKeys(t *testing.T) {
 	}
 	db := &recordingDB{written: written, unprocessedGets: 2}
 	reg := prometheus.NewRegistry()
-	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10}, buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10}, buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
 	require.NoError(t, err)
 	runUntilEmpty(t, up, buf)
 

@@ -27,13 +27,16 @@ var jitter = tablewrite.Jitter
 // newWriter returns a table writer whose requests go through the uplink's
 // AIMD limit and metrics. It is a few words, made where it is used.
 func (u *Uplink) newWriter() *tablewrite.Writer {
-	return tablewrite.New(u.db, u.tables, tablewrite.Options{
+	opts := tablewrite.Options{
 		Call:         u.callOutcome,
 		RequestItems: func(n int) { u.metrics.requestItems.Observe(float64(n)) },
 		Unprocessed:  func(n int) { u.metrics.unprocessed.Add(float64(n)) },
 		LimitRefused: u.forgetLimit,
-		Consumed:     func(op string, units float64) { u.metrics.consumed.WithLabelValues(op).Add(units) },
-	})
+	}
+	if u.cfg.ConsumedCapacity {
+		opts.Consumed = func(op string, units float64) { u.metrics.consumed.WithLabelValues(op).Add(units) }
+	}
+	return tablewrite.New(u.db, u.tables, opts)
 }
 
 // forward sends one batch. nil means the batch is in the cloud (written now

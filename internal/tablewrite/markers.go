@@ -35,7 +35,7 @@ func (w *Writer) MarkerHashes(ctx context.Context, batchIDs []string) (map[strin
 					ProjectionExpression:     aws.String("batch_id, #h"),
 					ExpressionAttributeNames: map[string]string{"#h": AttrPayloadHash},
 				}},
-				ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
+				ReturnConsumedCapacity: w.capacity(),
 			})
 			if err == nil {
 				w.consumed("BatchGetItem", out.ConsumedCapacity...)

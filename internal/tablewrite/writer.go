@@ -80,7 +80,8 @@ type Options struct {
 	// its item count: the caller's limit is too high.
 	LimitRefused func()
 	// Consumed is told the capacity units DynamoDB reports for each
-	// request (every request asks for ReturnConsumedCapacity TOTAL).
+	// request; when it is set, requests ask for ReturnConsumedCapacity
+	// TOTAL.
 	Consumed func(op string, units float64)
 }
 
@@ -127,7 +128,7 @@ func (w *Writer) writeTransaction(ctx context.Context, it *Items) Result {
 	}})
 	err := w.call(ctx, "TransactWriteItems", func(ctx context.Context) error {
 		out, err := w.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items,
-			ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal})
+			ReturnConsumedCapacity: w.capacity()})
 		if err == nil {
 			w.consumed("TransactWriteItems", out.ConsumedCapacity...)
 		}
@@ -196,7 +197,7 @@ func (w *Writer) putMarker(ctx context.Context, it *Items) Result {
 			TableName:              aws.String(w.tables.ProcessedBatches),
 			Item:                   it.marker,
 			ConditionExpression:    aws.String(markerCondition),
-			ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
+			ReturnConsumedCapacity: w.capacity(),
 		})
 		if err == nil && out.ConsumedCapacity != nil {
 			w.consumed("PutItem", *out.ConsumedCapacity)
