@@ -115,5 +115,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{"delivered", "already_delivered", "dead_lettered"} {
 		m.batches.WithLabelValues(r)
 	}
+	// The errors the dashboard shows from the start, at 0.
+	for _, kind := range []string{"network", "timeout", "ProvisionedThroughputExceededException"} {
+		m.requestErrors.WithLabelValues("BatchWriteItem", kind)
+	}
 	return m
 }

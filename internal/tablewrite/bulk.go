@@ -245,15 +245,15 @@ func (b *bulk) sent(p bulkPart) {
 
 // send writes one request and records what it decided.
 func (b *bulk) send(ctx context.Context, req *bulkRequest) {
-	byTable := map[string][]types.WriteRequest{}
+	var readings, markers []types.WriteRequest
 	for _, p := range req.parts {
-		t := b.w.tables.Readings
 		if p.marker {
-			t = b.w.tables.ProcessedBatches
+			markers = append(markers, p.reqs...)
+		} else {
+			readings = append(readings, p.reqs...)
 		}
-		byTable[t] = append(byTable[t], p.reqs...)
 	}
-	err := b.w.batchWriteTables(ctx, byTable, req.items)
+	err := b.w.batchWriteTables(ctx, readings, markers)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	defer b.cond.Broadcast()
@@ -371,21 +371,32 @@ func dropDecided(parts []bulkPart, decided []bool) []bulkPart {
 	return out
 }
 
-// batchWriteTables writes up to 25 items across tables, resending
+// batchWriteTables writes up to 25 items, readings and markers, resending
 // unprocessed ones a few times before giving up with ErrUnprocessed.
-func (w *Writer) batchWriteTables(ctx context.Context, byTable map[string][]types.WriteRequest, items int) error {
+func (w *Writer) batchWriteTables(ctx context.Context, readings, markers []types.WriteRequest) error {
+	return w.resend(ctx, readings, markers, func(ctx context.Context, readings, markers []types.WriteRequest) (*dynamodb.BatchWriteItemOutput, error) {
+		return w.db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
+			RequestItems:           nonEmpty(map[string][]types.WriteRequest{w.tables.Readings: readings, w.tables.ProcessedBatches: markers}),
+			ReturnConsumedCapacity: w.capacity(),
+		})
+	})
+}
+
+// batchWriteFunc sends one BatchWriteItem of readings and markers.
+type batchWriteFunc func(ctx context.Context, readings, markers []types.WriteRequest) (*dynamodb.BatchWriteItemOutput, error)
+
+// resend sends readings and markers with send, and what DynamoDB leaves
+// unprocessed again up to four times, with a growing jittered wait.
+func (w *Writer) resend(ctx context.Context, readings, markers []types.WriteRequest, send batchWriteFunc) error {
 	wait := 50 * time.Millisecond
 	if w.opts.RequestItems != nil {
-		w.opts.RequestItems(items)
+		w.opts.RequestItems(len(readings) + len(markers))
 	}
 	for attempt := 0; ; attempt++ {
 		var out *dynamodb.BatchWriteItemOutput
 		err := w.opts.Call(ctx, "BatchWriteItem", func(ctx context.Context) (bool, error) {
 			var err error
-			out, err = w.db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
-				RequestItems:           byTable,
-				ReturnConsumedCapacity: w.capacity(),
-			})
+			out, err = send(ctx, readings, markers)
 			if err == nil {
 				w.consumed("BatchWriteItem", out.ConsumedCapacity...)
 			}
@@ -395,14 +406,11 @@ func (w *Writer) batchWriteTables(ctx context.Context, byTable map[string][]type
 		if err != nil {
 			return err
 		}
-		left := 0
-		for _, reqs := range out.UnprocessedItems {
-			left += len(reqs)
-		}
+		readings, markers = out.UnprocessedItems[w.tables.Readings], out.UnprocessedItems[w.tables.ProcessedBatches]
+		left := len(readings) + len(markers)
 		if left == 0 {
 			return nil
 		}
-		byTable = out.UnprocessedItems
 		if w.opts.Unprocessed != nil {
 			w.opts.Unprocessed(left)
 		}
@@ -414,6 +422,17 @@ func (w *Writer) batchWriteTables(ctx context.Context, byTable map[string][]type
 		}
 		wait *= 2
 	}
+}
+
+// nonEmpty drops the tables without items from a request: a table's list
+// may not be empty.
+func nonEmpty(items map[string][]types.WriteRequest) map[string][]types.WriteRequest {
+	for table, reqs := range items {
+		if len(reqs) == 0 {
+			delete(items, table)
+		}
+	}
+	return items
 }
 
 // capacity is what requests ask of ReturnConsumedCapacity: TOTAL when

@@ -230,7 +230,12 @@ func (w *Writer) existing(ctx context.Context, it *Items) Result {
 // batchWrite writes up to 25 readings, resending unprocessed ones a few
 // times before giving up with ErrUnprocessed.
 func (w *Writer) batchWrite(ctx context.Context, reqs []types.WriteRequest) error {
-	return w.batchWriteTables(ctx, map[string][]types.WriteRequest{w.tables.Readings: reqs}, len(reqs))
+	return w.resend(ctx, reqs, nil, func(ctx context.Context, readings, _ []types.WriteRequest) (*dynamodb.BatchWriteItemOutput, error) {
+		return w.db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
+			RequestItems:           map[string][]types.WriteRequest{w.tables.Readings: readings},
+			ReturnConsumedCapacity: w.capacity(),
+		})
+	})
 }
 
 // classify turns a request error into its outcome: Rejected for refusals
