@@ -38,8 +38,9 @@ func run(args []string) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	scenarios := fs.String("scenarios", strings.Join(cfg.Scenarios, ","),
 		"comma-separated scenarios to run: mqtt (closed-loop MQTT ingest; idle RSS and CPU per reading), "+
-			"fixed (fixed offered load), http, drain (forwarding; RSS while draining), footprint (time to ready, disk per reading), "+
-			"idle (memory breakdown of the largest fleet connected and idle)")
+			"fixed (fixed offered load), sdcard (MQTT ingest with every fsync of the data directory 10 ms slower; root, FUSE), "+
+			"http, drain (forwarding against the plain-write ceiling; RSS while draining), lambda (drain through the readings function), "+
+			"footprint (time to ready, disk per reading), idle (memory breakdown of the largest fleet connected and idle)")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "measured window of each load, after the warm-up")
 	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "warm-up before each measured window")
 	devices := fs.String("devices", joinInts(cfg.Devices), "comma-separated MQTT fleet sizes, one run each; "+
@@ -50,7 +51,7 @@ func run(args []string) int {
 	fs.IntVar(&cfg.HTTPClients, "http-clients", cfg.HTTPClients, "concurrent keep-alive HTTP clients")
 	fs.IntVar(&cfg.DrainReadings, "drain-readings", cfg.DrainReadings, "readings in the drain's backlog")
 	fs.IntVar(&cfg.DrainBaselineReadings, "drain-baseline-readings", cfg.DrainBaselineReadings,
-		"readings of the backlog the SDK baseline loop writes (its rate is compared; 0: all)")
+		"readings of the backlog the SDK loop making transaction mode's requests writes (an explanatory line; its rate is compared; 0: all); the plain-write ceiling always writes the whole backlog")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "bound on one drain")
 	fs.IntVar(&cfg.UplinkConcurrency, "uplink-concurrency", cfg.UplinkConcurrency, "uplink.concurrency of gatewayd, and the SDK loop's")
 	fs.IntVar(&cfg.LambdaInstances, "lambda-instances", cfg.LambdaInstances, "lambda scenario: Runtime Interface Emulators running the readings function side by side (each one invocation at a time)")

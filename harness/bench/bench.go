@@ -34,10 +34,11 @@ const (
 	ScenarioLambda    = "lambda"
 	ScenarioFootprint = "footprint"
 	ScenarioIdle      = "idle"
+	ScenarioSDCard    = "sdcard"
 )
 
 // Scenarios lists every scenario in run order.
-var Scenarios = []string{ScenarioMQTT, ScenarioFixed, ScenarioHTTP, ScenarioDrain, ScenarioLambda, ScenarioFootprint, ScenarioIdle}
+var Scenarios = []string{ScenarioMQTT, ScenarioFixed, ScenarioSDCard, ScenarioHTTP, ScenarioDrain, ScenarioLambda, ScenarioFootprint, ScenarioIdle}
 
 // Config configures a run. DefaultConfig documents the defaults.
 type Config struct {
@@ -269,7 +270,8 @@ func (r *runner) run(ctx context.Context) error {
 	if r.canonicalPerReading, err = canonicalPerReading(r.cfg.Readings); err != nil {
 		return err
 	}
-	ingest := r.cfg.has(ScenarioMQTT) || r.cfg.has(ScenarioFixed) || r.cfg.has(ScenarioHTTP) || r.cfg.has(ScenarioIdle)
+	ingest := r.cfg.has(ScenarioMQTT) || r.cfg.has(ScenarioFixed) || r.cfg.has(ScenarioSDCard) || r.cfg.has(ScenarioHTTP) ||
+		r.cfg.has(ScenarioIdle)
 	if ingest || r.cfg.has(ScenarioDrain) || r.cfg.has(ScenarioLambda) {
 		r.log.Info("starting DynamoDB Local")
 		if r.dynamo, err = startDynamoLocal(ctx, r.root, r.work); err != nil {
@@ -292,6 +294,11 @@ func (r *runner) run(ctx context.Context) error {
 	if r.cfg.has(ScenarioFixed) {
 		if err := r.fixed(ctx); err != nil {
 			return fmt.Errorf("fixed rate: %w", err)
+		}
+	}
+	if r.cfg.has(ScenarioSDCard) {
+		if err := r.sdcard(ctx); err != nil {
+			return fmt.Errorf("sdcard: %w", err)
 		}
 	}
 	if r.cfg.has(ScenarioHTTP) {
@@ -357,14 +364,20 @@ func (r *runner) prepareIngest(ctx context.Context) error {
 // startIngestGateway starts gatewayd on a copy of the seed directory, with
 // an unreachable DynamoDB (the key stays trusted from its cache).
 func (r *runner) startIngestGateway(ctx context.Context, name string) (*gatewayd, string, error) {
-	dir := filepath.Join(r.work, name)
+	g, err := r.startIngestGatewayIn(ctx, r.work, name)
+	return g, filepath.Join(r.work, name), err
+}
+
+// startIngestGatewayIn is startIngestGateway with the data directory in
+// base.
+func (r *runner) startIngestGatewayIn(ctx context.Context, base, name string) (*gatewayd, error) {
+	dir := filepath.Join(base, name)
 	if err := copyDir(r.seed, dir); err != nil {
-		return nil, "", err
+		return nil, err
 	}
-	g, err := startGatewayd(ctx, gatewaydSpec{bin: r.bin, dataDir: dir, endpoint: r.closed, prefix: r.prefix,
+	return startGatewayd(ctx, gatewaydSpec{bin: r.bin, dataDir: dir, endpoint: r.closed, prefix: r.prefix,
 		logPath: filepath.Join(r.work, "gatewayd-"+name+".log"),
 		env:     r.env("GATEWAY_AUTH_REFRESH_INTERVAL=24h")})
-	return g, dir, err
 }
 
 // env is extra plus the configured GatewayEnv, which wins.

@@ -199,3 +199,33 @@ func TestMappingsRSS(t *testing.T) {
 		require.Equal(t, kind, mappingKind(path), path)
 	}
 }
+
+func TestBestPlainIsTheFastestRun(t *testing.T) {
+	runs := []plainRun{
+		{Goroutines: 4, Readings: 10_000, Seconds: 1.25},  // 8,000/s
+		{Goroutines: 8, Readings: 10_000, Seconds: 1.0},   // 10,000/s
+		{Goroutines: 16, Readings: 10_000, Seconds: 1.0},  // 10,000/s: a tie keeps fewer goroutines
+		{Goroutines: 32, Readings: 10_000, Seconds: 1.11}, // 9,009/s
+	}
+	require.Equal(t, 8, bestPlain(runs).Goroutines)
+	require.Equal(t, 16, bestPlain(runs[2:]).Goroutines)
+	require.Zero(t, bestPlain(nil).Goroutines)
+	require.Zero(t, plainRun{Readings: 5}.rate(), "no time measured: no rate")
+}
+
+func TestPlainRequestsPackTwentyFiveReadings(t *testing.T) {
+	item := map[string]types.AttributeValue{"hardware_id": &types.AttributeValueMemberS{Value: "AA"}}
+	var items []*itemBatch
+	for range 6 { // 6 batches of 10 readings: 60 readings, 3 requests
+		ib := &itemBatch{}
+		for range 10 {
+			ib.readings = append(ib.readings, item)
+		}
+		items = append(items, ib)
+	}
+	reqs := plainRequests(items)
+	require.Len(t, reqs, 3)
+	require.Len(t, reqs[0], 25)
+	require.Len(t, reqs[1], 25)
+	require.Len(t, reqs[2], 10)
+}

@@ -36,15 +36,17 @@ type gatewayDrain struct {
 	RequestErrors float64            `json:"request_errors"`
 	ErrorsByKind  map[string]float64 `json:"request_errors_by_series,omitempty"`
 	// Progress is the readings forwarded since ready, every few seconds.
-	Progress       []progress `json:"progress"`
-	TxLimit        float64    `json:"transaction_max_items"`
-	WCU            float64    `json:"wcu_computed"`
-	MaxRSS         int64      `json:"max_vm_rss_bytes"`
-	HWM            int64      `json:"vm_hwm_bytes"`
-	CPUSeconds     float64    `json:"cpu_s"`
-	IdleMemory     memory     `json:"memory_not_forwarding"`
-	IdleReady      float64    `json:"ready_not_forwarding_s"`
-	ReadingsStored int64      `json:"readings_in_table"`
+	Progress   []progress `json:"progress"`
+	TxLimit    float64    `json:"transaction_max_items"`
+	WCU        float64    `json:"wcu_computed"`
+	MaxRSS     int64      `json:"max_vm_rss_bytes"`
+	HWM        int64      `json:"vm_hwm_bytes"`
+	CPUSeconds float64    `json:"cpu_s"`
+	// DynamoCPU is DynamoDB Local's CPU time from ready to an empty queue.
+	DynamoCPU      float64 `json:"dynamodb_local_cpu_s"`
+	IdleMemory     memory  `json:"memory_not_forwarding"`
+	IdleReady      float64 `json:"ready_not_forwarding_s"`
+	ReadingsStored int64   `json:"readings_in_table"`
 	// Invocations and InvokedBatches are the lambda target's invocations
 	// and the device batches they carried.
 	Invocations    float64 `json:"lambda_invocations,omitempty"`
@@ -67,6 +69,7 @@ type drainRun struct {
 	DataDir  diskUsage    `json:"data_dir"`
 	Pricing  itemPricing  `json:"item_pricing"`
 	Gateway  gatewayDrain `json:"gatewayd"`
+	Ceiling  plainCeiling `json:"plain_ceiling"`
 	SDK      sdkResult    `json:"sdk_loop"`
 	SDKWCU   float64      `json:"sdk_wcu_computed"`
 	SDKStore int64        `json:"sdk_readings_in_table"`
@@ -96,47 +99,61 @@ func (r *runner) drain(ctx context.Context) error {
 			return fmt.Errorf("%s mode: %w", mode, err)
 		}
 		r.res.Details["drain "+mode] = run
-		gw, sdk := run.Gateway, run.SDK
-		section := "drain " + mode
-		sdkItems := float64(sdk.Readings + sdk.Batches)
-		const base = "SDK loop, same items"
-		r.res.add(section, "items/s until pending is 0 (readings + markers)", "items/s",
-			(gw.Readings+gw.Markers)/gw.Seconds, sdkItems/sdk.Seconds, base, ratioAtLeast(0.9))
-		r.res.add(section, "readings/s", "readings/s", gw.Readings/gw.Seconds, float64(sdk.Readings)/sdk.Seconds, base, nil)
-		var gwReq, sdkReq float64
-		for _, n := range gw.Requests {
-			gwReq += n
-		}
-		for _, n := range sdk.Requests {
-			sdkReq += float64(n)
-		}
-		r.res.add(section, "requests per reading", "req", gwReq/gw.Readings, sdkReq/float64(sdk.Readings), base, nil)
-		r.res.add(section, "write capacity per reading (computed)", "WCU", gw.WCU/gw.Readings, run.SDKWCU/float64(sdk.Readings),
-			base, atMost(1.1, "WCU"))
-		r.res.add("footprint", "CPU per 10k readings forwarded, "+mode+" mode", "CPU s", perReading10k(gw.CPUSeconds, gw.Readings),
-			perReading10k(sdk.ClientCPU, float64(sdk.Readings)), "SDK loop (its process, items prebuilt)", nil)
-		r.res.add("footprint", "RSS while draining, "+mode+" mode (max VmRSS)", "MB", mb(gw.MaxRSS), mb(gw.IdleMemory.RSS),
-			"gatewayd, same backlog, not forwarding", atMost(128, "MB"))
-		if sdk.ConsumedReported {
-			r.res.note("%s: DynamoDB Local reported %.0f WCU consumed by the SDK loop; computed %.0f", section, sdk.ConsumedWCU, run.SDKWCU)
-		}
-		if int64(gw.Readings) != int64(run.Backlog.Readings) || gw.ReadingsStored != int64(run.Backlog.Readings) ||
-			gw.MarkersStored != int64(run.Backlog.Batches) || run.SDKStore != int64(sdk.Readings) {
-			r.res.note("%s: counts differ: backlog %d readings in %d batches; gatewayd forwarded %.0f readings, "+
-				"%.0f markers; tables hold %d readings, %d markers; SDK loop table %d readings",
-				section, run.Backlog.Readings, run.Backlog.Batches, gw.Readings, gw.Markers,
-				gw.ReadingsStored, gw.MarkersStored, run.SDKStore)
-		}
-		perBatch := float64(r.cfg.Readings)
-		r.res.note("%s: %d readings from %d devices, %d a batch; the SDK loop wrote the oldest %d of them "+
-			"(a rate is compared); gatewayd: requests %v, transaction limit %.0f, "+
-			"%.0f request errors, ready after %.2fs, CPU %.1fs; on AWS (100 actions a transaction) transaction mode "+
-			"would write each batch as one transaction: %.2f WCU per reading",
-			section, run.Backlog.Readings, run.Backlog.Devices, r.cfg.Readings, sdk.Readings, gw.Requests, gw.TxLimit,
-			gw.RequestErrors, gw.ReadySeconds, gw.CPUSeconds,
-			2*(perBatch*run.Pricing.ReadingWCU+run.Pricing.MarkerWCU)/perBatch)
+		r.reportDrain(mode, run)
 	}
 	return nil
+}
+
+// reportDrain adds one write mode's drain figures, each against the plain
+// writer's best run on the same items.
+func (r *runner) reportDrain(mode string, run drainRun) {
+	gw, best := run.Gateway, run.Ceiling.Best
+	section := "drain " + mode
+	base := fmt.Sprintf("plain BatchWriteItem, best of 4/8/16/32 goroutines (%d)", best.Goroutines)
+	// Transactions write every item twice by DynamoDB's pricing: that mode
+	// is shown against the ceiling without a target.
+	var rateTarget, workTarget *target
+	if mode != "transaction" {
+		rateTarget, workTarget = ratioAtLeast(0.9), ratioAtMost(1.2)
+	}
+	plainReadings := float64(best.Readings)
+	r.res.add(section, "readings/s until pending is 0", "readings/s", gw.Readings/gw.Seconds, best.rate(), base, rateTarget)
+	var gwReq float64
+	for _, n := range gw.Requests {
+		gwReq += n
+	}
+	r.res.add(section, "requests per 1,000 readings", "req", 1000*gwReq/gw.Readings, 1000*float64(best.Requests)/plainReadings, base, nil)
+	r.res.add(section, "write capacity per reading (computed)", "WCU", gw.WCU/gw.Readings, best.WCU/plainReadings, base, workTarget)
+	r.res.add(section, "DynamoDB Local CPU per 1,000 readings", "CPU s", 1000*gw.DynamoCPU/gw.Readings,
+		1000*best.DynamoCPU/plainReadings, base, workTarget)
+	r.res.add(section, "gatewayd CPU per 1,000 readings forwarded", "CPU s", 1000*gw.CPUSeconds/gw.Readings,
+		1000*best.ClientCPU/plainReadings, base+", its process", nil)
+	sdk := run.SDK
+	if sdk.Readings > 0 {
+		r.res.add(section, "readings/s, explained: the same requests from a bare SDK loop", "readings/s",
+			gw.Readings/gw.Seconds, float64(sdk.Readings)/sdk.Seconds, "SDK loop, same requests", nil)
+	}
+	r.res.add("footprint", "RSS while draining, "+mode+" mode (max VmRSS)", "MB", mb(gw.MaxRSS), mb(gw.IdleMemory.RSS),
+		"gatewayd, same backlog, not forwarding", atMost(128, "MB"))
+	var runs []string
+	for _, p := range run.Ceiling.Runs {
+		runs = append(runs, fmt.Sprintf("%d: %.0f", p.Goroutines, p.rate()))
+	}
+	r.res.note("%s: plain writer readings/s by goroutines %s", section, strings.Join(runs, ", "))
+	if int64(gw.Readings) != int64(run.Backlog.Readings) || gw.ReadingsStored != int64(run.Backlog.Readings) ||
+		gw.MarkersStored != int64(run.Backlog.Batches) || (sdk.Readings > 0 && run.SDKStore != int64(sdk.Readings)) {
+		r.res.note("%s: counts differ: backlog %d readings in %d batches; gatewayd forwarded %.0f readings, "+
+			"%.0f markers; tables hold %d readings, %d markers; SDK loop table %d readings",
+			section, run.Backlog.Readings, run.Backlog.Batches, gw.Readings, gw.Markers,
+			gw.ReadingsStored, gw.MarkersStored, run.SDKStore)
+	}
+	perBatch := float64(r.cfg.Readings)
+	r.res.note("%s: %d readings from %d devices, %d a batch; gatewayd: requests %v, transaction limit %.0f, "+
+		"%.0f request errors, ready after %.2fs, CPU %.1fs, DynamoDB Local CPU %.1fs; on AWS (100 actions a transaction) "+
+		"transaction mode would write each batch as one transaction: %.2f WCU per reading",
+		section, run.Backlog.Readings, run.Backlog.Devices, r.cfg.Readings, gw.Requests, gw.TxLimit,
+		gw.RequestErrors, gw.ReadySeconds, gw.CPUSeconds, gw.DynamoCPU,
+		2*(perBatch*run.Pricing.ReadingWCU+run.Pricing.MarkerWCU)/perBatch)
 }
 
 // warmDynamo warms DynamoDB Local's JIT with a small SDK loop and probes
@@ -186,10 +203,12 @@ func allItems(pend []buffer.Pending) ([]*itemBatch, error) {
 	return items, nil
 }
 
-// drainMode fills a backlog, has gatewayd forward it in mode, and runs the
-// SDK loop on the same items; sdkFirst runs the loop before gatewayd, so
-// that neither always runs on the warmer DynamoDB Local.
-func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode string, sdkFirst bool) (drainRun, error) {
+// drainMode fills a backlog, has gatewayd forward it in mode, and measures
+// the plain-write ceiling on the same items (and, in transaction mode, the
+// SDK loop making the uplink's requests); baselineFirst runs the baselines
+// before gatewayd, so that neither always runs on the warmer DynamoDB
+// Local.
+func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode string, baselineFirst bool) (drainRun, error) {
 	var run drainRun
 	dir := filepath.Join(r.work, "drain-"+mode)
 	batches := r.cfg.DrainReadings / r.cfg.Readings
@@ -215,7 +234,15 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 	if n := r.cfg.DrainBaselineReadings / r.cfg.Readings; n > 0 && n < len(items) {
 		sample = items[:n]
 	}
-	sdk := func() error {
+	baselines := func() error {
+		if run.Ceiling, err = r.ceiling(ctx, items, run.Pricing); err != nil {
+			return err
+		}
+		if mode != "transaction" {
+			// The SDK loop makes the requests of transaction mode and of
+			// the conditional-marker plan, not those of the bulk plan.
+			return nil
+		}
 		r.log.Info("drain: SDK loop", "mode", mode, "concurrency", r.cfg.UplinkConcurrency, "batches", len(sample),
 			"transaction_max_items", r.txLimit)
 		_, tables, err := newTables(ctx, client, false)
@@ -235,16 +262,16 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 		}
 		return errors.Join(err, dropTables(ctx, client, tables))
 	}
-	if sdkFirst {
-		if err := sdk(); err != nil {
+	if baselineFirst {
+		if err := baselines(); err != nil {
 			return run, err
 		}
 	}
 	if run.Gateway, err = r.gatewayDrain(ctx, client, dir, mode, nil); err != nil {
 		return run, err
 	}
-	if !sdkFirst {
-		if err := sdk(); err != nil {
+	if !baselineFirst {
+		if err := baselines(); err != nil {
 			return run, err
 		}
 	}
@@ -261,7 +288,9 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 // write each, readings and markers of transactions at two.
 func gatewayWCU(g gatewayDrain, p itemPricing) float64 {
 	txReadings := max(0, g.Readings-g.BatchItems)
-	return (g.BatchItems+g.Unprocessed)*p.ReadingWCU + g.Requests["PutItem"]*p.MarkerWCU +
+	// In batch mode the markers share the BatchWriteItem requests.
+	batchMarkers := max(0, g.BatchItems-g.Readings)
+	return (g.BatchItems-batchMarkers+g.Unprocessed)*p.ReadingWCU + (batchMarkers+g.Requests["PutItem"])*p.MarkerWCU +
 		2*(txReadings*p.ReadingWCU+g.Requests["TransactWriteItems"]*p.MarkerWCU)
 }
 
@@ -325,6 +354,10 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 	if err != nil {
 		return gd, err
 	}
+	dyn0, err := procCPU(r.dynamo.proc.Pid())
+	if err != nil {
+		return gd, err
+	}
 	deadline := t0.Add(r.cfg.DrainTimeout)
 	nextProgress := t0
 	var m samples
@@ -353,6 +386,11 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 		}
 	}
 	gd.Seconds = time.Since(t0).Seconds()
+	dyn1, err := procCPU(r.dynamo.proc.Pid())
+	if err != nil {
+		return gd, err
+	}
+	gd.DynamoCPU = (dyn1 - dyn0).Seconds()
 	// One scrape's samples are not read at one instant: read the totals
 	// again once the queue is empty.
 	sleepCtx(ctx, 500*time.Millisecond)
@@ -373,7 +411,7 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 	gd.Progress = append(gd.Progress, progress{Seconds: gd.Seconds, Readings: gd.Readings})
 	gd.Markers = m.sum("gateway_uplink_batches_total", `result="delivered"`) +
 		m.sum("gateway_uplink_batches_total", `result="already_delivered"`)
-	for _, op := range []string{"TransactWriteItems", "BatchWriteItem", "PutItem", "UpdateItem", "DescribeTable"} {
+	for _, op := range []string{"TransactWriteItems", "BatchWriteItem", "BatchGetItem", "PutItem", "UpdateItem", "DescribeTable"} {
 		if n := m.sum("gateway_uplink_request_duration_seconds_count", `operation="`+op+`"`); n > 0 {
 			gd.Requests[op] = n
 		}

@@ -41,6 +41,10 @@ func ratioAtLeast(x float64) *target {
 	return &target{fmt.Sprintf(">= %gx baseline", x), func(f Figure) bool { return f.Ratio >= x }}
 }
 
+func ratioAtMost(x float64) *target {
+	return &target{fmt.Sprintf("<= %gx baseline", x), func(f Figure) bool { return f.Ratio <= x }}
+}
+
 func below(x float64, unit string) *target {
 	return &target{fmt.Sprintf("< %g %s", x, unit), func(f Figure) bool { return f.Value < x }}
 }

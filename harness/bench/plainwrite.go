@@ -1,0 +1,174 @@
+//go:build linux
+
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// plainGoroutines are the writer counts the ceiling tries.
+var plainGoroutines = []int{4, 8, 16, 32}
+
+// plainRun is one run of the plain writer: the backlog's readings, 25 to
+// a BatchWriteItem, no markers, no conditions, from goroutines taking the
+// next request off a shared counter.
+type plainRun struct {
+	Goroutines  int     `json:"goroutines"`
+	Readings    int     `json:"readings"`
+	Requests    int64   `json:"requests"`
+	Unprocessed int64   `json:"unprocessed_items"`
+	Seconds     float64 `json:"seconds"`
+	// DynamoCPU is DynamoDB Local's CPU time during the run, ClientCPU the
+	// benchmark process's (the writer).
+	DynamoCPU float64 `json:"dynamodb_local_cpu_s"`
+	ClientCPU float64 `json:"cpu_s"`
+	WCU       float64 `json:"wcu_computed"`
+}
+
+func (p plainRun) rate() float64 {
+	if p.Seconds <= 0 {
+		return 0
+	}
+	return float64(p.Readings) / p.Seconds
+}
+
+// plainCeiling is the fastest plain writer of a backlog and every run
+// tried.
+type plainCeiling struct {
+	Best plainRun   `json:"best"`
+	Runs []plainRun `json:"runs"`
+}
+
+// bestPlain returns the run with the highest rate; on a tie, the one with
+// fewer goroutines.
+func bestPlain(runs []plainRun) plainRun {
+	var best plainRun
+	for _, r := range runs {
+		if r.rate() > best.rate() || (r.rate() == best.rate() && r.Goroutines < best.Goroutines) {
+			best = r
+		}
+	}
+	return best
+}
+
+// plainRequests packs the batches' readings, in order, 25 to a request.
+func plainRequests(items []*itemBatch) [][]types.WriteRequest {
+	var out [][]types.WriteRequest
+	var cur []types.WriteRequest
+	for _, ib := range items {
+		for _, r := range ib.readings {
+			cur = append(cur, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
+			if len(cur) == 25 {
+				out = append(out, cur)
+				cur = nil
+			}
+		}
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// ceiling runs the plain writer over items with each of plainGoroutines,
+// each into fresh tables, and keeps the fastest.
+func (r *runner) ceiling(ctx context.Context, items []*itemBatch, pricing itemPricing) (plainCeiling, error) {
+	reqs := plainRequests(items)
+	var c plainCeiling
+	for _, g := range plainGoroutines {
+		_, tables, err := newTables(ctx, r.dynamo.client, false)
+		if err != nil {
+			return c, err
+		}
+		r.log.Info("drain: plain writer", "goroutines", g, "requests", len(reqs))
+		run, err := r.plainWrite(ctx, tables.Readings, reqs, g)
+		err = errors.Join(err, dropTables(ctx, r.dynamo.client, tables))
+		if err != nil {
+			return c, err
+		}
+		run.WCU = float64(int64(run.Readings)+run.Unprocessed) * pricing.ReadingWCU
+		c.Runs = append(c.Runs, run)
+	}
+	c.Best = bestPlain(c.Runs)
+	return c, nil
+}
+
+// plainWrite writes reqs into table with g goroutines, resending what
+// DynamoDB leaves unprocessed (at most 10 times per request).
+func (r *runner) plainWrite(ctx context.Context, table string, reqs [][]types.WriteRequest, g int) (plainRun, error) {
+	run := plainRun{Goroutines: g}
+	var (
+		next, requests, unprocessed, readings atomic.Int64
+		wg                                    sync.WaitGroup
+		mu                                    sync.Mutex
+		firstErr                              error
+	)
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	dyn0, err := procCPU(r.dynamo.proc.Pid())
+	if err != nil {
+		return run, err
+	}
+	self0, err := procCPU(os.Getpid())
+	if err != nil {
+		return run, err
+	}
+	start := time.Now()
+	for range g {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := next.Add(1) - 1
+				if i >= int64(len(reqs)) {
+					return
+				}
+				rq := reqs[i]
+				readings.Add(int64(len(rq)))
+				for attempt := 0; len(rq) > 0; attempt++ {
+					if attempt == 10 {
+						fail(fmt.Errorf("plain writer: %d items still unprocessed", len(rq)))
+						return
+					}
+					requests.Add(1)
+					out, err := r.dynamo.client.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
+						RequestItems: map[string][]types.WriteRequest{table: rq}})
+					if err != nil {
+						fail(fmt.Errorf("plain writer: %w", err))
+						return
+					}
+					rq = out.UnprocessedItems[table]
+					unprocessed.Add(int64(len(rq)))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	run.Seconds = time.Since(start).Seconds()
+	dyn1, err := procCPU(r.dynamo.proc.Pid())
+	if err != nil {
+		return run, err
+	}
+	self1, err := procCPU(os.Getpid())
+	if err != nil {
+		return run, err
+	}
+	run.DynamoCPU, run.ClientCPU = (dyn1 - dyn0).Seconds(), (self1 - self0).Seconds()
+	run.Readings, run.Requests, run.Unprocessed = int(readings.Load()), requests.Load(), unprocessed.Load()
+	if firstErr == nil {
+		firstErr = ctx.Err()
+	}
+	return run, firstErr
+}
