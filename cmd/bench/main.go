@@ -38,7 +38,7 @@ func run(args []string) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	scenarios := fs.String("scenarios", strings.Join(cfg.Scenarios, ","),
 		"comma-separated scenarios to run: mqtt (closed-loop MQTT ingest; idle RSS and CPU per reading), "+
-			"fixed (fixed offered load), sdcard (MQTT ingest with every fsync of the data directory 10 ms slower; root, FUSE), "+
+			"fixed (fixed offered load from each fleet size), sdcard (MQTT ingest with every fsync of the data directory 10 ms slower; root, FUSE), "+
 			"http, drain (forwarding against the plain-write ceiling; RSS while draining), lambda (drain through the readings function), "+
 			"footprint (time to ready, disk per reading), idle (memory breakdown of the largest fleet connected and idle)")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "measured window of each load, after the warm-up")

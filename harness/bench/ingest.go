@@ -185,7 +185,7 @@ func (r *runner) mqtt(ctx context.Context, n int) error {
 	r.res.add(section, "ack p50, publish -> ack-topic message", "ms", gw.Ack.P50, mo.Puback.P50, "mosquitto PUBACK p50", nil)
 	r.res.add(section, "ack p99, publish -> ack-topic message", "ms", gw.Ack.P99, mo.Puback.P99, "mosquitto PUBACK p99", nil)
 	r.res.add(section, "PUBACK p50, publish -> PUBACK", "ms", gw.Puback.P50, mo.Puback.P50, "mosquitto PUBACK p50", nil)
-	r.res.add(section, "PUBACK p99, publish -> PUBACK", "ms", gw.Puback.P99, mo.Puback.P99, "mosquitto PUBACK p99", nil)
+	r.res.add(section, "PUBACK p99, publish -> PUBACK", "ms", gw.Puback.P99, mo.Puback.P99, "mosquitto PUBACK p99", below(20, "ms"))
 	r.res.add(section, "first batch of every device at once (new boot_id): all acked after", "s",
 		run.GatewayPrime.Seconds, run.MosquittoPrime.Seconds, "mosquitto", nil)
 	r.res.add("footprint", fmt.Sprintf("RSS, %d devices connected, idle", n), "MB", mb(run.IdleMemory.RSS), mb(run.FreshMemory.RSS),
@@ -224,12 +224,21 @@ type fixedRun struct {
 }
 
 // fixed offers FixedRate batches/s from the largest fleet, open loop.
+// fixed offers r.cfg.FixedRate batches/s from each fleet size.
 func (r *runner) fixed(ctx context.Context) error {
-	n := r.cfg.maxDevices()
-	section := fmt.Sprintf("fixed %g batches/s", r.cfg.FixedRate)
+	for _, n := range r.cfg.Devices {
+		if err := r.fixedFleet(ctx, n); err != nil {
+			return fmt.Errorf("%d devices: %w", n, err)
+		}
+	}
+	return nil
+}
+
+func (r *runner) fixedFleet(ctx context.Context, n int) error {
+	section := fmt.Sprintf("fixed %g batches/s, %d devices", r.cfg.FixedRate, n)
 	var run fixedRun
 	r.log.Info("fixed rate: gatewayd", "rate", r.cfg.FixedRate, "devices", n)
-	g, _, err := r.startIngestGateway(ctx, "fixed")
+	g, _, err := r.startIngestGateway(ctx, fmt.Sprintf("fixed-%d", n))
 	if err != nil {
 		return err
 	}
@@ -286,7 +295,7 @@ func (r *runner) fixed(ctx context.Context) error {
 	gw, mo := run.Gateway, run.Mosquitto
 	r.res.add(section, "ack p99, publish -> ack-topic message", "ms", gw.Ack.P99, mo.Puback.P99, "mosquitto PUBACK p99", below(20, "ms"))
 	r.res.add(section, "ack p50, publish -> ack-topic message", "ms", gw.Ack.P50, mo.Puback.P50, "mosquitto PUBACK p50", nil)
-	r.res.add(section, "PUBACK p99, publish -> PUBACK", "ms", gw.Puback.P99, mo.Puback.P99, "mosquitto PUBACK p99", nil)
+	r.res.add(section, "PUBACK p99, publish -> PUBACK", "ms", gw.Puback.P99, mo.Puback.P99, "mosquitto PUBACK p99", below(20, "ms"))
 	r.res.add(section, "achieved (acks in window)", "batches/s", gw.BatchesPerSec, mo.BatchesPerSec, "mosquitto", nil)
 	r.checkLoad(section+", gatewayd", gw)
 	r.checkLoad(section+", mosquitto", mo)
