@@ -112,7 +112,7 @@ func DefaultConfig() Config {
 		FixedRate:             1000,
 		HTTPClients:           64,
 		DrainReadings:         100_000,
-		DrainBaselineReadings: 0,
+		DrainBaselineReadings: 20_000,
 		DrainTimeout:          10 * time.Minute,
 		UplinkConcurrency:     16,
 		LambdaInstances:       1,
