@@ -10,10 +10,11 @@ import (
 	"greenhouse-gateway/internal/tablewrite"
 )
 
-// forwardBulk forwards a round in "batch" write mode with
-// tablewrite.WriteBulk: every batch's marker looked up in bulk, then the
-// readings of all the round's batches packed 25 to a BatchWriteItem, each
-// batch's marker joining the requests once its readings are written. The
+// forwardBulk forwards a round in "batch" write mode with a tablewrite
+// bulk write, fed 100 batches at a time as they are built: their markers
+// looked up in one BatchGetItem, then the readings of all the round's
+// batches packed 25 to a BatchWriteItem, each batch's marker joining the
+// requests once its readings are written. The
 // batches are given round-robin across devices (every device's oldest
 // first), so that the devices' markers do not wait for one another; a
 // device whose batch fails stops for this round, so its later batches
@@ -22,7 +23,22 @@ func (u *Uplink) forwardBulk(ctx context.Context, order []string, byDevice map[s
 	var (
 		batches  []*cloudBatch
 		firstErr error
+		added    int
 	)
+	// Batches go to the writer 100 at a time (one marker lookup), so that
+	// it writes the first while the next are built.
+	bulk := u.newWriter().StartBulk(ctx, u.cfg.MaxConcurrency)
+	add := func(all bool) {
+		for len(batches)-added >= tablewrite.BatchGetMax || (all && added < len(batches)) {
+			end := min(added+tablewrite.BatchGetMax, len(batches))
+			items := make([]*tablewrite.Items, 0, end-added)
+			for _, cb := range batches[added:end] {
+				items = append(items, cb.items)
+			}
+			bulk.Add(items...)
+			added = end
+		}
+	}
 	for depth := 0; ; depth++ {
 		more := false
 		for _, hw := range order {
@@ -34,6 +50,7 @@ func (u *Uplink) forwardBulk(ctx context.Context, order []string, byDevice map[s
 			cb, err := buildBatch(p, u.cfg.ReadingsRetention, u.clock.Now())
 			if err == nil {
 				batches = append(batches, cb)
+				add(false)
 				continue
 			}
 			// Damaged on disk: keep it aside and go on with the device.
@@ -48,15 +65,12 @@ func (u *Uplink) forwardBulk(ctx context.Context, order []string, byDevice map[s
 			break
 		}
 	}
+	add(true)
+	results := bulk.Wait()
 	if len(batches) == 0 {
 		return firstErr
 	}
 	u.metrics.waveBatches.Observe(float64(len(batches)))
-	items := make([]*tablewrite.Items, len(batches))
-	for i, cb := range batches {
-		items[i] = cb.items
-	}
-	results := u.newWriter().WriteBulk(ctx, items, u.cfg.MaxConcurrency)
 	var delivered []buffer.Pending
 	for i, cb := range batches {
 		var perm *permanentError

@@ -41,9 +41,62 @@ import (
 // batch to a request, to find which batch is refused (Rejected).
 // It returns each batch's result, in the order given.
 func (w *Writer) WriteBulk(ctx context.Context, batches []*Items, concurrency int) []Result {
-	b := newBulk(w, batches, max(concurrency, 1))
-	b.check(ctx)
-	b.write(ctx)
+	b := w.StartBulk(ctx, concurrency)
+	b.Add(batches...)
+	return b.Wait()
+}
+
+// Bulk is a WriteBulk whose batches are added while it runs: each Add's
+// markers are looked up, and its readings written, while the caller
+// builds the next ones. A device's batches must be added in order, across
+// calls too.
+type Bulk struct{ b *bulk }
+
+// StartBulk starts a WriteBulk with no batch yet.
+func (w *Writer) StartBulk(ctx context.Context, concurrency int) *Bulk {
+	b := &bulk{w: w, ctx: ctx, concurrency: max(concurrency, 1), last: map[string]int{}, done: make(chan struct{})}
+	b.cond = sync.NewCond(&b.mu)
+	b.lookupSem = make(chan struct{}, b.concurrency)
+	go b.run()
+	return &Bulk{b: b}
+}
+
+// Add adds batches after those added before.
+func (bk *Bulk) Add(batches ...*Items) {
+	b := bk.b
+	b.mu.Lock()
+	first := len(b.batches)
+	for _, it := range batches {
+		i := len(b.batches)
+		b.batches = append(b.batches, it)
+		b.results = append(b.results, Result{})
+		b.decided = append(b.decided, false)
+		b.checked = append(b.checked, false)
+		b.unwritten = append(b.unwritten, 0)
+		b.marker = append(b.marker, markerWaiting)
+		b.prev, b.next = append(b.prev, -1), append(b.next, -1)
+		if p, ok := b.last[it.HardwareID]; ok {
+			b.prev[i], b.next[p] = p, i
+		}
+		b.last[it.HardwareID] = i
+		b.left++
+	}
+	b.mu.Unlock()
+	for start := first; start < first+len(batches); start += BatchGetMax {
+		b.lookup(start, min(start+BatchGetMax, first+len(batches)))
+	}
+}
+
+// Wait waits for every batch added and returns their results, in the
+// order added. No batch may be added after it.
+func (bk *Bulk) Wait() []Result {
+	b := bk.b
+	b.lookups.Wait()
+	b.mu.Lock()
+	b.closed = true
+	b.cond.Broadcast()
+	b.mu.Unlock()
+	<-b.done
 	return b.results
 }
 
@@ -73,76 +126,87 @@ const (
 
 type bulk struct {
 	w           *Writer
-	batches     []*Items
-	results     []Result
-	decided     []bool
+	ctx         context.Context
 	concurrency int
-
-	// prev and next link each device's batches, in the order given.
-	prev, next []int
+	lookupSem   chan struct{}
+	lookups     sync.WaitGroup
+	done        chan struct{} // closed when run returns
 
 	mu   sync.Mutex
 	cond *sync.Cond
+	// batches and the slices beside them grow with Add.
+	batches []*Items
+	results []Result
+	decided []bool
+	checked []bool // the marker lookup answered
+	// prev and next link each device's batches, in the order added; last
+	// is each device's last batch.
+	prev, next []int
+	last       map[string]int
 	// readings holds the parts of readings not sent yet, in order; solo
 	// the parts of refused requests to send again alone.
 	readings []bulkPart
 	solo     []bulkPart
+	// soloInflight is set while a solo request is in flight.
+	soloInflight bool
 	// unwritten counts each batch's readings not yet acknowledged.
 	unwritten []int
 	marker    []markerState
 	queue     []int // batches whose markers are markerQueued, in order
 	inflight  int
-	left      int // batches not decided
+	left      int  // batches not decided
+	closed    bool // Wait was called: no more batches
 }
 
-func newBulk(w *Writer, batches []*Items, concurrency int) *bulk {
-	n := len(batches)
-	b := &bulk{
-		w: w, batches: batches, concurrency: concurrency,
-		results: make([]Result, n), decided: make([]bool, n),
-		prev: make([]int, n), next: make([]int, n),
-		unwritten: make([]int, n), marker: make([]markerState, n), left: n,
-	}
-	b.cond = sync.NewCond(&b.mu)
-	last := map[string]int{}
-	for i, it := range batches {
-		b.prev[i], b.next[i] = -1, -1
-		if p, ok := last[it.HardwareID]; ok {
-			b.prev[i], b.next[p] = p, i
+// lookup looks up the markers of batches [from, to) in one BatchGetItem:
+// a marker found decides its batch; the others' readings join the queue.
+func (b *bulk) lookup(from, to int) {
+	b.mu.Lock()
+	part := slices.Clone(b.batches[from:to])
+	b.mu.Unlock()
+	b.lookupSem <- struct{}{}
+	b.lookups.Go(func() {
+		defer func() { <-b.lookupSem }()
+		ids := make([]string, len(part))
+		for i, it := range part {
+			ids[i] = it.BatchID
 		}
-		last[it.HardwareID] = i
-	}
-	return b
+		found, err := b.w.MarkerHashes(b.ctx, ids)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		defer b.cond.Broadcast()
+		for i, it := range part {
+			idx := from + i
+			if b.decided[idx] {
+				continue
+			}
+			switch h, ok := found[it.BatchID]; {
+			case err != nil:
+				b.fail(idx, b.w.classify("BatchGetItem", it.BatchID, err))
+			case ok:
+				b.decide(idx, compareHash(it, h))
+			default:
+				b.checked[idx] = true
+				b.queueReadings(idx)
+			}
+		}
+		for idx := from; idx < to; idx++ {
+			b.promote(idx)
+		}
+	})
 }
 
-// check looks up every batch's marker and decides the batches found.
-func (b *bulk) check(ctx context.Context) {
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, b.concurrency)
-	for start := 0; start < len(b.batches); start += BatchGetMax {
-		part := b.batches[start:min(start+BatchGetMax, len(b.batches))]
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			ids := make([]string, len(part))
-			for i, it := range part {
-				ids[i] = it.BatchID
-			}
-			found, err := b.w.MarkerHashes(ctx, ids)
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			for i, it := range part {
-				idx := start + i
-				switch h, ok := found[it.BatchID]; {
-				case err != nil:
-					b.fail(idx, b.w.classify("BatchGetItem", it.BatchID, err))
-				case ok:
-					b.decide(idx, compareHash(it, h))
-				}
-			}
-		})
+// queueReadings puts batch i's readings in line, 25 to a part.
+func (b *bulk) queueReadings(i int) {
+	it := b.batches[i]
+	for start := 0; start < len(it.readings); start += BatchWriteMax {
+		part := bulkPart{owner: i}
+		for _, r := range it.readings[start:min(start+BatchWriteMax, len(it.readings))] {
+			part.reqs = append(part.reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
+		}
+		b.readings = append(b.readings, part)
+		b.unwritten[i] += len(part.reqs)
 	}
-	wg.Wait()
 }
 
 // compareHash is the result for a batch whose marker is stored with hash
@@ -154,39 +218,24 @@ func compareHash(it *Items, stored string) Result {
 	return Result{Outcome: Duplicate}
 }
 
-// write sends the undecided batches' readings and markers.
-func (b *bulk) write(ctx context.Context) {
-	b.mu.Lock()
-	for i, it := range b.batches {
-		if b.decided[i] {
-			continue
-		}
-		for start := 0; start < len(it.readings); start += BatchWriteMax {
-			part := bulkPart{owner: i}
-			for _, r := range it.readings[start:min(start+BatchWriteMax, len(it.readings))] {
-				part.reqs = append(part.reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
-			}
-			b.readings = append(b.readings, part)
-			b.unwritten[i] += len(part.reqs)
-		}
-	}
-	for i := range b.batches {
-		b.promote(i)
-	}
+// run sends requests until Wait was called and every batch is decided.
+func (b *bulk) run() {
+	defer close(b.done)
 	var wg sync.WaitGroup
+	defer wg.Wait()
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	for {
-		for b.left > 0 && !b.canSend() {
+		for !(b.closed && b.left == 0) && !b.canSend() {
 			b.cond.Wait()
 		}
-		if b.left == 0 {
-			break
+		if b.closed && b.left == 0 {
+			return
 		}
 		req := b.take()
 		b.inflight++
-		wg.Go(func() { b.send(ctx, req) })
+		wg.Go(func() { b.send(b.ctx, req) })
 	}
-	b.mu.Unlock()
-	wg.Wait()
 }
 
 // canSend reports whether a request should go now: a full one, or the
@@ -195,7 +244,7 @@ func (b *bulk) canSend() bool {
 	if b.inflight >= b.concurrency {
 		return false
 	}
-	if len(b.solo) > 0 || len(b.readings) > 0 {
+	if (len(b.solo) > 0 && !b.soloInflight) || len(b.readings) > 0 {
 		return true
 	}
 	n := len(b.sendable(BatchWriteMax))
@@ -205,10 +254,13 @@ func (b *bulk) canSend() bool {
 // take forms the next request: a refused request's batch alone, or queued
 // markers first and then readings, up to BatchWriteMax items.
 func (b *bulk) take() *bulkRequest {
-	if len(b.solo) > 0 {
+	if len(b.solo) > 0 && !b.soloInflight {
+		// One at a time, in order: a refused request may have held
+		// consecutive markers of one device.
 		p := b.solo[0]
 		b.solo = b.solo[1:]
 		b.sent(p)
+		b.soloInflight = true
 		return &bulkRequest{parts: []bulkPart{p}, items: len(p.reqs), solo: true}
 	}
 	req := &bulkRequest{}
@@ -258,6 +310,9 @@ func (b *bulk) send(ctx context.Context, req *bulkRequest) {
 	defer b.mu.Unlock()
 	defer b.cond.Broadcast()
 	b.inflight--
+	if req.solo {
+		b.soloInflight = false
+	}
 	var res Result
 	if err != nil {
 		res = b.w.classify("BatchWriteItem", b.batches[req.parts[0].owner].BatchID, err)
@@ -292,7 +347,7 @@ func (b *bulk) promote(i int) {
 		if b.decided[i] {
 			continue
 		}
-		if b.marker[i] != markerWaiting || b.unwritten[i] > 0 {
+		if !b.checked[i] || b.marker[i] != markerWaiting || b.unwritten[i] > 0 {
 			return
 		}
 		if p := b.before(i); p >= 0 && b.marker[p] == markerWaiting {

@@ -270,3 +270,27 @@ func TestWriteBulkResendsUnprocessedItems(t *testing.T) {
 	require.Len(t, f.applied, 110)
 	checkBulkOrder(t, f, items)
 }
+
+func TestBulkTakesBatchesWhileItWrites(t *testing.T) {
+	f := newBulkDB()
+	items := bulkFleet(3, 8, 4)  // each device's 8 batches span several Adds
+	f.reject = items[10].BatchID // device 1's fourth batch
+	bulk := tablewrite.New(f, f.tables, tablewrite.Options{}).StartBulk(context.Background(), 4)
+	for start := 0; start < len(items); start += 5 {
+		bulk.Add(items[start:min(start+5, len(items))]...)
+	}
+	results := bulk.Wait()
+	require.Len(t, results, len(items))
+	for i, r := range results {
+		switch {
+		case i == 10:
+			require.Equal(t, tablewrite.Rejected, r.Outcome)
+		case i%3 == 1 && i > 10: // device 1 after its refused batch
+			require.Equal(t, tablewrite.Failed, r.Outcome, "batch %d", i)
+			require.NotContains(t, f.markers, items[i].BatchID)
+		default:
+			require.Equal(t, tablewrite.Delivered, r.Outcome, "batch %d", i)
+		}
+	}
+	checkBulkOrder(t, f, items)
+}
