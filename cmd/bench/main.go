@@ -54,6 +54,8 @@ func run(args []string) int {
 		"readings of the backlog the SDK loop making transaction mode's requests writes (an explanatory line; its rate is compared; 0: all); the plain-write ceiling always writes the whole backlog")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "bound on one drain")
 	fs.IntVar(&cfg.UplinkConcurrency, "uplink-concurrency", cfg.UplinkConcurrency, "uplink.concurrency of gatewayd, and the SDK loop's")
+	ceilingGoroutines := fs.String("ceiling-goroutines", joinInts(cfg.CeilingGoroutines), "drain: comma-separated goroutine counts of "+
+		"the plain BatchWriteItem writer (25 readings a request, no markers); the fastest is the ceiling the drain is compared with")
 	fs.IntVar(&cfg.LambdaInstances, "lambda-instances", cfg.LambdaInstances, "lambda scenario: Runtime Interface Emulators running the readings function side by side (each one invocation at a time)")
 	fs.IntVar(&cfg.ReadyReadings, "ready-readings", cfg.ReadyReadings, "readings pending for the time-to-ready figure")
 	fs.IntVar(&cfg.ReadyRuns, "ready-runs", cfg.ReadyRuns, "starts measured for the time-to-ready figure (median reported)")
@@ -77,6 +79,10 @@ func run(args []string) int {
 	}
 	cfg.Scenarios = strings.Split(*scenarios, ",")
 	var err error
+	if cfg.CeilingGoroutines, err = parseInts(*ceilingGoroutines); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: --ceiling-goroutines:", err)
+		return 2
+	}
 	if cfg.Devices, err = parseInts(*devices); err != nil {
 		fmt.Fprintln(os.Stderr, "bench: --devices:", err)
 		return 2

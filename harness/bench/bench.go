@@ -69,6 +69,9 @@ type Config struct {
 	DrainTimeout time.Duration `json:"drain_timeout_ns"`
 	// UplinkConcurrency is uplink.concurrency, and the SDK loop's.
 	UplinkConcurrency int `json:"uplink_concurrency"`
+	// CeilingGoroutines are the goroutine counts the plain BatchWriteItem
+	// writer runs at; the fastest run is the drain's ceiling.
+	CeilingGoroutines []int `json:"ceiling_goroutines"`
 	// LambdaInstances is how many Runtime Interface Emulators run the
 	// readings function in the lambda scenario, side by side behind
 	// invokeproxy (each runs one invocation at a time), as Lambda runs
@@ -115,6 +118,7 @@ func DefaultConfig() Config {
 		DrainBaselineReadings: 20_000,
 		DrainTimeout:          10 * time.Minute,
 		UplinkConcurrency:     16,
+		CeilingGoroutines:     []int{4, 8, 16, 32},
 		LambdaInstances:       1,
 		ReadyReadings:         1_000_000,
 		ReadyRuns:             3,
@@ -157,6 +161,8 @@ func (c Config) Validate() error {
 		return errors.New("lambda instances: must be between 1 and 16")
 	case c.UplinkConcurrency < 1 || c.UplinkConcurrency > 256:
 		return errors.New("uplink concurrency: must be between 1 and 256")
+	case len(c.CeilingGoroutines) == 0 || slices.ContainsFunc(c.CeilingGoroutines, func(n int) bool { return n < 1 || n > 256 }):
+		return errors.New("ceiling goroutines: at least one count, each between 1 and 256")
 	case c.ReadyReadings < c.Readings || c.ReadyReadings > 10_000_000:
 		return errors.New("ready readings: must be between one batch and 10,000,000")
 	case c.ReadyRuns < 1 || c.ReadyRuns > 20:

@@ -38,10 +38,17 @@ type gatewayDrain struct {
 	// Progress is the readings forwarded since ready, every few seconds.
 	Progress   []progress `json:"progress"`
 	TxLimit    float64    `json:"transaction_max_items"`
-	WCU        float64    `json:"wcu_computed"`
+	WCU        float64    `json:"wcu"`
 	MaxRSS     int64      `json:"max_vm_rss_bytes"`
 	HWM        int64      `json:"vm_hwm_bytes"`
 	CPUSeconds float64    `json:"cpu_s"`
+	// ConsumedWCU is the write units DynamoDB reported consumed by
+	// gatewayd's write requests (gateway_uplink_consumed_capacity_units_total,
+	// 0 unless uplink.consumed_capacity is on), ConsumedRCU BatchGetItem's
+	// read units; WCUReported says WCU is ConsumedWCU, not computed.
+	ConsumedWCU float64 `json:"wcu_reported,omitempty"`
+	ConsumedRCU float64 `json:"rcu_reported,omitempty"`
+	WCUReported bool    `json:"wcu_is_reported"`
 	// DynamoCPU is DynamoDB Local's CPU time from ready to an empty queue.
 	DynamoCPU      float64 `json:"dynamodb_local_cpu_s"`
 	IdleMemory     memory  `json:"memory_not_forwarding"`
@@ -109,7 +116,8 @@ func (r *runner) drain(ctx context.Context) error {
 func (r *runner) reportDrain(mode string, run drainRun) {
 	gw, best := run.Gateway, run.Ceiling.Best
 	section := "drain " + mode
-	base := fmt.Sprintf("plain BatchWriteItem, best of 4/8/16/32 goroutines (%d)", best.Goroutines)
+	base := fmt.Sprintf("plain BatchWriteItem, best of %s goroutines (%d)",
+		strings.ReplaceAll(joinCounts(r.cfg.CeilingGoroutines), ",", "/"), best.Goroutines)
 	// Transactions write every item twice by DynamoDB's pricing: that mode
 	// is shown against the ceiling without a target.
 	var rateTarget, workTarget *target
@@ -123,7 +131,11 @@ func (r *runner) reportDrain(mode string, run drainRun) {
 		gwReq += n
 	}
 	r.res.add(section, "requests per 1,000 readings", "req", 1000*gwReq/gw.Readings, 1000*float64(best.Requests)/plainReadings, base, nil)
-	r.res.add(section, "write capacity per reading (computed)", "WCU", gw.WCU/gw.Readings, best.WCU/plainReadings, base, workTarget)
+	wcuName := "write capacity per reading (computed)"
+	if gw.WCUReported && best.WCUReported {
+		wcuName = "write capacity per reading (reported by DynamoDB)"
+	}
+	r.res.add(section, wcuName, "WCU", gw.WCU/gw.Readings, best.WCU/plainReadings, base, workTarget)
 	r.res.add(section, "DynamoDB Local CPU per 1,000 readings", "CPU s", 1000*gw.DynamoCPU/gw.Readings,
 		1000*best.DynamoCPU/plainReadings, base, workTarget)
 	r.res.add(section, "gatewayd CPU per 1,000 readings forwarded", "CPU s", 1000*gw.CPUSeconds/gw.Readings,
@@ -139,7 +151,13 @@ func (r *runner) reportDrain(mode string, run drainRun) {
 	for _, p := range run.Ceiling.Runs {
 		runs = append(runs, fmt.Sprintf("%d: %.0f", p.Goroutines, p.rate()))
 	}
-	r.res.note("%s: plain writer readings/s by goroutines %s", section, strings.Join(runs, ", "))
+	r.res.note("%s: plain writer readings/s by goroutines %s (each on fresh tables, before or after gatewayd's drain "+
+		"of the same backlog; the fastest is the ceiling)", section, strings.Join(runs, ", "))
+	if gw.ConsumedWCU > 0 || best.WCUReported {
+		r.res.note("%s: DynamoDB reported %.0f WCU for gatewayd's writes and %.0f RCU for its BatchGetItem lookups "+
+			"(%.3f RCU per reading), %.0f WCU for the plain writer; computed from the item sizes: gatewayd %.0f WCU",
+			section, gw.ConsumedWCU, gw.ConsumedRCU, gw.ConsumedRCU/gw.Readings, best.WCU, gatewayWCU(gw, run.Pricing))
+	}
 	if int64(gw.Readings) != int64(run.Backlog.Readings) || gw.ReadingsStored != int64(run.Backlog.Readings) ||
 		gw.MarkersStored != int64(run.Backlog.Batches) || (sdk.Readings > 0 && run.SDKStore != int64(sdk.Readings)) {
 		r.res.note("%s: counts differ: backlog %d readings in %d batches; gatewayd forwarded %.0f readings, "+
@@ -275,7 +293,14 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 			return run, err
 		}
 	}
-	run.Gateway.WCU = gatewayWCU(run.Gateway, run.Pricing)
+	// What gatewayd's write requests consumed by DynamoDB's account, when
+	// it asked (uplink.consumed_capacity; BatchGetItem's read units left
+	// out); otherwise computed from its request and item counts.
+	if run.Gateway.ConsumedWCU > 0 {
+		run.Gateway.WCU, run.Gateway.WCUReported = run.Gateway.ConsumedWCU, true
+	} else {
+		run.Gateway.WCU = gatewayWCU(run.Gateway, run.Pricing)
+	}
 	sdkBatchReadings := float64(run.SDK.Readings - int(run.SDK.TxReadings))
 	run.SDKWCU = (sdkBatchReadings+float64(run.SDK.Unprocessed))*run.Pricing.ReadingWCU +
 		float64(run.SDK.Requests["PutItem"])*run.Pricing.MarkerWCU +
@@ -416,6 +441,10 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 			gd.Requests[op] = n
 		}
 	}
+	for _, op := range []string{"TransactWriteItems", "BatchWriteItem", "PutItem", "UpdateItem"} {
+		gd.ConsumedWCU += m.sum("gateway_uplink_consumed_capacity_units_total", `operation="`+op+`"`)
+	}
+	gd.ConsumedRCU = m.sum("gateway_uplink_consumed_capacity_units_total", `operation="BatchGetItem"`)
 	gd.BatchItems = m.sum("gateway_uplink_batch_write_items_sum")
 	gd.Unprocessed = m.sum("gateway_uplink_unprocessed_items_total")
 	gd.RequestErrors = m.sum("gateway_uplink_request_errors_total")

@@ -7,16 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
-
-// plainGoroutines are the writer counts the ceiling tries.
-var plainGoroutines = []int{4, 8, 16, 32}
 
 // plainRun is one run of the plain writer: the backlog's readings, 25 to
 // a BatchWriteItem, no markers, no conditions, from goroutines taking the
@@ -31,7 +31,12 @@ type plainRun struct {
 	// benchmark process's (the writer).
 	DynamoCPU float64 `json:"dynamodb_local_cpu_s"`
 	ClientCPU float64 `json:"cpu_s"`
-	WCU       float64 `json:"wcu_computed"`
+	// WCU is what DynamoDB reported consumed when the writer asked
+	// (WCUReported), otherwise computed from the items' sizes.
+	WCU         float64 `json:"wcu"`
+	WCUReported bool    `json:"wcu_reported"`
+	// Stored is the readings the table holds after the run.
+	Stored int64 `json:"readings_in_table"`
 }
 
 func (p plainRun) rate() float64 {
@@ -79,23 +84,34 @@ func plainRequests(items []*itemBatch) [][]types.WriteRequest {
 	return out
 }
 
-// ceiling runs the plain writer over items with each of plainGoroutines,
-// each into fresh tables, and keeps the fastest.
+// ceiling runs the plain writer over items with each of the configured
+// goroutine counts (--ceiling-goroutines), each into fresh tables, and
+// keeps the fastest. The writer asks for the consumed capacity only when
+// gatewayd does (uplink.consumed_capacity): DynamoDB Local spends more CPU
+// on requests that ask, and its CPU per reading is compared.
 func (r *runner) ceiling(ctx context.Context, items []*itemBatch, pricing itemPricing) (plainCeiling, error) {
 	reqs := plainRequests(items)
 	var c plainCeiling
-	for _, g := range plainGoroutines {
+	for _, g := range r.cfg.CeilingGoroutines {
 		_, tables, err := newTables(ctx, r.dynamo.client, false)
 		if err != nil {
 			return c, err
 		}
-		r.log.Info("drain: plain writer", "goroutines", g, "requests", len(reqs))
-		run, err := r.plainWrite(ctx, tables.Readings, reqs, g)
+		r.log.Info("drain: plain writer", "goroutines", g, "requests", len(reqs), "consumed_capacity", r.consumedCapacity())
+		run, err := r.plainWrite(ctx, tables.Readings, reqs, g, r.consumedCapacity())
+		if err == nil {
+			run.Stored, err = countItems(ctx, r.dynamo.client, tables.Readings)
+		}
 		err = errors.Join(err, dropTables(ctx, r.dynamo.client, tables))
 		if err != nil {
 			return c, err
 		}
-		run.WCU = float64(int64(run.Readings)+run.Unprocessed) * pricing.ReadingWCU
+		if run.Stored != int64(run.Readings) {
+			return c, fmt.Errorf("plain writer, %d goroutines: wrote %d readings, the table holds %d", g, run.Readings, run.Stored)
+		}
+		if !run.WCUReported {
+			run.WCU = float64(int64(run.Readings)+run.Unprocessed) * pricing.ReadingWCU
+		}
 		c.Runs = append(c.Runs, run)
 	}
 	c.Best = bestPlain(c.Runs)
@@ -103,14 +119,21 @@ func (r *runner) ceiling(ctx context.Context, items []*itemBatch, pricing itemPr
 }
 
 // plainWrite writes reqs into table with g goroutines, resending what
-// DynamoDB leaves unprocessed (at most 10 times per request).
-func (r *runner) plainWrite(ctx context.Context, table string, reqs [][]types.WriteRequest, g int) (plainRun, error) {
+// DynamoDB leaves unprocessed (at most 10 times per request); with
+// consumed, it asks for the consumed capacity (TOTAL) and sums it.
+func (r *runner) plainWrite(ctx context.Context, table string, reqs [][]types.WriteRequest, g int, consumed bool) (plainRun, error) {
+	ask := types.ReturnConsumedCapacityNone
+	if consumed {
+		ask = types.ReturnConsumedCapacityTotal
+	}
 	run := plainRun{Goroutines: g}
 	var (
 		next, requests, unprocessed, readings atomic.Int64
 		wg                                    sync.WaitGroup
 		mu                                    sync.Mutex
 		firstErr                              error
+		units                                 float64
+		reported                              bool
 	)
 	fail := func(err error) {
 		mu.Lock()
@@ -144,10 +167,18 @@ func (r *runner) plainWrite(ctx context.Context, table string, reqs [][]types.Wr
 					}
 					requests.Add(1)
 					out, err := r.dynamo.client.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
-						RequestItems: map[string][]types.WriteRequest{table: rq}})
+						RequestItems: map[string][]types.WriteRequest{table: rq}, ReturnConsumedCapacity: ask})
 					if err != nil {
 						fail(fmt.Errorf("plain writer: %w", err))
 						return
+					}
+					if len(out.ConsumedCapacity) > 0 {
+						mu.Lock()
+						for _, cc := range out.ConsumedCapacity {
+							units += aws.ToFloat64(cc.CapacityUnits)
+						}
+						reported = true
+						mu.Unlock()
 					}
 					rq = out.UnprocessedItems[table]
 					unprocessed.Add(int64(len(rq)))
@@ -167,8 +198,32 @@ func (r *runner) plainWrite(ctx context.Context, table string, reqs [][]types.Wr
 	}
 	run.DynamoCPU, run.ClientCPU = (dyn1 - dyn0).Seconds(), (self1 - self0).Seconds()
 	run.Readings, run.Requests, run.Unprocessed = int(readings.Load()), requests.Load(), unprocessed.Load()
+	if reported {
+		run.WCU, run.WCUReported = units, true
+	}
 	if firstErr == nil {
 		firstErr = ctx.Err()
 	}
 	return run, firstErr
+}
+
+// consumedCapacity reports whether gatewayd asks DynamoDB for the consumed
+// capacity (uplink.consumed_capacity, set with --gateway-env).
+func (r *runner) consumedCapacity() bool {
+	on := false
+	for _, kv := range r.cfg.GatewayEnv {
+		if v, ok := strings.CutPrefix(kv, "GATEWAY_UPLINK_CONSUMED_CAPACITY="); ok {
+			on, _ = strconv.ParseBool(v)
+		}
+	}
+	return on
+}
+
+// joinCounts is counts joined with commas.
+func joinCounts(counts []int) string {
+	s := make([]string, len(counts))
+	for i, n := range counts {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
 }
