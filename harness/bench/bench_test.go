@@ -229,3 +229,28 @@ func TestPlainRequestsPackTwentyFiveReadings(t *testing.T) {
 	require.Len(t, reqs[1], 25)
 	require.Len(t, reqs[2], 10)
 }
+
+func TestPlainWriterAsksForCapacityWhenGatewaydDoes(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want bool
+	}{
+		{nil, false},
+		{[]string{"GATEWAY_UPLINK_CONSUMED_CAPACITY=true"}, true},
+		{[]string{"GATEWAY_UPLINK_CONSUMED_CAPACITY=1", "GOGC=200"}, true},
+		{[]string{"GATEWAY_UPLINK_CONSUMED_CAPACITY=true", "GATEWAY_UPLINK_CONSUMED_CAPACITY=false"}, false},
+	} {
+		r := &runner{cfg: Config{GatewayEnv: tc.env}}
+		require.Equal(t, tc.want, r.consumedCapacity(), tc.env)
+	}
+}
+
+func TestCeilingGoroutinesAreValidated(t *testing.T) {
+	cfg := DefaultConfig()
+	require.NoError(t, cfg.Validate())
+	require.Equal(t, "4,8,16,32", joinCounts(cfg.CeilingGoroutines))
+	for _, bad := range [][]int{nil, {0}, {4, 300}} {
+		cfg.CeilingGoroutines = bad
+		require.Error(t, cfg.Validate(), bad)
+	}
+}
