@@ -85,9 +85,7 @@ func (r *runner) mqtt(ctx context.Context, n int) error {
 	if err := goMem(g, "devices idle"); err != nil {
 		return err
 	}
-	cpu := &cpuMark{pid: g.pid()}
-	met := &metricsMark{g: g, ctx: ctx}
-	hooks := []loadHooks{met.hooks()}
+	var hooks []loadHooks
 	var prof *perfRecord
 	if r.cfg.Profile && largest {
 		prof = &perfRecord{pid: g.pid(), seconds: r.cfg.Duration, data: filepath.Join(r.work, "gatewayd-mqtt.perf.data")}
@@ -98,19 +96,9 @@ func (r *runner) mqtt(ctx context.Context, n int) error {
 		cpuProf = &pprofCPU{g: g, seconds: r.cfg.Duration, path: filepath.Join(r.cfg.CPUProfileDir, fmt.Sprintf("cpu-mqtt-%d.pb.gz", n))}
 		hooks = append(hooks, cpuProf.hooks())
 	}
-	self := &cpuMark{pid: os.Getpid()}
-	hooks = append(hooks, self.hooks())
-	run.Gateway, err = f.closedLoop(ctx, r.cfg.Inflight, r.cfg.Warmup, r.cfg.Duration, cpu.hooks(hooks...))
-	f.disconnect()
-	if err != nil {
+	if run.Gateway, run.GatewayCommits, err = r.closedLoopGateway(ctx, g, f, hooks...); err != nil {
 		return err
 	}
-	if err := errors.Join(cpu.err, met.err); err != nil {
-		return err
-	}
-	run.Gateway.ServerCPU = cpu.seconds()
-	run.Gateway.ClientCPU = self.seconds()
-	run.GatewayCommits = met.commits(run.Gateway.WindowSeconds, "mqtt")
 	if run.LoadedMemory, err = procMemory(g.pid()); err != nil {
 		return err
 	}
@@ -201,6 +189,28 @@ func (r *runner) mqtt(ctx context.Context, n int) error {
 		section, run.GatewayCommits.CommitsPerSec, run.GatewayCommits.AvgGroupBatches, run.GatewayCommits.AvgCommitMS,
 		run.GatewayCommits.inside())
 	return nil
+}
+
+// closedLoopGateway runs the closed-loop load of fleet f on gatewayd g,
+// disconnects the fleet, and returns the load with gatewayd's and the load
+// generator's CPU time and gatewayd's group commits over the measured
+// window. extra hooks run at the window's edges too.
+func (r *runner) closedLoopGateway(ctx context.Context, g *gatewayd, f *fleet, extra ...loadHooks) (loadResult, commitStats, error) {
+	cpu := &cpuMark{pid: g.pid()}
+	met := &metricsMark{g: g, ctx: ctx}
+	self := &cpuMark{pid: os.Getpid()}
+	hooks := append(append([]loadHooks{met.hooks()}, extra...), self.hooks())
+	res, err := f.closedLoop(ctx, r.cfg.Inflight, r.cfg.Warmup, r.cfg.Duration, cpu.hooks(hooks...))
+	f.disconnect()
+	if err != nil {
+		return res, commitStats{}, err
+	}
+	if err := errors.Join(cpu.err, met.err, self.err); err != nil {
+		return res, commitStats{}, err
+	}
+	res.ServerCPU = cpu.seconds()
+	res.ClientCPU = self.seconds()
+	return res, met.commits(res.WindowSeconds, "mqtt"), nil
 }
 
 // checkLoad notes errors and answers other than "accepted".

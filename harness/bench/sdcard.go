@@ -13,124 +13,184 @@ import (
 	"greenhouse-gateway/harness/faultfs"
 )
 
-// sdFsyncDelay is how long each fsync takes on the slow card: a
-// consumer SD card's flush under sustained writes.
-const sdFsyncDelay = 10 * time.Millisecond
+// sdcardFsync is how long every fsync takes in the sdcard scenario: a
+// slow SD card or eMMC.
+const sdcardFsync = 10 * time.Millisecond
 
-// sdRun is one durable MQTT ingest run of the SD-card scenario.
-type sdRun struct {
-	Disk    string      `json:"disk"`
+// sdcardDisk is the data directory's file system of one sdcard run.
+type sdcardDisk string
+
+const (
+	diskSlow  sdcardDisk = "faultfs, fsync 10 ms"
+	diskFast  sdcardDisk = "faultfs, no fsync delay"
+	diskPlain sdcardDisk = "plain disk"
+)
+
+// sdcardLoad is one gatewayd run of the sdcard scenario.
+type sdcardLoad struct {
+	Disk    sdcardDisk  `json:"disk"`
 	Load    loadResult  `json:"load"`
 	Commits commitStats `json:"commits"`
+	// Fsyncs is how many fsyncs the FUSE file system served in the window
+	// (0 on the plain disk).
+	Fsyncs         float64 `json:"fsyncs"`
+	FsyncsPerGroup float64 `json:"fsyncs_per_group_commit,omitempty"`
 }
 
-// sdcard measures group commit where fsync is slow: the closed-loop MQTT
-// ingest with gatewayd's data directory on the fault-injecting file system
-// with every fsync delayed sdFsyncDelay, against the same file system
-// without the delay (the baseline) and the plain disk (FUSE's own cost),
-// for each fleet size.
-func (r *runner) sdcard(ctx context.Context) error {
+// sdcardRun is the detail of one fleet size.
+type sdcardRun struct {
+	Devices int          `json:"devices"`
+	Runs    []sdcardLoad `json:"runs"`
+}
+
+func (s sdcardRun) on(d sdcardDisk) sdcardLoad {
+	for _, l := range s.Runs {
+		if l.Disk == d {
+			return l
+		}
+	}
+	return sdcardLoad{}
+}
+
+// sdcardMount is faultfs mounted in the work directory.
+type sdcardMount struct {
+	fs   *faultfs.FS
+	stop func() bool // stops the unmount on ctx cancellation
+}
+
+// mountSDCard mounts faultfs over a backing directory in the work
+// directory. It returns faultfs.ErrUnavailable (wrapped) without root or
+// without /dev/fuse. The file system is unmounted when ctx is done, as a
+// last resort: call unmount (always) when done with it.
+func (r *runner) mountSDCard(ctx context.Context) (*sdcardMount, error) {
 	if os.Geteuid() != 0 {
-		r.res.note("sdcard: skipped: mounting the fault-injecting file system needs root")
+		return nil, fmt.Errorf("%w: not root", faultfs.ErrUnavailable)
+	}
+	backing, mnt := filepath.Join(r.work, "sdcard-backing"), filepath.Join(r.work, "sdcard-mnt")
+	for _, d := range []string{backing, mnt} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return nil, err
+		}
+	}
+	ffs, err := faultfs.Start(faultfs.Options{Backing: backing, Mountpoint: mnt, UnmountWait: 30 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	m := &sdcardMount{fs: ffs}
+	m.stop = context.AfterFunc(ctx, func() { _ = ffs.Unmount() })
+	return m, nil
+}
+
+// unmount unmounts the file system (every gatewayd on it must have exited).
+func (m *sdcardMount) unmount() error {
+	m.stop()
+	return m.fs.Unmount()
+}
+
+// sdcard measures the durable MQTT ingest rate with every fsync of
+// gatewayd's data directory taking 10 ms, against the same FUSE file system
+// without the delay, and the plain disk, for each fleet size.
+func (r *runner) sdcard(ctx context.Context) (err error) {
+	m, err := r.mountSDCard(ctx)
+	if errors.Is(err, faultfs.ErrUnavailable) {
+		r.res.note("sdcard: skipped, it needs root and /dev/fuse for the fault-injecting file system (%v)", err)
+		r.log.Warn("sdcard scenario skipped", "reason", err)
 		return nil
 	}
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, m.unmount()) }()
 	for i, n := range r.cfg.Devices {
-		section := fmt.Sprintf("sdcard %d devices", n)
-		runs := map[string]sdRun{}
-		// The slow card and its baseline alternate which goes first.
-		order := []time.Duration{sdFsyncDelay, 0}
+		// Interleaved: the slow disk first on every other fleet size.
+		order := []sdcardDisk{diskSlow, diskFast, diskPlain}
 		if i%2 == 1 {
-			order = []time.Duration{0, sdFsyncDelay}
+			order = []sdcardDisk{diskFast, diskSlow, diskPlain}
 		}
-		for _, delay := range order {
-			run, err := r.sdRun(ctx, n, delay)
-			if errors.Is(err, faultfs.ErrUnavailable) {
-				r.res.note("sdcard: skipped: %v", err)
-				return nil
-			}
+		run := sdcardRun{Devices: n}
+		for _, disk := range order {
+			l, err := r.sdcardLoad(ctx, m.fs, n, disk)
 			if err != nil {
-				return fmt.Errorf("%s, fsync delay %s: %w", section, delay, err)
+				return fmt.Errorf("%d devices, %s: %w", n, disk, err)
 			}
-			runs[run.Disk] = run
+			run.Runs = append(run.Runs, l)
 		}
-		plain, err := r.sdRun(ctx, n, -1)
-		if err != nil {
-			return fmt.Errorf("%s, plain disk: %w", section, err)
-		}
-		runs[plain.Disk] = plain
-		r.res.Details[section] = runs
-		slow, fast := runs[sdDiskName(sdFsyncDelay)], runs[sdDiskName(0)]
-		base := sdDiskName(0)
-		r.res.add(section, "durable MQTT batches/s, every fsync +10 ms", "batches/s",
-			slow.Load.BatchesPerSec, fast.Load.BatchesPerSec, base, ratioAtLeast(0.7))
-		r.res.add(section, "batches per group commit (one fsync)", "batches", slow.Commits.AvgGroupBatches,
-			fast.Commits.AvgGroupBatches, base, nil)
-		r.res.add(section, "ack p50, every fsync +10 ms", "ms", slow.Load.Ack.P50, fast.Load.Ack.P50, base, nil)
-		r.res.add(section, "ack p99, every fsync +10 ms", "ms", slow.Load.Ack.P99, fast.Load.Ack.P99, base, nil)
-		r.res.add(section, "durable MQTT batches/s on the fault-injecting file system, no delay", "batches/s",
-			fast.Load.BatchesPerSec, plain.Load.BatchesPerSec, plain.Disk, nil)
-		r.res.note("%s: group commits %.0f/s with every fsync +10 ms (average %.1f ms each), %.0f/s without the delay, "+
-			"%.0f/s on the plain disk", section, slow.Commits.CommitsPerSec, slow.Commits.AvgCommitMS,
-			fast.Commits.CommitsPerSec, plain.Commits.CommitsPerSec)
+		r.sdcardFigures(run)
 	}
 	return nil
 }
 
-// sdDiskName names a run's disk: the fault-injecting file system with
-// delay added to every fsync, or the plain disk for a negative delay.
-func sdDiskName(delay time.Duration) string {
-	switch {
-	case delay < 0:
-		return "plain disk"
-	case delay == 0:
-		return "same FUSE file system, no delay"
-	}
-	return fmt.Sprintf("FUSE file system, fsync +%s", delay)
-}
-
-// sdRun runs the closed-loop MQTT load with n devices against a gatewayd
-// whose data directory is on faultfs with delay added to each fsync (on
-// the plain disk when delay is negative).
-func (r *runner) sdRun(ctx context.Context, n int, delay time.Duration) (sdRun, error) {
-	run := sdRun{Disk: sdDiskName(delay)}
-	name := fmt.Sprintf("sdcard-%d-%d", n, r.fleet+1)
+// sdcardLoad runs the closed-loop MQTT load of n devices on a gatewayd
+// whose data directory is on disk.
+func (r *runner) sdcardLoad(ctx context.Context, ffs *faultfs.FS, n int, disk sdcardDisk) (sdcardLoad, error) {
+	l := sdcardLoad{Disk: disk}
+	name := fmt.Sprintf("sdcard-%d-%s", n, map[sdcardDisk]string{diskSlow: "slow", diskFast: "fast", diskPlain: "plain"}[disk])
 	base := r.work
-	if delay >= 0 {
-		backing, mnt := filepath.Join(r.work, name+"-backing"), filepath.Join(r.work, name+"-mnt")
-		for _, d := range []string{backing, mnt} {
-			if err := os.MkdirAll(d, 0o755); err != nil {
-				return run, err
-			}
-		}
-		fs, err := faultfs.Start(faultfs.Options{Backing: backing, Mountpoint: mnt, FsyncDelay: delay})
-		if err != nil {
-			return run, err
-		}
-		defer func() { _ = fs.Unmount() }()
-		base = mnt
+	if disk != diskPlain {
+		base = ffs.Dir()
 	}
-	r.log.Info("sdcard: gatewayd", "devices", n, "disk", run.Disk)
+	dir := filepath.Join(base, name)
+	ffs.SetFsyncDelay(0) // copying the seed
+	if disk == diskSlow {
+		defer ffs.SetFsyncDelay(0)
+	}
+	defer os.RemoveAll(dir)
+	r.log.Info("sdcard: gatewayd", "devices", n, "disk", disk, "duration", r.cfg.Duration)
 	g, err := r.startIngestGatewayIn(ctx, base, name)
 	if err != nil {
-		return run, err
+		return l, err
 	}
-	defer func() { _ = g.stop() }()
+	defer g.proc.Kill()
+	if disk == diskSlow {
+		ffs.SetFsyncDelay(sdcardFsync)
+	}
 	f, err := connectFleet(ctx, fleetSpec{addr: g.mqttAddr, fleet: r.nextFleet(), devices: n,
 		readings: r.cfg.Readings, key: r.key, waitAck: true})
 	if err != nil {
-		return run, err
+		return l, err
 	}
-	defer f.disconnect()
 	if _, err := f.prime(ctx); err != nil {
-		return run, err
+		f.disconnect()
+		return l, err
 	}
-	met := &metricsMark{g: g, ctx: ctx}
-	if run.Load, err = f.closedLoop(ctx, r.cfg.Inflight, r.cfg.Warmup, r.cfg.Duration, met.hooks()); err != nil {
-		return run, err
+	var fs0, fs1 int64
+	syncs := loadHooks{start: func() { fs0 = ffs.Fsyncs() }, end: func() { fs1 = ffs.Fsyncs() }}
+	if l.Load, l.Commits, err = r.closedLoopGateway(ctx, g, f, syncs); err != nil {
+		return l, err
 	}
-	if met.err != nil {
-		return run, met.err
+	if disk != diskPlain {
+		l.Fsyncs = float64(fs1 - fs0)
+		if l.Commits.Commits > 0 {
+			l.FsyncsPerGroup = l.Fsyncs / l.Commits.Commits
+		}
 	}
-	run.Commits = met.commits(run.Load.WindowSeconds, "mqtt")
-	return run, nil
+	return l, g.stop()
+}
+
+// sdcardFigures adds one fleet size's figures.
+func (r *runner) sdcardFigures(run sdcardRun) {
+	n := run.Devices
+	section := fmt.Sprintf("sdcard %d devices", n)
+	r.res.Details[section] = run
+	slow, fast, plain := run.on(diskSlow), run.on(diskFast), run.on(diskPlain)
+	const base = "same FUSE fs, no fsync delay"
+	r.res.add(section, fmt.Sprintf("durable MQTT batches/s, %d devices, fsync 10 ms", n), "batches/s",
+		slow.Load.BatchesPerSec, fast.Load.BatchesPerSec, base, ratioAtLeast(0.7))
+	r.res.add(section, "batches per group commit, fsync 10 ms", "batches", slow.Commits.AvgGroupBatches,
+		fast.Commits.AvgGroupBatches, base, nil)
+	r.res.add(section, "fsyncs per group commit, fsync 10 ms", "fsyncs", slow.FsyncsPerGroup, fast.FsyncsPerGroup, base, nil)
+	r.res.add(section, "PUBACK p50, fsync 10 ms", "ms", slow.Load.Puback.P50, fast.Load.Puback.P50, base, nil)
+	r.res.add(section, "PUBACK p99, fsync 10 ms", "ms", slow.Load.Puback.P99, fast.Load.Puback.P99, base, nil)
+	r.res.add(section, "durable MQTT batches/s on FUSE without delay (FUSE's own cost)", "batches/s",
+		fast.Load.BatchesPerSec, plain.Load.BatchesPerSec, "plain disk, no FUSE", nil)
+	for _, l := range run.Runs {
+		r.checkLoad(fmt.Sprintf("%s, %s", section, l.Disk), l.Load)
+		r.res.note("%s, %s: %.0f batches/s, gatewayd committed %.0f groups/s of %.1f batches, %.2f ms each, "+
+			"%.1f fsyncs per group, gatewayd CPU %.2f s per 10k readings%s", section, l.Disk, l.Load.BatchesPerSec,
+			l.Commits.CommitsPerSec, l.Commits.AvgGroupBatches, l.Commits.AvgCommitMS, l.FsyncsPerGroup,
+			perReading10k(l.Load.ServerCPU, l.Load.ReadingsPerSec*l.Load.WindowSeconds), l.Commits.inside())
+	}
+	r.res.note("%s: %d batches in flight per device at most (%d in all); with fsync 10 ms a group commit "+
+		"of k fsyncs takes at least k*10 ms, so the rate is bounded by group size / commit time",
+		section, r.cfg.Inflight, r.cfg.Inflight*n)
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -65,6 +66,8 @@ type FS struct {
 	nextRule   int
 	fsyncDelay time.Duration
 	stats      Stats
+	// fsyncs counts fsync and fsyncdir calls (Fsyncs).
+	fsyncs atomic.Int64
 }
 
 // Stats counts what power cuts undid.
@@ -113,6 +116,11 @@ func Start(opts Options) (*FS, error) {
 
 // Dir is the mount point.
 func (f *FS) Dir() string { return f.opts.Mountpoint }
+
+// Fsyncs is how many fsync and fsyncdir calls the file system has served
+// (failed ones included), e.g. to relate a benchmark's commits to its
+// syncs.
+func (f *FS) Fsyncs() int64 { return f.fsyncs.Load() }
 
 // Cuts is how many power cuts have been made.
 func (f *FS) Cuts() int { return f.Stats().Cuts }

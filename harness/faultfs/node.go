@@ -141,6 +141,7 @@ func toErrno(err error) syscall.Errno {
 
 // sleepFsync waits the configured fsync delay.
 func (f *FS) sleepFsync() {
+	f.fsyncs.Add(1)
 	f.mu.Lock()
 	d := f.fsyncDelay
 	f.mu.Unlock()
