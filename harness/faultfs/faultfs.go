@@ -66,8 +66,9 @@ type FS struct {
 	nextRule   int
 	fsyncDelay time.Duration
 	stats      Stats
-	// fsyncs counts fsync and fsyncdir calls (Fsyncs).
-	fsyncs atomic.Int64
+	// fsyncs counts fsync and fsyncdir calls (Fsyncs), cleanFsyncs those
+	// that found nothing to make durable (CleanFsyncs).
+	fsyncs, cleanFsyncs atomic.Int64
 }
 
 // Stats counts what power cuts undid.
@@ -121,6 +122,13 @@ func (f *FS) Dir() string { return f.opts.Mountpoint }
 // (failed ones included), e.g. to relate a benchmark's commits to its
 // syncs.
 func (f *FS) Fsyncs() int64 { return f.fsyncs.Load() }
+
+// CleanFsyncs is how many of the Fsyncs that succeeded found nothing to
+// make durable: no change to the file since its last fsync and no name
+// change (a Strict fsyncdir: none under the directory, approximated by
+// none at all). A real disk serves those without writing; faultfs delays
+// them like any other.
+func (f *FS) CleanFsyncs() int64 { return f.cleanFsyncs.Load() }
 
 // Cuts is how many power cuts have been made.
 func (f *FS) Cuts() int { return f.Stats().Cuts }

@@ -390,6 +390,9 @@ func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
 	if r := f.faultLocked(OpFsync, rel); r != nil {
 		return r.errno()
 	}
+	if !f.namesDirty {
+		f.cleanFsyncs.Add(1)
+	}
 	f.commitNamesLocked(rel, true)
 	return 0
 }
@@ -480,6 +483,9 @@ func (f *file) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	defer ffs.mu.Unlock()
 	if r := ffs.faultLocked(OpFsync, f.n.rel()); r != nil {
 		return r.errno()
+	}
+	if _, dirty := ffs.undo.files[f.ino]; !dirty && !ffs.namesDirty {
+		ffs.cleanFsyncs.Add(1)
 	}
 	ffs.undo.synced(f.ino)
 	ffs.commitNamesLocked("", false)
