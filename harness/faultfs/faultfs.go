@@ -65,7 +65,9 @@ type FS struct {
 	rules      []*rule
 	nextRule   int
 	fsyncDelay time.Duration
-	stats      Stats
+	// cleanFsyncFree exempts clean fsyncs from fsyncDelay.
+	cleanFsyncFree bool
+	stats          Stats
 	// fsyncs counts fsync and fsyncdir calls (Fsyncs), cleanFsyncs those
 	// that found nothing to make durable (CleanFsyncs).
 	fsyncs, cleanFsyncs atomic.Int64
@@ -123,11 +125,11 @@ func (f *FS) Dir() string { return f.opts.Mountpoint }
 // syncs.
 func (f *FS) Fsyncs() int64 { return f.fsyncs.Load() }
 
-// CleanFsyncs is how many of the Fsyncs that succeeded found nothing to
-// make durable: no change to the file since its last fsync and no name
-// change (a Strict fsyncdir: none under the directory, approximated by
-// none at all). A real disk serves those without writing; faultfs delays
-// them like any other.
+// CleanFsyncs is how many of the Fsyncs found nothing to make durable when
+// called: no change to the file since its last fsync and no name change
+// (for an fsyncdir: none anywhere). A real disk serves those without
+// writing data; faultfs delays them like any other unless
+// SetCleanFsyncFree.
 func (f *FS) CleanFsyncs() int64 { return f.cleanFsyncs.Load() }
 
 // Cuts is how many power cuts have been made.
@@ -295,6 +297,14 @@ func (f *FS) Failed(id int) int {
 		}
 	}
 	return 0
+}
+
+// SetCleanFsyncFree(true) exempts later clean fsyncs (see CleanFsyncs) from
+// the fsync delay, as a disk with nothing to write answers at once.
+func (f *FS) SetCleanFsyncFree(free bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cleanFsyncFree = free
 }
 
 // SetFsyncDelay makes every later fsync take at least d.

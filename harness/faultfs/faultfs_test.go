@@ -429,3 +429,30 @@ func TestPowerCutJournalCommitsSizes(t *testing.T) {
 	cut(t, g)
 	wantFile(t, g.path("00002.mem"), []byte{})
 }
+
+func TestFsyncCounts(t *testing.T) {
+	f := mount(t)
+	f.SetFsyncDelay(time.Millisecond)
+	f.SetCleanFsyncFree(true)
+	fh, err := os.OpenFile(f.path("c"), os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	if _, err := fh.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	syncs, clean := f.Fsyncs(), f.CleanFsyncs()
+	if err := fh.Sync(); err != nil { // a change to make durable
+		t.Fatal(err)
+	}
+	if err := fh.Sync(); err != nil { // nothing left
+		t.Fatal(err)
+	}
+	if got := f.Fsyncs() - syncs; got != 2 {
+		t.Fatalf("Fsyncs counted %d fsyncs, want 2", got)
+	}
+	if got := f.CleanFsyncs() - clean; got != 1 {
+		t.Fatalf("CleanFsyncs counted %d, want 1", got)
+	}
+}

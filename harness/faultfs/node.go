@@ -139,11 +139,18 @@ func toErrno(err error) syscall.Errno {
 	return fs.ToErrno(err)
 }
 
-// sleepFsync waits the configured fsync delay.
-func (f *FS) sleepFsync() {
+// sleepFsync counts an fsync and waits the configured fsync delay; clean
+// reports, with mu held, whether the fsync has nothing to make durable.
+func (f *FS) sleepFsync(clean func() bool) {
 	f.fsyncs.Add(1)
 	f.mu.Lock()
 	d := f.fsyncDelay
+	if clean() {
+		f.cleanFsyncs.Add(1)
+		if f.cleanFsyncFree {
+			d = 0
+		}
+	}
 	f.mu.Unlock()
 	if d > 0 {
 		time.Sleep(d)
@@ -384,14 +391,11 @@ func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 // Journaled).
 func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
 	f, rel := d.n.ffs, d.n.rel()
-	f.sleepFsync()
+	f.sleepFsync(func() bool { return !f.namesDirty })
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if r := f.faultLocked(OpFsync, rel); r != nil {
 		return r.errno()
-	}
-	if !f.namesDirty {
-		f.cleanFsyncs.Add(1)
 	}
 	f.commitNamesLocked(rel, true)
 	return 0
@@ -478,14 +482,14 @@ func pwriteFull(fd int, data []byte, off int64) (int, error) {
 // name change). The backing file is not synced: only the model matters.
 func (f *file) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	ffs := f.n.ffs
-	ffs.sleepFsync()
+	ffs.sleepFsync(func() bool {
+		_, dirty := ffs.undo.files[f.ino]
+		return !dirty && !ffs.namesDirty
+	})
 	ffs.mu.Lock()
 	defer ffs.mu.Unlock()
 	if r := ffs.faultLocked(OpFsync, f.n.rel()); r != nil {
 		return r.errno()
-	}
-	if _, dirty := ffs.undo.files[f.ino]; !dirty && !ffs.namesDirty {
-		ffs.cleanFsyncs.Add(1)
 	}
 	ffs.undo.synced(f.ino)
 	ffs.commitNamesLocked("", false)
