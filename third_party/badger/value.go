@@ -829,8 +829,14 @@ func (vlog *valueLog) write(reqs []*request) error {
 	curlf := vlog.filesMap[maxFid]
 	vlog.filesLock.RUnlock()
 
+	// wrote is set once an entry is written to curlf: a write whose values
+	// all went to the memtable's write-ahead log (below the value
+	// threshold) leaves the value log as the last synced write left it, and
+	// syncing it again would cost a sync of an unchanged file per write
+	// (gatewayd: one of its two syncs per group commit).
+	wrote := false
 	defer func() {
-		if vlog.opt.SyncWrites {
+		if vlog.opt.SyncWrites && wrote {
 			if err := curlf.Sync(); err != nil {
 				vlog.opt.Errorf("Error while curlf sync: %v\n", err)
 			}
@@ -915,6 +921,7 @@ func (vlog *valueLog) write(reqs []*request) error {
 				return err
 			}
 			written++
+			wrote = true
 			bytesWritten += buf.Len()
 			// No need to flush anything, we write to file directly via mmap.
 		}
