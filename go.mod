@@ -64,3 +64,5 @@ require (
 replace github.com/dgraph-io/ristretto/v2 => ./third_party/ristretto
 
 replace github.com/dgraph-io/badger/v4 => ./third_party/badger
+
+replace github.com/mochi-mqtt/server/v2 => ./third_party/mochi

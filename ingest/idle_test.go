@@ -137,10 +137,16 @@ func TestIdleConnectionStacksShrink(t *testing.T) {
 			}
 		}
 	}
-	runtime.GC() // shrinks each stack by half at most
+	// Each GC shrinks a stack by half at most (where less than a quarter is
+	// in use); an idle gateway collects every memory_release_interval.
+	for range 3 {
+		runtime.GC()
+	}
 	perConn := (int64(goroutineStackBytes()) - int64(before)) / n
-	t.Logf("goroutine stacks per idle connection after a GC: %d bytes", perConn)
-	// Reader 16 KiB (its frames while waiting need more than a quarter of
-	// 16 KiB) and writer 8 KiB; without the shrink the reader keeps 32 KiB.
-	require.Less(t, perConn, int64(28<<10), "stack bytes per idle connection")
+	t.Logf("goroutine stacks per idle connection after three GCs: %d bytes", perConn)
+	// Reader 8 KiB and writer 4 KiB or less: mochi's read and write loops
+	// hold no packet in their frames while they wait (third_party/README.md,
+	// mochi). With the packets in those frames the reader keeps 16 KiB and
+	// the writer 8 KiB; without the shrink the reader keeps 32 KiB.
+	require.Less(t, perConn, int64(16<<10), "stack bytes per idle connection")
 }
