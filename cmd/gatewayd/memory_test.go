@@ -98,3 +98,37 @@ func TestMemoryReleaserOff(t *testing.T) {
 	m.release = func() { t.Error("released with the release off") }
 	require.NoError(t, m.Run(context.Background()), "returns at once")
 }
+
+// grow uses about n KiB of stack.
+//
+//go:noinline
+func grow(n int) byte {
+	var pad [1000]byte
+	if n > 0 {
+		pad[n%len(pad)] = grow(n - 1)
+	}
+	return pad[0]
+}
+
+func TestReleaseMemoryShrinksStacksFully(t *testing.T) {
+	const n = 200
+	stop := make(chan struct{})
+	var parked sync.WaitGroup
+	parked.Add(n)
+	for range n {
+		go func() {
+			grow(24) // grows the stack to 32 KiB
+			parked.Done()
+			<-stop
+		}()
+	}
+	parked.Wait()
+	defer close(stop)
+	before := stackBytes()
+	releaseMemory()
+	after := stackBytes()
+	t.Logf("stacks of %d parked goroutines: %d bytes before the release, %d after", n, before, after)
+	// One collection halves each stack at most (32 to 16 KiB); the release
+	// repeats it while stacks shrink, down to a few KiB each.
+	require.Less(t, int64(after), int64(before)/4)
+}
