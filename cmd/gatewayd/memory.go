@@ -41,9 +41,8 @@ func validateMemoryReleaseInterval(d time.Duration) error {
 // sending stays resident. Each interval in which less than idleAllocRate
 // was allocated, the releaser collects and returns every free page
 // (debug.FreeOSMemory). The collection also shrinks goroutine stacks that
-// grew while busy (by half, where less than a quarter is in use), and is
-// repeated while it does (releaseMemory): mochi runs two goroutines per
-// device connection.
+// grew while busy (by half, where less than a quarter is in use), three
+// times (releaseMemory): mochi runs two goroutines per device connection.
 type memoryReleaser struct {
 	interval time.Duration
 	logger   *slog.Logger
@@ -73,37 +72,21 @@ func newMemoryReleaser(interval time.Duration, logger *slog.Logger, reg promethe
 	}
 }
 
-// maxReleaseCollections bounds the collections of one release.
-const maxReleaseCollections = 4
+// releaseCollections is how many collections one release makes.
+const releaseCollections = 3
 
-// releaseMemory collects garbage and returns every free page to the system
-// (debug.FreeOSMemory), then collects again while the last collection shrank
-// the goroutine stacks, at most maxReleaseCollections times in all. A
-// collection halves a stack at most, and an idle device's reader stack
-// comes down from 32 KiB in three: one collection per release left 1,000
-// idle devices holding 20 MB of stacks for minutes instead of 12 MB. Each
+// releaseMemory collects garbage releaseCollections times and returns every
+// free page to the system (debug.FreeOSMemory). A collection halves a
+// goroutine stack at most, and an idle device's reader stack comes down
+// from 32 KiB in three: with one collection per release, 1,000 idle devices
+// held 20 MB of stacks instead of 13 MB until several releases had run. The
+// runtime's count of stack memory lags the shrinking (freed stacks stay
+// cached until a later collection), so it cannot tell when to stop. Each
 // collection of an idle gateway's heap takes milliseconds.
 func releaseMemory() {
-	stacks := stackBytes()
-	debug.FreeOSMemory()
-	for range maxReleaseCollections - 1 {
-		now := stackBytes()
-		if now >= stacks {
-			return
-		}
-		stacks = now
+	for range releaseCollections {
 		debug.FreeOSMemory()
 	}
-}
-
-// stackBytes returns the memory of goroutine stacks.
-func stackBytes() uint64 {
-	s := []metrics.Sample{{Name: "/memory/classes/heap/stacks:bytes"}}
-	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 {
-		return 0
-	}
-	return s[0].Value.Uint64()
 }
 
 // heapAllocated returns the bytes the Go heap allocated since the start.
