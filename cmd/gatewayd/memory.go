@@ -14,7 +14,7 @@ import (
 )
 
 // defaultMemoryReleaseInterval is memory_release_interval's default.
-const defaultMemoryReleaseInterval = 30 * time.Second
+const defaultMemoryReleaseInterval = 10 * time.Second
 
 // idleAllocRate is the allocation rate, in bytes per second, below which
 // the gateway counts as idle for the memory release. One batch of ten
