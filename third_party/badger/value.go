@@ -537,6 +537,14 @@ func (vlog *valueLog) createVlogFile() (*logFile, error) {
 	if err != z.NewFile && err != nil {
 		return nil, err
 	}
+	// write syncs the file only when it put an entry in it: sync the new
+	// file's header now, so that no page of it stays dirty until the first
+	// value (a failing disk would then fail it at a later open).
+	if vlog.opt.SyncWrites {
+		if err := lf.Sync(); err != nil {
+			return nil, y.Wrapf(err, "while syncing new value log file %s", path)
+		}
+	}
 
 	vlog.filesLock.Lock()
 	vlog.filesMap[fid] = lf
