@@ -10,6 +10,7 @@ import (
 
 	"greenhouse-gateway/harness/invokeproxy"
 	"greenhouse-gateway/harness/lambdatest"
+	"greenhouse-gateway/uplink"
 )
 
 // lambdaDrain drains the same size of backlog twice in one run: gatewayd
@@ -52,7 +53,9 @@ func (r *runner) lambdaDrain(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if runs[i], err = r.gatewayDrain(ctx, r.dynamo.client, dir, "transaction", t); err != nil {
+		// The direct run uses the default write mode, the one a gateway
+		// without the function would run.
+		if runs[i], err = r.gatewayDrain(ctx, r.dynamo.client, dir, uplink.DefaultConfig().WriteMode, t); err != nil {
 			return err
 		}
 		if g := runs[i]; g.ReadingsStored != int64(bl.Readings) || g.MarkersStored != int64(bl.Batches) {
