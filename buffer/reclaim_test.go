@@ -42,8 +42,15 @@ func TestReclaimSpaceFreesDeletedRecords(t *testing.T) {
 		}
 		return n
 	}
-	before := lsm()
-	require.Greater(t, before, int64(4<<20), "the payloads are in the tables")
+	// Memtables are flushed in the background: wait until the tables hold
+	// the payloads and stop growing.
+	var before int64
+	require.Eventually(t, func() bool {
+		n := lsm()
+		settled := n == before
+		before = n
+		return settled && n > 4<<20
+	}, 30*time.Second, 200*time.Millisecond, "the payloads are in the tables")
 
 	b.reclaimSpace(time.Now())
 	require.Equal(t, before, lsm(), "nothing happens while batches are not refused")
