@@ -250,7 +250,10 @@ func TestReadOnlyDataDirectoryStopsCleanly(t *testing.T) {
 			t.Logf("gatewayd: %s", line)
 		}
 	}
-	require.Positive(t, refused, "batches were refused, not acknowledged, once the disk failed")
+	// The first write to meet the read-only directory may be an ingest
+	// commit (its batches are refused) or the uplink recording deliveries
+	// (gatewayd then stops before a request is refused): either way what
+	// was acknowledged must be delivered once after the restart, below.
 	t.Logf("%d batches acknowledged, %d refused before gatewayd stopped", len(acked), refused)
 
 	chattr("-i")
