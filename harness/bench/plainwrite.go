@@ -142,14 +142,9 @@ func (r *runner) plainWrite(ctx context.Context, table string, reqs [][]types.Wr
 			firstErr = err
 		}
 	}
-	dyn0, err := procCPU(r.dynamo.proc.Pid())
-	if err != nil {
-		return run, err
-	}
-	self0, err := procCPU(os.Getpid())
-	if err != nil {
-		return run, err
-	}
+	dyn, self := &cpuMark{pid: r.dynamo.proc.Pid()}, &cpuMark{pid: os.Getpid()}
+	cpu := dyn.hooks(self.hooks())
+	cpu.start()
 	start := time.Now()
 	for range g {
 		wg.Go(func() {
@@ -188,15 +183,11 @@ func (r *runner) plainWrite(ctx context.Context, table string, reqs [][]types.Wr
 	}
 	wg.Wait()
 	run.Seconds = time.Since(start).Seconds()
-	dyn1, err := procCPU(r.dynamo.proc.Pid())
-	if err != nil {
+	cpu.end()
+	if err := errors.Join(dyn.err, self.err); err != nil {
 		return run, err
 	}
-	self1, err := procCPU(os.Getpid())
-	if err != nil {
-		return run, err
-	}
-	run.DynamoCPU, run.ClientCPU = (dyn1 - dyn0).Seconds(), (self1 - self0).Seconds()
+	run.DynamoCPU, run.ClientCPU = dyn.seconds(), self.seconds()
 	run.Readings, run.Requests, run.Unprocessed = int(readings.Load()), requests.Load(), unprocessed.Load()
 	if reported {
 		run.WCU, run.WCUReported = units, true

@@ -120,8 +120,7 @@ type markerState int
 const (
 	markerWaiting markerState = iota // readings unwritten, or the device's previous marker not yet written
 	markerQueued                     // may go in the next request
-	markerSent
-	markerWritten
+	markerSent                       // in a request; once written, the batch is decided Delivered
 )
 
 type bulk struct {
@@ -321,7 +320,6 @@ func (b *bulk) send(ctx context.Context, req *bulkRequest) {
 		switch {
 		case b.decided[p.owner]:
 		case err == nil && p.marker:
-			b.marker[p.owner] = markerWritten
 			b.decide(p.owner, Result{Outcome: Delivered})
 			if n := b.next[p.owner]; n >= 0 {
 				b.promote(n)
