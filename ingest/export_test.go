@@ -28,6 +28,13 @@ func SetConnectLimits(b *Broker, timeout time.Duration, maxUnauthenticated int64
 	b.adm = newMQTTAdmission(b.cfg.MaxUnauthenticated, b.cfg.MaxUnauthenticatedPerAddress)
 }
 
+// SetMessageExpiry sets how long mochi keeps a message in flight
+// (Capabilities.MaximumMessageExpiryInterval; a day by default); call it
+// before Run.
+func SetMessageExpiry(b *Broker, d time.Duration) {
+	b.server.Options.Capabilities.MaximumMessageExpiryInterval = int64(d / time.Second)
+}
+
 // ServeMQTTConn serves one client connection (a net.Pipe, say) as the
 // broker's listener would, through the connection guard, and returns when
 // mochi is done with it. The broker must be running.

@@ -41,6 +41,7 @@ type hostileOptions struct {
 	readHeaderTimeout time.Duration    // default 1s
 	readTimeout       time.Duration    // default 2s
 	store             ingest.Committer // replaces the buffer for commits
+	messageExpiry     time.Duration    // mochi's maximum message expiry; default a day
 }
 
 // startHostile runs the broker and HTTP API on loopback ports over a real
@@ -93,6 +94,9 @@ func startHostileBroker(tb testing.TB, o hostileOptions) (*gatewaytest.Gateway, 
 	broker, err := ingest.NewBroker(o.mqtt, ing, auth, nil, reg)
 	require.NoError(tb, err)
 	ingest.SetConnectLimits(broker, o.connectTimeout, o.maxPending)
+	if o.messageExpiry > 0 {
+		ingest.SetMessageExpiry(broker, o.messageExpiry)
+	}
 	require.NoError(tb, broker.Listen())
 	ready := func() error { return nil }
 	ops := operator.New(operator.Deps{Devices: devices, AdminToken: gatewaytest.AdminToken, Ready: ready}, nil)

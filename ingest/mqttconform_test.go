@@ -288,6 +288,42 @@ func TestMQTTQoS2StateMemory(t *testing.T) {
 	require.Less(t, held-completed, int64(24<<10), "16 QoS 2 states per client, without the PUBLISH properties")
 }
 
+// TestMQTTQoS2StateExpires leaves 16 QoS 2 messages without their PUBREL
+// past the broker's maximum message expiry (1 s here): the once-a-second
+// sweep drops their states, so a PUBREL is then answered "packet
+// identifier not found" (0x92), while a state still held is answered
+// success.
+func TestMQTTQoS2StateExpires(t *testing.T) {
+	h := startHostile(t, hostileOptions{messageExpiry: time.Second})
+	c := dialMQTT(t, h)
+	write(t, c, connectPacket(5, hostileHW, hostileHW, gatewaytest.GoodKey))
+	first, _, err := readPacket(c, 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, byte(0x20), first, "CONNACK")
+	batch := gatewaytest.BatchJSON(hostileHW, gatewaytest.NewBoot(), 0, 2)
+	for id := uint16(1); id <= 16; id++ {
+		write(t, c, publishPacket(5, 2, false, id, batch))
+		requireAck(t, c, 0x50, id)
+	}
+	write(t, c, ackPacket(0x62, 1))
+	requireAck(t, c, 0x70, 1) // held: success
+	deadline := time.Now().Add(10 * time.Second)
+	for id := uint16(2); ; id++ {
+		require.LessOrEqual(t, id, uint16(16), "every state was still held")
+		require.True(t, time.Now().Before(deadline), "no state expired within 10 s")
+		time.Sleep(500 * time.Millisecond)
+		write(t, c, ackPacket(0x62, id))
+		got, body, err := readPacket(c, 10*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, byte(0x70), got, "PUBCOMP")
+		require.Equal(t, id, binary.BigEndian.Uint16(body))
+		if len(body) > 2 && body[2] == 0x92 {
+			t.Logf("PUBREL %d: state expired", id)
+			return
+		}
+	}
+}
+
 // TestMQTTQoS2WithPaho publishes with paho at QoS 2: the token completes
 // (PUBREC, PUBREL, PUBCOMP), the ack topic says accepted, and the same
 // batch again is answered duplicate.

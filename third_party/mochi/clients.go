@@ -350,20 +350,12 @@ func (cl *Client) ClearInflights() {
 
 // ClearExpiredInflights deletes any inflight messages which have expired.
 func (cl *Client) ClearExpiredInflights(now, maximumExpiry int64) []uint16 {
-	deleted := []uint16{}
-	for _, tk := range cl.State.Inflight.GetAll(false) {
-		expired := tk.ProtocolVersion == 5 && tk.Expiry > 0 && tk.Expiry < now // [MQTT-3.3.2-5]
-
-		// If the maximum message expiry interval is set (greater than 0), and the message
-		// retention period exceeds the maximum expiry, the message will be forcibly removed.
-		enforced := maximumExpiry > 0 && now-tk.Created > maximumExpiry
-
-		if expired || enforced {
-			if ok := cl.State.Inflight.Delete(tk.PacketID); ok {
-				cl.ops.hooks.OnQosDropped(cl, tk)
-				atomic.AddInt64(&cl.ops.info.Inflight, -1)
-				deleted = append(deleted, tk.PacketID)
-			}
+	var deleted []uint16
+	for _, tk := range cl.State.Inflight.expired(now, maximumExpiry) {
+		if ok := cl.State.Inflight.Delete(tk.PacketID); ok {
+			cl.ops.hooks.OnQosDropped(cl, tk)
+			atomic.AddInt64(&cl.ops.info.Inflight, -1)
+			deleted = append(deleted, tk.PacketID)
 		}
 	}
 

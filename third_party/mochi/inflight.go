@@ -89,6 +89,30 @@ func (i *Inflight) GetAll(immediate bool) []packets.Packet {
 	return m
 }
 
+// expired returns the inflight packets which have expired: a v5 message
+// past its expiry [MQTT-3.3.2-5], or, if the maximum message expiry
+// interval is set (greater than 0), any message retained longer than it.
+// It copies only those, not every inflight packet.
+func (i *Inflight) expired(now, maximumExpiry int64) []packets.Packet {
+	i.RLock()
+	defer i.RUnlock()
+
+	var m []packets.Packet
+	for _, tk := range i.internal {
+		expired := tk.ProtocolVersion == 5 && tk.Expiry > 0 && tk.Expiry < now
+		enforced := maximumExpiry > 0 && now-tk.Created > maximumExpiry
+		if expired || enforced {
+			m = append(m, tk)
+		}
+	}
+
+	sort.Slice(m, func(i, j int) bool {
+		return uint16(m[i].Created) < uint16(m[j].Created)
+	})
+
+	return m
+}
+
 // NextImmediate returns the next inflight packet which is indicated to be sent immediately.
 // This typically occurs when the quota has been exhausted, and we need to wait until new quota
 // is free to continue sending.
