@@ -40,6 +40,18 @@ func buildBatch(p buffer.Pending, readingsRetention time.Duration, now time.Time
 	return &cloudBatch{pending: p, items: items}, nil
 }
 
+// BatchItems returns the table items the uplink writes for a buffered
+// batch (readings expiring readingsRetention after their timestamps, the
+// marker MarkerTTL after now): what a baseline writer must write to do the
+// same job.
+func BatchItems(p buffer.Pending, readingsRetention time.Duration, now time.Time) (*tablewrite.Items, error) {
+	cb, err := buildBatch(p, readingsRetention, now)
+	if err != nil {
+		return nil, err
+	}
+	return cb.items, nil
+}
+
 // decodeBuffered decodes a buffered payload (the gateway validated and
 // encoded it, so a failure is damage on disk) and returns it with p
 // carrying its reading span: the buffer's history keeps the batch under

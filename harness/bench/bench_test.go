@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/internal/tablewrite"
 )
 
 func TestNumberSize(t *testing.T) {
@@ -62,7 +63,7 @@ func TestBatchItems(t *testing.T) {
 	require.Len(t, ib.readings, 10)
 	require.Equal(t, id, ib.marker["batch_id"].(*types.AttributeValueMemberS).Value)
 	for _, k := range []string{"hardware_id", "ts_batch", "timestamp_ms", "batch_id", "boot_id", "firmware_version",
-		"sensors", "sensor_status", "expiration_time"} {
+		"sensors", "sensor_status", "expiration_time", tablewrite.AttrQualityScore} {
 		require.Contains(t, ib.readings[0], k)
 	}
 	p := priceItems([]*itemBatch{ib})

@@ -3,35 +3,31 @@
 package bench
 
 import (
-	"encoding/json"
-	"fmt"
 	"math"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/firmware-contract"
-	"greenhouse-gateway/internal/tablewrite"
+	"greenhouse-gateway/uplink"
 )
 
 // readingsRetention is uplink.readings_retention's default.
-const readingsRetention = 90 * 24 * time.Hour
+var readingsRetention = uplink.DefaultConfig().ReadingsRetention
 
 // itemBatch is the table items the uplink writes for a batch
-// (tablewrite.Build), so that the SDK baseline writes the same items and
-// their sizes can be priced.
+// (uplink.BatchItems, quality scores included), so that the baselines
+// write the same items and their sizes can be priced.
 type itemBatch struct {
 	readings []map[string]types.AttributeValue
 	marker   map[string]types.AttributeValue
 }
 
 func batchItems(p buffer.Pending, now time.Time) (*itemBatch, error) {
-	var b contract.Batch
-	if err := json.Unmarshal(p.Payload, &b); err != nil {
-		return nil, fmt.Errorf("decoding buffered batch %s: %w", p.BatchID, err)
+	it, err := uplink.BatchItems(p, readingsRetention, now)
+	if err != nil {
+		return nil, err
 	}
-	it := tablewrite.Build(tablewrite.Batch{Batch: &b, ReceivedAt: p.ReceivedAt, Hash: b.IdentityHash()}, readingsRetention, now)
 	return &itemBatch{readings: it.ReadingItems(), marker: it.MarkerItem()}, nil
 }
 
