@@ -218,12 +218,20 @@ func compareHash(it *Items, stored string) Result {
 }
 
 // run sends requests until Wait was called and every batch is decided.
+// The requests go to concurrency long-lived senders rather than a
+// goroutine each: a sender's stack grows once to the depth of the SDK's
+// request path, instead of once per request.
 func (b *bulk) run() {
 	defer close(b.done)
 	var wg sync.WaitGroup
+	// At most concurrency requests are taken and unanswered, so a send to
+	// reqs never blocks.
+	reqs := make(chan *bulkRequest, b.concurrency)
 	defer wg.Wait()
+	defer close(reqs)
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	senders := 0
 	for {
 		for !(b.closed && b.left == 0) && !b.canSend() {
 			b.cond.Wait()
@@ -233,7 +241,15 @@ func (b *bulk) run() {
 		}
 		req := b.take()
 		b.inflight++
-		wg.Go(func() { b.send(b.ctx, req) })
+		if senders < b.inflight {
+			senders++
+			wg.Go(func() {
+				for req := range reqs {
+					b.send(b.ctx, req)
+				}
+			})
+		}
+		reqs <- req
 	}
 }
 
