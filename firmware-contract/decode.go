@@ -32,6 +32,33 @@ func DecodeBatch(data []byte, sender string, lim Limits, now time.Time) (*Batch,
 
 func decodeBatch(data []byte, sender string, lim Limits, now time.Time) (*Batch, *Error) {
 	lim = lim.withDefaults()
+	b, e := decodeMembers(data, lim, false)
+	if e != nil {
+		return nil, e
+	}
+	if e := b.validate(lim, now, sender); e != nil {
+		e.BatchID = b.BatchID
+		return nil, e
+	}
+	return b, nil
+}
+
+// DecodeStored decodes a batch the gateway encoded for its buffer
+// ([Batch.Canonical]). Its syntax, members and types are checked as
+// DecodeBatch checks them, but not the limits and value rules: the batch
+// met them when it was received, under that day's limits. The error is an
+// *Error.
+func DecodeStored(data []byte) (*Batch, error) {
+	b, e := decodeMembers(data, Limits{MaxReadings: math.MaxInt, MaxSensors: math.MaxInt}, true)
+	if e != nil {
+		return nil, e
+	}
+	return b, nil
+}
+
+// decodeMembers decodes a batch's members, checking syntax, members and
+// types, and lim's counts; stored admits a stored batch's members.
+func decodeMembers(data []byte, lim Limits, stored bool) (*Batch, *Error) {
 	// One copy of the payload: every string of the batch (IDs, map keys)
 	// is a substring of it, so decoding allocates little beyond the maps.
 	s := string(data)
@@ -43,17 +70,13 @@ func decodeBatch(data []byte, sender string, lim Limits, now time.Time) (*Batch,
 	if s[i] != '{' {
 		return nil, validationErr("", "a reading batch must be a JSON object, not "+kindName(s, i))
 	}
-	d := decoder{s: s, lim: lim, counts: counts}
+	d := decoder{s: s, lim: lim, counts: counts, stored: stored}
 	b := new(Batch)
 	if e := d.batch(i, b); e != nil {
 		e.BatchID = b.BatchID
 		if e.BatchID == "" {
 			e.BatchID = d.findBatchID(i)
 		}
-		return nil, e
-	}
-	if e := b.validate(lim, now, sender); e != nil {
-		e.BatchID = b.BatchID
 		return nil, e
 	}
 	return b, nil
@@ -70,6 +93,9 @@ type decoder struct {
 	// batch rather than one per reading.
 	uptimes    []int64
 	readingsAt int // offset of the readings array
+	// stored admits what the gateway adds to a batch it stores: a
+	// reading's time_source.
+	stored bool
 }
 
 // Members of a batch. They are decoded in document order; the value rules
@@ -263,6 +289,7 @@ func (d *decoder) reading(v, k int, r *Reading) (int, *Error) {
 		return 0, validationErr(prefix(), "a reading must be an object, not "+kindName(s, v))
 	}
 	var seen [numReadingFields]bool
+	seenTimeSource := false
 	i := v
 	for {
 		key, vv, more := nextMember(s, i)
@@ -271,6 +298,19 @@ func (d *decoder) reading(v, k int, r *Reading) (int, *Error) {
 			break
 		}
 		f := readingField(key)
+		if f < 0 && key == "time_source" && d.stored {
+			// The gateway's own mark on a repaired timestamp.
+			if seenTimeSource {
+				return 0, validationErr(joinKey(prefix(), key), "duplicate key")
+			}
+			seenTimeSource = true
+			var e *Error
+			if r.TimeSource, e = d.str(vv, joinKey(prefix(), key)); e != nil {
+				return 0, e
+			}
+			i = skipValue(s, vv)
+			continue
+		}
 		if f < 0 {
 			if key == "time_source" {
 				return 0, validationErr(joinKey(prefix(), key),

@@ -47,6 +47,16 @@ func FuzzDecodeBatch(f *testing.F) {
 			require.Regexp(t, "UTF-8|surrogate|nesting deeper", synErr.Rule)
 		}
 
+		if stored, err := DecodeStored(data); err != nil {
+			_, ok := err.(*Error)
+			require.True(t, ok, "DecodeStored's error is an *Error: %T", err)
+		} else {
+			// What DecodeStored accepts means the same to encoding/json.
+			var std Batch
+			require.NoError(t, json.Unmarshal(data, &std))
+			require.Equal(t, withEmptyMaps(&std), stored)
+		}
+
 		b, err := DecodeBatch(data, sender, lim, now)
 		if err != nil {
 			require.Nil(t, b)
@@ -61,16 +71,7 @@ func FuzzDecodeBatch(f *testing.F) {
 		// What is accepted means the same to encoding/json.
 		var std Batch
 		require.NoError(t, json.Unmarshal(data, &std))
-		for k := range std.Readings {
-			r := &std.Readings[k]
-			if r.Sensors == nil {
-				r.Sensors = map[string]float64{}
-			}
-			if r.SensorStatus == nil {
-				r.SensorStatus = map[string]string{}
-			}
-		}
-		require.Equal(t, &std, b)
+		require.Equal(t, withEmptyMaps(&std), b)
 
 		c := b.Canonical()
 		again, err := DecodeBatch(c, sender, lim, now)
@@ -78,6 +79,9 @@ func FuzzDecodeBatch(f *testing.F) {
 		require.Equal(t, b, again)
 		require.Equal(t, c, again.Canonical())
 		require.Equal(t, b.IdentityHash(), again.IdentityHash())
+		stored, err := DecodeStored(c)
+		require.NoError(t, err, "stored form %s", c)
+		require.Equal(t, b, stored, "a stored batch decodes as it was received")
 		one, id := b.CanonicalIdentity()
 		require.Equal(t, c, one)
 		require.Equal(t, b.IdentityHash(), id)
@@ -89,9 +93,27 @@ func FuzzDecodeBatch(f *testing.F) {
 			require.NotNil(t, b.SentUptimeMS)
 			b.RepairClock(ClockAnchor(nowMS, *b.SentUptimeMS))
 			require.False(t, b.NeedsClockRepair())
+			stored, err := DecodeStored(b.Canonical())
+			require.NoError(t, err, "stored form %s", b.Canonical())
+			require.Equal(t, b, stored, "a repaired batch decodes as it was stored")
 			_ = b.Validate(lim, now) // may fail (collisions, range); must not panic
 		}
 	})
+}
+
+// withEmptyMaps gives b's readings empty maps where encoding/json left
+// them nil, as the contract's decoder does.
+func withEmptyMaps(b *Batch) *Batch {
+	for k := range b.Readings {
+		r := &b.Readings[k]
+		if r.Sensors == nil {
+			r.Sensors = map[string]float64{}
+		}
+		if r.SensorStatus == nil {
+			r.SensorStatus = map[string]string{}
+		}
+	}
+	return b
 }
 
 func FuzzDecodeRegistration(f *testing.F) {

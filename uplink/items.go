@@ -1,7 +1,6 @@
 package uplink
 
 import (
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -57,8 +56,8 @@ func BatchItems(p buffer.Pending, readingsRetention time.Duration, now time.Time
 // carrying its reading span: the buffer's history keeps the batch under
 // its reading times when it is marked delivered.
 func decodeBuffered(p buffer.Pending) (*contract.Batch, buffer.Pending, error) {
-	var b contract.Batch
-	if err := json.Unmarshal(p.Payload, &b); err != nil {
+	b, err := contract.DecodeStored(p.Payload)
+	if err != nil {
 		return nil, p, fmt.Errorf("decoding buffered batch %s: %w", p.BatchID, err)
 	}
 	if b.BatchID != p.BatchID {
@@ -73,5 +72,5 @@ func decodeBuffered(p buffer.Pending) (*contract.Batch, buffer.Pending, error) {
 		}
 	}
 	p.SpanKnown = len(b.Readings) > 0
-	return &b, p, nil
+	return b, p, nil
 }
