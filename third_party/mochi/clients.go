@@ -18,6 +18,7 @@ import (
 
 	"github.com/rs/xid"
 
+	"github.com/mochi-mqtt/server/v2/mempool"
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 
@@ -568,7 +569,8 @@ func (cl *Client) WritePacket(pk packets.Packet) error {
 	pk = cl.ops.hooks.OnPacketEncode(cl, pk)
 
 	var err error
-	buf := new(bytes.Buffer)
+	buf := packetBufs.Get()
+	defer packetBufs.Put(buf)
 	switch pk.FixedHeader.Type {
 	case packets.Connect:
 		err = pk.ConnectEncode(buf)
@@ -655,6 +657,11 @@ func (cl *Client) WritePacket(pk packets.Packet) error {
 
 	return err
 }
+
+// packetBufs holds the buffers WritePacket encodes packets into: each is
+// written to the connection, or copied to the client's outbuf, before
+// WritePacket returns. Buffers grown past 64 KiB are not kept.
+var packetBufs = mempool.NewBuffer(64 << 10)
 
 func (cl *Client) flushOutbuf() (err error) {
 	if cl.Net.outbuf == nil {
