@@ -194,6 +194,11 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// MaxInFlight is the most DynamoDB requests the uplink has in flight at
+// once (max_concurrency, or its default): how many connections its client
+// should keep (cloud.WithConnections).
+func (c Config) MaxInFlight() int { return c.withDefaults().MaxConcurrency }
+
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
 	c.Target = cmp.Or(c.Target, d.Target)

@@ -32,7 +32,7 @@ func setup(ctx context.Context, logger *slog.Logger) (*function.Function, error)
 	if err != nil {
 		return nil, err
 	}
-	client, err := cloud.NewClient(ctx, cloud.Config{Endpoint: cfg.Endpoint})
+	client, err := cloud.NewClient(ctx, cloud.Config{Endpoint: cfg.Endpoint}, cloud.WithConnections(cfg.WriteConcurrency))
 	if err != nil {
 		return nil, fmt.Errorf("DYNAMODB_ENDPOINT or the AWS configuration: %w", err)
 	}

@@ -212,7 +212,8 @@ func newCloud(ctx context.Context, cfg Config, clk *clock.Clock, pepper string) 
 	if err != nil {
 		return cloudSide{}, fmt.Errorf("configuring DynamoDB: %w", err)
 	}
-	uplinkClient, err := cloud.NewClient(ctx, cfg.cloud(), cloud.WithRetryMaxAttempts(1), clk.DynamoDBOption())
+	uplinkClient, err := cloud.NewClient(ctx, cfg.cloud(), cloud.WithRetryMaxAttempts(1), clk.DynamoDBOption(),
+		cloud.WithConnections(cfg.Uplink.MaxInFlight()))
 	if err != nil {
 		return cloudSide{}, fmt.Errorf("configuring DynamoDB: %w", err)
 	}

@@ -76,7 +76,11 @@ func startDynamoLocal(ctx context.Context, root, workDir string) (*dynamoLocal, 
 	if d.proc, err = proc.Start("dynamodb-local", cmd); err != nil {
 		return nil, err
 	}
-	if d.client, err = cloud.NewClient(ctx, cloud.Config{Endpoint: d.endpoint, Region: awsRegion}); err != nil {
+	// Connections enough for the plain writer's 32 goroutines and the SDK
+	// loop's concurrency: each request reuses a connection, as gatewayd's
+	// do (cloud.WithConnections).
+	if d.client, err = cloud.NewClient(ctx, cloud.Config{Endpoint: d.endpoint, Region: awsRegion},
+		cloud.WithConnections(256)); err != nil {
 		d.proc.Kill()
 		return nil, err
 	}

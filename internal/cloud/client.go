@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -104,6 +105,23 @@ func loadAWS(ctx context.Context, cfg Config) (aws.Config, error) {
 func WithRetryMaxAttempts(n int) func(*dynamodb.Options) {
 	return func(o *dynamodb.Options) {
 		o.RetryMaxAttempts = n
+	}
+}
+
+// WithConnections lets the client keep up to n idle connections to its
+// endpoint (the SDK keeps 10), so that n requests in flight keep reusing
+// their connections instead of closing all but 10 whenever they finish
+// together and opening new ones (with a TLS handshake each, on AWS) for
+// the next burst. It keeps the SDK client's other transport settings
+// (AWS_CA_BUNDLE, timeouts).
+func WithConnections(n int) func(*dynamodb.Options) {
+	return func(o *dynamodb.Options) {
+		if c, ok := o.HTTPClient.(*awshttp.BuildableClient); ok {
+			o.HTTPClient = c.WithTransportOptions(func(tr *http.Transport) {
+				tr.MaxIdleConnsPerHost = max(tr.MaxIdleConnsPerHost, n)
+				tr.MaxIdleConns = max(tr.MaxIdleConns, n)
+			})
+		}
 	}
 }
 
