@@ -381,9 +381,16 @@ func (r *runner) startIngestGatewayIn(ctx context.Context, base, name string) (*
 	if err := copyDir(r.seed, dir); err != nil {
 		return nil, err
 	}
+	// The HTTP load's clients and the bench's /metrics reader all come
+	// from 127.0.0.1, so the cap on one source's connections (64 by
+	// default, a LAN host's share) is raised above them: at the cap
+	// gatewayd closes the longest-idle connection, the reader's, for a
+	// newcomer, as it is meant to.
+	perAddr := r.cfg.HTTPClients + 8
 	return startGatewayd(ctx, gatewaydSpec{bin: r.bin, dataDir: dir, endpoint: r.closed, prefix: r.prefix,
 		logPath: filepath.Join(r.work, "gatewayd-"+name+".log"),
-		env:     r.env("GATEWAY_AUTH_REFRESH_INTERVAL=24h")})
+		env: r.env("GATEWAY_AUTH_REFRESH_INTERVAL=24h", fmt.Sprintf("GATEWAY_HTTP_MAX_CONNS_PER_ADDR=%d", perAddr),
+			fmt.Sprintf("GATEWAY_HTTP_MAX_CONNS=%d", max(1024, perAddr)))})
 }
 
 // env is extra plus the configured GatewayEnv, which wins.
