@@ -94,3 +94,37 @@ func BenchmarkMarshalAck(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDecodeStored decodes the stored form of benchBatch, as the
+// uplink does with every buffered batch; BenchmarkDecodeStoredJSON is the
+// plain way, encoding/json into the same struct.
+func BenchmarkDecodeStored(b *testing.B) {
+	data := storedBenchBatch(b)
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeStored(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDecodeStoredJSON(b *testing.B) {
+	data := storedBenchBatch(b)
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var x Batch
+		if err := json.Unmarshal(data, &x); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func storedBenchBatch(b *testing.B) []byte {
+	bt, err := DecodeBatch(benchBatch(), testHW, DefaultLimits(), time.UnixMilli(testTS+60000))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return bt.Canonical()
+}

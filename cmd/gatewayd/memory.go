@@ -90,8 +90,11 @@ func releaseMemory() {
 }
 
 // heapAllocated returns the bytes the Go heap allocated since the start.
-func heapAllocated() uint64 {
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+func heapAllocated() uint64 { return runtimeMetric("/gc/heap/allocs:bytes") }
+
+// runtimeMetric reads one runtime/metrics counter (0 if it is not one).
+func runtimeMetric(name string) uint64 {
+	s := []metrics.Sample{{Name: name}}
 	metrics.Read(s)
 	if s[0].Value.Kind() != metrics.KindUint64 {
 		return 0

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"runtime/metrics"
 	"sync"
 	"testing"
 	"time"
@@ -135,11 +134,4 @@ func TestReleaseMemoryShrinksStacksFully(t *testing.T) {
 }
 
 // stackBytes returns the memory of goroutine stacks.
-func stackBytes() uint64 {
-	s := []metrics.Sample{{Name: "/memory/classes/heap/stacks:bytes"}}
-	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 {
-		return 0
-	}
-	return s[0].Value.Uint64()
-}
+func stackBytes() uint64 { return runtimeMetric("/memory/classes/heap/stacks:bytes") }
