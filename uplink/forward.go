@@ -3,9 +3,11 @@ package uplink
 import (
 	"context"
 	"errors"
+	"net"
 	"time"
 
 	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/tablewrite"
@@ -103,6 +105,25 @@ func (u *Uplink) callOutcome(ctx context.Context, op string, f func(context.Cont
 		u.metrics.requestErrors.WithLabelValues(op, errorKind(err)).Inc()
 	}
 	return err
+}
+
+// unreachable reports whether err is a request that got no answer: it was
+// not sent, or its connection failed, or it timed out. An answer of any
+// kind (an HTTP status, a DynamoDB error) means the cloud was reached.
+func unreachable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	// The SDK wraps a request that got no answer in a ResponseError with
+	// status 0.
+	var ae smithy.APIError
+	var re *smithyhttp.ResponseError
+	if errors.As(err, &ae) || (errors.As(err, &re) && re.HTTPStatusCode() != 0) {
+		return false
+	}
+	var se *smithyhttp.RequestSendError
+	var ne net.Error
+	return errors.As(err, &se) || errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // errorKind labels a request error for metrics.

@@ -372,11 +372,23 @@ func (u *Uplink) Run(ctx context.Context) error {
 	backoff := u.cfg.MinBackoff
 	poll := time.NewTimer(0)
 	defer poll.Stop()
+	probe := false
 	for {
-		n, full, err := u.round(ctx)
+		var (
+			n    int
+			full bool
+			err  error
+		)
+		if probe {
+			err = u.reach(ctx)
+		}
+		if err == nil {
+			n, full, err = u.round(ctx)
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
+		probe = err != nil && u.lambda == nil && unreachable(err)
 		if err != nil {
 			u.setDown(err)
 			wait := jitter(backoff)
@@ -405,6 +417,23 @@ func (u *Uplink) Run(ctx context.Context) error {
 		}
 		u.gather(ctx, u.nextWait())
 	}
+}
+
+// reach asks DynamoDB for the processed_batches table and fails only when
+// no answer came: a network error or a timeout. After a round that could
+// not reach the cloud, Run tries this one small request before the next
+// round, instead of leasing, decoding and building up to a lease of
+// batches, work thrown away for as long as the uplink stays down. Any
+// answer, even a refusal, lets the round run and find out for itself.
+func (u *Uplink) reach(ctx context.Context) error {
+	err := u.call(ctx, "DescribeTable", func(ctx context.Context) error {
+		_, err := u.db.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(u.tables.ProcessedBatches)})
+		return err
+	})
+	if unreachable(err) {
+		return fmt.Errorf("cloud unreachable: %w", err)
+	}
+	return nil
 }
 
 // nextWait is the adaptive wait for the current arrival rate.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -170,24 +171,32 @@ func TestThrottledAndAmbiguous(t *testing.T) {
 		err       error
 		throttled bool
 		ambiguous bool
+		// unreachable: no answer came (Run probes before the next round)
+		unreachable bool
 	}{
-		{"throughput", &types.ProvisionedThroughputExceededException{Message: aws.String("x")}, true, false},
-		{"request limit", &types.RequestLimitExceeded{Message: aws.String("x")}, true, false},
-		{"500", status(500), true, true},
-		{"503", status(503), true, true},
-		{"400", status(400), false, true},
-		{"internal server error", &types.InternalServerError{Message: aws.String("x")}, true, true},
-		{"transaction throttled", &types.TransactionCanceledException{CancellationReasons: []types.CancellationReason{{Code: aws.String("None")}, {Code: aws.String("ThrottlingError")}}}, true, false},
-		{"marker exists", &types.TransactionCanceledException{CancellationReasons: []types.CancellationReason{{Code: aws.String("ConditionalCheckFailed")}}}, false, false},
-		{"validation", &types.ResourceNotFoundException{Message: aws.String("x")}, false, false},
-		{"timeout", fmt.Errorf("call: %w", context.DeadlineExceeded), false, true},
-		{"network", errors.New("connection reset by peer"), false, true},
-		{"unprocessed items", fmt.Errorf("x: %w", errUnprocessed), false, false},
+		{"throughput", &types.ProvisionedThroughputExceededException{Message: aws.String("x")}, true, false, false},
+		{"request limit", &types.RequestLimitExceeded{Message: aws.String("x")}, true, false, false},
+		{"500", status(500), true, true, false},
+		{"503", status(503), true, true, false},
+		{"400", status(400), false, true, false},
+		{"internal server error", &types.InternalServerError{Message: aws.String("x")}, true, true, false},
+		{"transaction throttled", &types.TransactionCanceledException{CancellationReasons: []types.CancellationReason{{Code: aws.String("None")}, {Code: aws.String("ThrottlingError")}}}, true, false, false},
+		{"marker exists", &types.TransactionCanceledException{CancellationReasons: []types.CancellationReason{{Code: aws.String("ConditionalCheckFailed")}}}, false, false, false},
+		{"validation", &types.ResourceNotFoundException{Message: aws.String("x")}, false, false, false},
+		{"timeout", fmt.Errorf("call: %w", context.DeadlineExceeded), false, true, true},
+		{"network", errors.New("connection reset by peer"), false, true, false},
+		{"unprocessed items", fmt.Errorf("x: %w", errUnprocessed), false, false, false},
+		{"request not sent", fmt.Errorf("op: %w", &smithyhttp.RequestSendError{Err: errors.New("connection refused")}), false, true, true},
+		{"no answer (the SDK's shape)", &smithyhttp.ResponseError{Response: &smithyhttp.Response{Response: &http.Response{}},
+			Err: &smithyhttp.RequestSendError{Err: errors.New("connection refused")}}, false, true, true},
+		{"connection failed", &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}, false, true, true},
+		{"canceled", fmt.Errorf("call: %w", context.Canceled), false, true, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			require.Equal(t, tt.throttled, throttled(tt.err))
 			require.Equal(t, tt.ambiguous, ambiguous(tt.err))
+			require.Equal(t, tt.unreachable, unreachable(tt.err))
 		})
 	}
 }

@@ -66,6 +66,18 @@ func (cl *Clients) GetAll() map[string]*Client {
 	return m
 }
 
+// appendAll appends every client to dst and returns it. The server's
+// once-a-second sweeps use it with a slice of their own instead of GetAll,
+// which built a new map of every client on each sweep.
+func (cl *Clients) appendAll(dst []*Client) []*Client {
+	cl.RLock()
+	defer cl.RUnlock()
+	for _, v := range cl.internal {
+		dst = append(dst, v)
+	}
+	return dst
+}
+
 // Get returns the value of a client if it exists.
 func (cl *Clients) Get(id string) (*Client, bool) {
 	cl.RLock()

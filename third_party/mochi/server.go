@@ -154,6 +154,7 @@ type loop struct {
 	retainedExpiry *time.Ticker     // interval ticker for cleaning retained messages
 	willDelaySend  *time.Ticker     // interval ticker for sending Will Messages with a delay
 	willDelayed    *packets.Packets // activate LWT packets which will be sent after a delay
+	swept          []*Client        // the clients of a sweep; used by the event loop only
 }
 
 // ops contains server values which can be propagated to other structs.
@@ -1716,7 +1717,9 @@ func (s *Server) loadRetained(v []storage.Message) {
 // clearExpiredClients deletes all clients which have been disconnected for longer
 // than their given expiry intervals.
 func (s *Server) clearExpiredClients(dt int64) {
-	for id, client := range s.Clients.GetAll() {
+	clients := s.sweepClients()
+	defer s.sweepDone(clients)
+	for _, client := range clients {
 		disconnected := client.StopTime()
 		if disconnected == 0 {
 			continue
@@ -1729,7 +1732,7 @@ func (s *Server) clearExpiredClients(dt int64) {
 
 		if disconnected+int64(expire) < dt {
 			s.hooks.OnClientExpired(client)
-			s.Clients.Delete(id) // [MQTT-4.1.0-2]
+			s.Clients.Delete(client.ID) // [MQTT-4.1.0-2]
 		}
 	}
 }
@@ -1753,13 +1756,27 @@ func (s *Server) clearExpiredRetainedMessages(now int64) {
 
 // clearExpiredInflights deletes any inflight messages which have expired.
 func (s *Server) clearExpiredInflights(now int64) {
-	for _, client := range s.Clients.GetAll() {
+	clients := s.sweepClients()
+	defer s.sweepDone(clients)
+	for _, client := range clients {
 		if deleted := client.ClearExpiredInflights(now, s.Options.Capabilities.MaximumMessageExpiryInterval); len(deleted) > 0 {
 			for _, id := range deleted {
 				s.hooks.OnQosDropped(client, packets.Packet{PacketID: id})
 			}
 		}
 	}
+}
+
+// sweepClients returns every client, in the event loop's own slice.
+func (s *Server) sweepClients() []*Client {
+	return s.Clients.appendAll(s.loop.swept[:0])
+}
+
+// sweepDone keeps the slice of a sweep for the next one, without keeping
+// its clients alive.
+func (s *Server) sweepDone(clients []*Client) {
+	clear(clients)
+	s.loop.swept = clients[:0]
 }
 
 // sendDelayedLWT sends any LWT messages which have reached their issue time.
