@@ -10,9 +10,11 @@
 // Batches are forwarded in arrival order per device; devices are served
 // concurrently. Every failure that can heal (network, throttling, 5xx,
 // credentials, clocks, missing tables) is retried forever with capped,
-// jittered backoff; nothing is dropped. Only a refusal that no retry can
-// change (DynamoDB's ValidationException for the batch's own items) moves
-// the batch to the buffer's dead-letter area.
+// jittered backoff; nothing is dropped. After a round that got no answer
+// (network, timeout), each retry is one DescribeTable before the next
+// round. Only a refusal that no retry can change (DynamoDB's
+// ValidationException for the batch's own items) moves the batch to the
+// buffer's dead-letter area.
 package uplink
 
 import (
