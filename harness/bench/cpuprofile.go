@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -56,6 +57,9 @@ func (p *pprofCPU) save() error {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("reading the CPU profile: %s", resp.Status)
+	}
+	if err := os.MkdirAll(filepath.Dir(p.path), 0o755); err != nil {
+		return err
 	}
 	f, err := os.Create(p.path)
 	if err != nil {
