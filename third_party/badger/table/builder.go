@@ -524,7 +524,7 @@ func (b *Builder) compressData(data []byte) ([]byte, error) {
 }
 
 func (b *Builder) buildIndex(bloom []byte) ([]byte, uint32) {
-	builder := fbs.NewBuilder(3 << 20)
+	builder := fbs.NewBuilder(b.indexSizeHint(bloom))
 
 	boList, dataSize := b.writeBlockOffsets(builder)
 	// Write block offset vector the the idxBuilder.
@@ -557,6 +557,19 @@ func (b *Builder) buildIndex(bloom []byte) ([]byte, uint32) {
 	// Mutate the ondisk size to include the size of the index as well.
 	y.AssertTrue(index.MutateOnDiskSize(index.OnDiskSize() + uint32(len(buf))))
 	return buf, dataSize
+}
+
+// indexSizeHint is about the size of the table's index: its block offsets
+// (each a base key, an offset and a length, as a flatbuffers table) and
+// its bloom filter. Upstream starts every index builder at 3 MiB, which
+// for small tables allocates (and zeroes) a thousand times what the index
+// needs on every table built; the builder grows when the hint is short.
+func (b *Builder) indexSizeHint(bloom []byte) int {
+	n := len(bloom) + 256
+	for _, bl := range b.blockList {
+		n += len(bl.baseKey) + 48
+	}
+	return n
 }
 
 // writeBlockOffsets writes all the blockOffets in b.offsets and returns the
