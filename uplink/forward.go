@@ -92,7 +92,8 @@ func (u *Uplink) callOutcome(ctx context.Context, op string, f func(context.Cont
 	defer cancel()
 	start := time.Now()
 	partly, err := f(ctx)
-	u.metrics.requestSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	rtt := time.Since(start)
+	u.metrics.requestSeconds.WithLabelValues(op).Observe(rtt.Seconds())
 	o := outcomeSuccess
 	switch {
 	case partly || throttled(err):
@@ -100,7 +101,7 @@ func (u *Uplink) callOutcome(ctx context.Context, op string, f func(context.Cont
 	case err != nil:
 		o = outcomeOther
 	}
-	u.limiter.release(gen, o)
+	u.limiter.release(gen, o, op, rtt)
 	if err != nil {
 		u.metrics.requestErrors.WithLabelValues(op, errorKind(err)).Inc()
 	}

@@ -87,7 +87,9 @@ func (t *lambdaTarget) invoke(ctx context.Context, ev *event.BatchEvent) (map[st
 	case anyThrottled(results):
 		o = outcomeThrottled
 	}
-	t.limiter.release(gen, o)
+	// An invocation's duration follows its batches and the function's
+	// own writes, not a queue: only its outcome steers the limit.
+	t.limiter.release(gen, o, "", 0)
 	if err != nil {
 		t.metrics.invocations.WithLabelValues(invocationKind(err)).Inc()
 		return nil, fmt.Errorf("invoking %s with %d batches, %d device records, %d keys: %w",

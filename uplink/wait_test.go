@@ -130,7 +130,7 @@ func TestAIMD(t *testing.T) {
 		gens = append(gens, g)
 	}
 	for _, g := range gens {
-		a.release(g, outcomeThrottled)
+		a.release(g, outcomeThrottled, "", 0)
 	}
 	require.Equal(t, 4, a.current())
 
@@ -138,7 +138,7 @@ func TestAIMD(t *testing.T) {
 	for range 5 {
 		g, err := a.acquire(ctx)
 		require.NoError(t, err)
-		a.release(g, outcomeThrottled)
+		a.release(g, outcomeThrottled, "", 0)
 	}
 	require.Equal(t, 1, a.current())
 
@@ -149,14 +149,14 @@ func TestAIMD(t *testing.T) {
 	cancel()
 	_, err = a.acquire(short)
 	require.ErrorIs(t, err, context.Canceled)
-	a.release(g, outcomeOther)
+	a.release(g, outcomeOther, "", 0)
 	require.Equal(t, 1, a.current(), "other failures change nothing")
 
 	// Additive increase: one more per limit successes, up to the maximum.
 	for range 1000 {
 		g, err := a.acquire(ctx)
 		require.NoError(t, err)
-		a.release(g, outcomeSuccess)
+		a.release(g, outcomeSuccess, "", 0)
 	}
 	require.Equal(t, 10, a.current())
 	require.Equal(t, []int{8, 4, 2, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, seen)

@@ -53,7 +53,7 @@ func run(args []string) int {
 	fs.IntVar(&cfg.DrainBaselineReadings, "drain-baseline-readings", cfg.DrainBaselineReadings,
 		"readings of the backlog the SDK loop making transaction mode's requests writes (an explanatory line; its rate is compared; 0: all); the plain-write ceiling always writes the whole backlog")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "bound on one drain")
-	fs.IntVar(&cfg.UplinkConcurrency, "uplink-concurrency", cfg.UplinkConcurrency, "uplink.concurrency of gatewayd, and the SDK loop's")
+	fs.IntVar(&cfg.UplinkConcurrency, "uplink-concurrency", cfg.UplinkConcurrency, "the SDK loop's concurrency, and gatewayd's uplink.concurrency (where its adaptive limit starts; uplink.max_concurrency stays at its default)")
 	ceilingGoroutines := fs.String("ceiling-goroutines", joinInts(cfg.CeilingGoroutines), "drain: comma-separated goroutine counts of "+
 		"the plain BatchWriteItem writer (25 readings a request, no markers); the fastest is the ceiling the drain is compared with")
 	fs.IntVar(&cfg.LambdaInstances, "lambda-instances", cfg.LambdaInstances, "lambda scenario: Runtime Interface Emulators running the readings function side by side (each one invocation at a time)")

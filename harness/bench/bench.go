@@ -67,7 +67,8 @@ type Config struct {
 	DrainBaselineReadings int `json:"drain_baseline_readings"`
 	// DrainTimeout bounds one drain.
 	DrainTimeout time.Duration `json:"drain_timeout_ns"`
-	// UplinkConcurrency is uplink.concurrency, and the SDK loop's.
+	// UplinkConcurrency is the SDK loop's concurrency, and gatewayd's
+	// uplink.concurrency (where its adaptive limit starts).
 	UplinkConcurrency int `json:"uplink_concurrency"`
 	// CeilingGoroutines are the goroutine counts the plain BatchWriteItem
 	// writer runs at; the fastest run is the drain's ceiling.

@@ -376,12 +376,11 @@ type drainTarget func(ctx context.Context, prefix string) (env []string, stop fu
 // to DynamoDB Local, or through target when it is not nil.
 func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir, mode string, target drainTarget) (gatewayDrain, error) {
 	gd := gatewayDrain{Mode: mode, Requests: map[string]float64{}}
-	// AIMD would raise the requests in flight above uplink.concurrency;
-	// the ceiling is pinned to it, so that gatewayd and the SDK loop run at
-	// the same concurrency.
+	// gatewayd starts at the SDK loop's concurrency and adapts it as it
+	// would anywhere (up to its default uplink.max_concurrency), as the
+	// plain writer's best goroutine count is chosen for the ceiling.
 	env := r.env("GATEWAY_UPLINK_WRITE_MODE="+mode,
-		fmt.Sprintf("GATEWAY_UPLINK_CONCURRENCY=%d", r.cfg.UplinkConcurrency),
-		fmt.Sprintf("GATEWAY_UPLINK_MAX_CONCURRENCY=%d", r.cfg.UplinkConcurrency))
+		fmt.Sprintf("GATEWAY_UPLINK_CONCURRENCY=%d", r.cfg.UplinkConcurrency))
 	logPath := filepath.Join(r.work, "gatewayd-drain-"+mode+".log")
 
 	// The same backlog, not forwarding: the memory baseline.
