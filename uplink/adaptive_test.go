@@ -1,6 +1,7 @@
 package uplink_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -35,6 +36,7 @@ type recordingDB struct {
 	loseOnce        map[string]int // batch_id: apply, then fail with a network error, this many times
 	failOnce        int            // the next this many writes fail without being applied
 	onWrite         func()         // called at each write, outside mu
+	latency         time.Duration  // each write's round trip; 200µs when zero
 	inflight        int
 	maxFlight       int
 	gets            int            // BatchGetItem calls
@@ -52,7 +54,7 @@ func (f *recordingDB) TransactWriteItems(ctx context.Context, in *dynamodb.Trans
 	f.maxFlight = max(f.maxFlight, f.inflight)
 	f.mu.Unlock()
 	// Let concurrent requests overlap, so that in-flight counts mean something.
-	time.Sleep(200 * time.Microsecond)
+	time.Sleep(cmp.Or(f.latency, 200*time.Microsecond))
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.inflight--
@@ -189,7 +191,9 @@ func TestThrottlingHalvesConcurrencyAndSuccessRestoresIt(t *testing.T) {
 	}
 	store(t, buf, batches...)
 	reg := prometheus.NewRegistry()
-	db := &recordingDB{throttle: 40}
+	// Round trips long enough that the scheduler's jitter does not read
+	// as queueing (the limit also follows round trips).
+	db := &recordingDB{throttle: 40, latency: 20 * time.Millisecond}
 	var (
 		mu          sync.Mutex
 		concurrency []float64 // the gauge at each write
