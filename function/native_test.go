@@ -100,12 +100,7 @@ func TestNativeEventUnderTheEmulator(t *testing.T) {
 // tables once, with one marker each.
 func TestKilledEmulatorMidInvocationThenRetryIsExactlyOnce(t *testing.T) {
 	local := dynamotest.Shared(t)
-	slow, err := faultproxy.New(faultproxy.Config{Target: local.Endpoint}, nil)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	require.NoError(t, slow.Listen())
-	go func() { _ = slow.Run(ctx) }()
+	slow := faultproxy.Start(t, local.Endpoint, 0)
 	require.NoError(t, slow.Set(faultproxy.Fault{Mode: faultproxy.Latency, Delay: 100 * time.Millisecond}))
 	r := newRig(t, map[string]string{"DYNAMODB_ENDPOINT": slow.URL(), "WRITE_CONCURRENCY": "2"})
 
@@ -170,12 +165,7 @@ func countMarkers(t *testing.T, r *rig, batches map[string]*contract.Batch) int 
 // both go through once DynamoDB recovers.
 func TestThrottlingAnswers429AndThrottled(t *testing.T) {
 	local := dynamotest.Shared(t)
-	proxy, err := faultproxy.New(faultproxy.Config{Target: local.Endpoint}, nil)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	require.NoError(t, proxy.Listen())
-	go func() { _ = proxy.Run(ctx) }()
+	proxy := faultproxy.Start(t, local.Endpoint, 0)
 	r := newRig(t, map[string]string{"DYNAMODB_ENDPOINT": proxy.URL()})
 	hw := "AA:BB:CC:00:15:21"
 	b := batch(hw, base(), 0, 2, 21)

@@ -57,12 +57,9 @@ func requestErrors(reg *prometheus.Registry, op string) float64 {
 // for nothing). Once DynamoDB answers, every batch goes up once.
 func TestUnreachableCloudIsProbedNotLeased(t *testing.T) {
 	local := dynamotest.Shared(t)
-	proxy, err := faultproxy.New(faultproxy.Config{Target: local.Endpoint}, nil)
-	require.NoError(t, err)
+	proxy := faultproxy.Start(t, local.Endpoint, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	require.NoError(t, proxy.Listen())
-	go func() { _ = proxy.Run(ctx) }()
 	require.NoError(t, proxy.Set(faultproxy.Fault{Mode: faultproxy.Reset}))
 
 	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)

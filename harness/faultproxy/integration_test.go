@@ -155,16 +155,7 @@ type batchWant struct {
 // startTo serves a proxy to target on a loopback port.
 func startTo(t testing.TB, target string, seed uint64) (*faultproxy.Proxy, string) {
 	t.Helper()
-	p, err := faultproxy.New(faultproxy.Config{Target: target, Seed: seed}, nil)
-	require.NoError(t, err)
-	require.NoError(t, p.Listen())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	p := faultproxy.Start(t, target, seed)
 	return p, p.URL()
 }
 
