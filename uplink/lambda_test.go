@@ -19,6 +19,7 @@ import (
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/function/event"
+	"greenhouse-gateway/harness/faultproxy"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/uplink"
 )
@@ -419,4 +420,48 @@ func TestLambdaTargetFillsInvocationsFromFewDevices(t *testing.T) {
 	require.Equal(t, want, perDevice(delivered), "per-device order, through the failure")
 	require.False(t, overlap, "no device is in two invocations at once")
 	require.Equal(t, 60, slices.Max(sizes), "3 devices fill an invocation of 60")
+}
+
+// TestLambdaTargetProbesWhileUnreachable resets every connection to the
+// function: after the first failed round, each retry is one invocation
+// with an empty event, and the buffer is not read again. Once the function
+// answers, the probe reaches it (an invocation of no batches) and every
+// batch goes up once, in each device's order.
+func TestLambdaTargetProbesWhileUnreachable(t *testing.T) {
+	buf := openBuffer(t)
+	want := fleetBacklog(t, buf, 3, 4)
+	fn, url := newFakeFunction(t)
+	proxy := faultproxy.Start(t, url, 0)
+	require.NoError(t, proxy.Set(faultproxy.Fault{Mode: faultproxy.Reset}))
+
+	st := &leaseCountingStore{Buffer: buf}
+	cfg := uplink.Config{Target: uplink.TargetLambda, MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}
+	cfg.Lambda.Function = "readings"
+	reg := prometheus.NewRegistry()
+	up, err := uplink.New(cfg, st, nil, nil, nil, nil, cloud.Tables{}, nil, reg)
+	require.NoError(t, err)
+	client, err := cloud.NewLambdaClient(context.Background(), cloud.Config{Endpoint: proxy.URL()})
+	require.NoError(t, err)
+	up.SetLambda(client, "gw-test")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- up.Run(ctx) }()
+	retries := func() float64 { return metricValue(reg, "gateway_uplink_retried_rounds_total", "") }
+	require.Eventually(t, func() bool { return retries() >= 2 }, 30*time.Second, 5*time.Millisecond)
+	reads := st.reads.Load()
+	require.Positive(t, reads, "the first round leased")
+	require.Eventually(t, func() bool { return retries() >= 10 }, 30*time.Second, 5*time.Millisecond)
+	require.Equal(t, reads, st.reads.Load(), "no round leased while the function could not be reached")
+	require.Contains(t, up.Status().LastError, "cloud unreachable")
+	require.GreaterOrEqual(t, proxy.Stats().Requests[faultproxy.Reset], uint64(10), "each retry was an invocation")
+
+	require.NoError(t, proxy.Set(faultproxy.Fault{}))
+	require.Eventually(t, func() bool { return buf.Stats().PendingBatches == 0 }, 30*time.Second, 10*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	delivered, sizes, _ := fn.snapshot()
+	require.Equal(t, want, perDevice(delivered), "each batch once, in each device's order")
+	require.Equal(t, 0, sizes[0], "the first invocation the function saw was the probe's empty event")
 }

@@ -11,8 +11,8 @@
 // concurrently. Every failure that can heal (network, throttling, 5xx,
 // credentials, clocks, missing tables) is retried forever with capped,
 // jittered backoff; nothing is dropped. After a round that got no answer
-// (network, timeout), each retry is one DescribeTable before the next
-// round. Only a refusal that no retry can change (DynamoDB's
+// (network, timeout), each retry is one small request (reach) before the
+// next round. Only a refusal that no retry can change (DynamoDB's
 // ValidationException for the batch's own items) moves the batch to the
 // buffer's dead-letter area.
 package uplink
@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/function/event"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
 )
@@ -390,7 +391,7 @@ func (u *Uplink) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		probe = err != nil && u.lambda == nil && unreachable(err)
+		probe = err != nil && unreachable(err)
 		if err != nil {
 			u.setDown(err)
 			wait := jitter(backoff)
@@ -421,17 +422,25 @@ func (u *Uplink) Run(ctx context.Context) error {
 	}
 }
 
-// reach asks DynamoDB for the processed_batches table and fails only when
-// no answer came: a network error or a timeout. After a round that could
-// not reach the cloud, Run tries this one small request before the next
-// round, instead of leasing, decoding and building up to a lease of
-// batches, work thrown away for as long as the uplink stays down. Any
-// answer, even a refusal, lets the round run and find out for itself.
+// reach sends the cloud one small request and fails only when no answer
+// came: a network error or a timeout. After a round that could not reach
+// the cloud, Run tries this before the next round, instead of leasing,
+// decoding and building up to a lease of batches, work thrown away for as
+// long as the uplink stays down. Any answer, even a refusal, lets the
+// round run and find out for itself. The request is a DescribeTable of
+// processed_batches, or with the lambda target an invocation of the
+// readings function with an empty event (which it answers with no
+// results, writing nothing).
 func (u *Uplink) reach(ctx context.Context) error {
-	err := u.call(ctx, "DescribeTable", func(ctx context.Context) error {
-		_, err := u.db.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(u.tables.ProcessedBatches)})
-		return err
-	})
+	var err error
+	if u.lambda != nil {
+		_, err = u.lambda.invoke(ctx, &event.BatchEvent{})
+	} else {
+		err = u.call(ctx, "DescribeTable", func(ctx context.Context) error {
+			_, err := u.db.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(u.tables.ProcessedBatches)})
+			return err
+		})
+	}
 	if unreachable(err) {
 		return fmt.Errorf("cloud unreachable: %w", err)
 	}
