@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -56,6 +57,10 @@ type gatewayDrain struct {
 	IdleMemory     memory  `json:"memory_not_forwarding"`
 	IdleReady      float64 `json:"ready_not_forwarding_s"`
 	ReadingsStored int64   `json:"readings_in_table"`
+	// Concurrency is gateway_uplink_concurrency (the lambda target's
+	// gateway_uplink_lambda_concurrency), the requests the uplink let
+	// itself have in flight, at each poll of the drain.
+	Concurrency []float64 `json:"uplink_concurrency"`
 	// Invocations and InvokedBatches are the lambda target's invocations
 	// and the device batches they carried.
 	Invocations    float64 `json:"lambda_invocations,omitempty"`
@@ -185,11 +190,21 @@ func (r *runner) reportDrain(mode string, run drainRun, best plainRun) {
 	}
 	perBatch := float64(r.cfg.Readings)
 	r.res.note("%s: %d readings from %d devices, %d a batch; gatewayd: requests %v, transaction limit %.0f, "+
-		"%.0f request errors, ready after %.2fs, CPU %.1fs, DynamoDB Local CPU %.1fs; on AWS (100 actions a transaction) "+
-		"transaction mode would write each batch as one transaction: %.2f WCU per reading",
+		"%.0f request errors, ready after %.2fs, CPU %.1fs, DynamoDB Local CPU %.1fs, requests in flight allowed %s; "+
+		"on AWS (100 actions a transaction) transaction mode would write each batch as one transaction: %.2f WCU per reading",
 		section, run.Backlog.Readings, run.Backlog.Devices, r.cfg.Readings, gw.Requests, gw.TxLimit,
-		gw.RequestErrors, gw.ReadySeconds, gw.CPUSeconds, gw.DynamoCPU,
+		gw.RequestErrors, gw.ReadySeconds, gw.CPUSeconds, gw.DynamoCPU, spread(gw.Concurrency),
 		2*(perBatch*run.Pricing.ReadingWCU+run.Pricing.MarkerWCU)/perBatch)
+}
+
+// spread describes a series of polled values: its least, median and
+// largest.
+func spread(xs []float64) string {
+	if len(xs) == 0 {
+		return "(not polled)"
+	}
+	s := slices.Sorted(slices.Values(xs))
+	return fmt.Sprintf("%.0f-%.0f (median %.0f of %d polls)", s[0], s[len(s)-1], s[len(s)/2], len(s))
 }
 
 // warmDynamo warms DynamoDB Local's JIT with a small SDK loop and probes
@@ -446,6 +461,11 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 		if m, err = g.metrics(ctx); err != nil {
 			return gd, err
 		}
+		limit := "gateway_uplink_concurrency"
+		if target != nil {
+			limit = "gateway_uplink_lambda_concurrency"
+		}
+		gd.Concurrency = append(gd.Concurrency, m.sum(limit))
 		if now := time.Now(); !now.Before(nextProgress) {
 			gd.Progress = append(gd.Progress, progress{Seconds: now.Sub(t0).Seconds(), Readings: m.sum("gateway_uplink_readings_total")})
 			nextProgress = nextProgress.Add(progressEvery)
