@@ -71,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		retries: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "retried_rounds_total",
-			Help: "Forwarding rounds that failed and were retried after a backoff.",
+			Help: "Forwarding rounds, or while the cloud gave no answer the probes before them, that failed and were retried after a backoff.",
 		}),
 		requestErrors: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "request_errors_total",
