@@ -1,6 +1,7 @@
 package uplink
 
 import (
+	"container/list"
 	"context"
 	"math"
 	"sync"
@@ -35,10 +36,14 @@ type aimd struct {
 	min, max float64
 	inflight int
 	gen      uint64 // bumped at each decrease
-	wake     chan struct{}
-	changed  func(limit int)
-	floors   map[string]*rttFloor
-	now      func() time.Time
+	// waiters are the acquires waiting for a slot, first come first
+	// served: a freed slot is handed to one of them, not raced for by all
+	// (a bulk write has up to max_concurrency senders waiting on a limit
+	// that may sit far below it).
+	waiters list.List // of *slotWaiter
+	changed func(limit int)
+	floors  map[string]*rttFloor
+	now     func() time.Time
 }
 
 // floorWindow is how long a round-trip floor is kept before it may rise.
@@ -73,29 +78,55 @@ func vegasAlpha(limit float64) float64 { return 3 * max(1, math.Log10(limit)) }
 func vegasBeta(limit float64) float64  { return 6 * max(1, math.Log10(limit)) }
 
 func newAIMD(start, maxLimit int, changed func(int)) *aimd {
-	a := &aimd{limit: float64(start), min: 1, max: float64(maxLimit), wake: make(chan struct{}), changed: changed,
+	a := &aimd{limit: float64(start), min: 1, max: float64(maxLimit), changed: changed,
 		floors: map[string]*rttFloor{}, now: time.Now}
 	a.changed(start)
 	return a
 }
 
+// slotWaiter is an acquire waiting for a slot; granted is closed once the
+// slot is its own, started in generation gen.
+type slotWaiter struct {
+	granted chan struct{}
+	gen     uint64
+}
+
 // acquire waits for a slot and returns the generation to hand to release.
 func (a *aimd) acquire(ctx context.Context) (uint64, error) {
-	for {
-		a.mu.Lock()
-		if a.inflight < int(a.limit) {
-			a.inflight++
-			gen := a.gen
-			a.mu.Unlock()
-			return gen, nil
-		}
-		wake := a.wake
+	a.mu.Lock()
+	if a.inflight < int(a.limit) && a.waiters.Len() == 0 {
+		a.inflight++
+		gen := a.gen
 		a.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-wake:
-		}
+		return gen, nil
+	}
+	w := &slotWaiter{granted: make(chan struct{})}
+	el := a.waiters.PushBack(w)
+	a.mu.Unlock()
+	select {
+	case <-w.granted:
+		return w.gen, nil
+	case <-ctx.Done():
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	select {
+	case <-w.granted: // granted meanwhile: give the slot back
+		a.inflight--
+		a.grant()
+	default:
+		a.waiters.Remove(el)
+	}
+	return 0, ctx.Err()
+}
+
+// grant hands the free slots to the waiters in order. a.mu is held.
+func (a *aimd) grant() {
+	for a.inflight < int(a.limit) && a.waiters.Len() > 0 {
+		w := a.waiters.Remove(a.waiters.Front()).(*slotWaiter)
+		a.inflight++
+		w.gen = a.gen
+		close(w.granted)
 	}
 }
 
@@ -132,8 +163,7 @@ func (a *aimd) release(gen uint64, o outcome, op string, rtt time.Duration) {
 	if after := int(a.limit); after != before {
 		a.changed(after)
 	}
-	close(a.wake)
-	a.wake = make(chan struct{})
+	a.grant()
 }
 
 // queued is how many of the limit's requests a round trip of op says

@@ -5,6 +5,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -126,4 +127,86 @@ func TestAIMDGrowsWhereRoundTripsStayFlat(t *testing.T) {
 	t.Logf("the limit fell to %d and was back at the maximum %s after the path became slower", lowest, back)
 	require.NotZero(t, back)
 	require.LessOrEqual(t, back, 2*floorWindow+10*time.Second)
+}
+
+// TestAIMDHandsFreedSlotsToWaitersInOrder: a freed slot goes to the
+// longest waiting acquire alone; an acquire whose context ends leaves the
+// queue without a slot.
+func TestAIMDHandsFreedSlotsToWaitersInOrder(t *testing.T) {
+	a := newAIMD(2, 2, func(int) {})
+	ctx := context.Background()
+	held := make([]uint64, 2)
+	for i := range held {
+		g, err := a.acquire(ctx)
+		require.NoError(t, err)
+		held[i] = g
+	}
+	state := func() (inflight, waiting int) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.inflight, a.waiters.Len()
+	}
+	type result struct {
+		i   int
+		err error
+	}
+	results := make(chan result, 3)
+	ctxs := make([]context.Context, 3)
+	cancels := make([]context.CancelFunc, 3)
+	for i := range 3 {
+		ctxs[i], cancels[i] = context.WithCancel(ctx)
+		defer cancels[i]()
+		go func() {
+			_, err := a.acquire(ctxs[i])
+			results <- result{i, err}
+		}()
+		require.Eventually(t, func() bool { _, w := state(); return w == i+1 }, 5*time.Second, time.Millisecond)
+	}
+
+	a.release(held[0], outcomeOther, "", 0)
+	r := <-results
+	require.Equal(t, result{0, nil}, r, "the first waiter got the slot")
+	inflight, waiting := state()
+	require.Equal(t, 2, inflight)
+	require.Equal(t, 2, waiting, "the others still wait")
+
+	cancels[1]()
+	r = <-results
+	require.Equal(t, 1, r.i)
+	require.ErrorIs(t, r.err, context.Canceled)
+	inflight, waiting = state()
+	require.Equal(t, 2, inflight, "a cancelled wait takes no slot")
+	require.Equal(t, 1, waiting)
+
+	a.release(held[1], outcomeOther, "", 0)
+	require.Equal(t, result{2, nil}, <-results)
+	inflight, waiting = state()
+	require.Equal(t, 2, inflight)
+	require.Zero(t, waiting)
+}
+
+// TestAIMDLeaksNoSlots races acquires whose contexts end at random
+// against releases: every slot taken is given back, granted or not.
+func TestAIMDLeaksNoSlots(t *testing.T) {
+	a := newAIMD(3, 3, func(int) {})
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			for range 200 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rng.IntN(200))*time.Microsecond)
+				gen, err := a.acquire(ctx)
+				cancel()
+				if err == nil {
+					time.Sleep(time.Duration(rng.IntN(50)) * time.Microsecond)
+					a.release(gen, outcomeOther, "", 0)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	require.Zero(t, a.inflight)
+	require.Zero(t, a.waiters.Len())
 }
