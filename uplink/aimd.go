@@ -172,12 +172,13 @@ func (a *aimd) queued(op string, rtt time.Duration) float64 {
 	if rtt <= 0 {
 		return 0
 	}
+	now := a.now()
 	f := a.floors[op]
 	if f == nil {
-		f = &rttFloor{start: a.now()}
+		f = &rttFloor{start: now}
 		a.floors[op] = f
 	}
-	floor := f.observe(a.now(), rtt)
+	floor := f.observe(now, rtt)
 	return a.limit * (1 - float64(floor)/float64(rtt))
 }
 

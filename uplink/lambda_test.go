@@ -164,7 +164,7 @@ func (f *fakeFunction) snapshot() (delivered []string, sizes []int, overlap bool
 }
 
 // newLambdaUplink returns an uplink with the lambda target pointed at url.
-func newLambdaUplink(t *testing.T, buf *buffer.Buffer, url string, cfg uplink.Config, devices uplink.DeviceSource) (*uplink.Uplink, *prometheus.Registry) {
+func newLambdaUplink(t *testing.T, buf uplink.Store, url string, cfg uplink.Config, devices uplink.DeviceSource) (*uplink.Uplink, *prometheus.Registry) {
 	t.Helper()
 	cfg.Target, cfg.Lambda.Function = uplink.TargetLambda, "readings"
 	cfg.MinBackoff, cfg.MaxBackoff = 5*time.Millisecond, 50*time.Millisecond
@@ -435,14 +435,7 @@ func TestLambdaTargetProbesWhileUnreachable(t *testing.T) {
 	require.NoError(t, proxy.Set(faultproxy.Fault{Mode: faultproxy.Reset}))
 
 	st := &leaseCountingStore{Buffer: buf}
-	cfg := uplink.Config{Target: uplink.TargetLambda, MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}
-	cfg.Lambda.Function = "readings"
-	reg := prometheus.NewRegistry()
-	up, err := uplink.New(cfg, st, nil, nil, nil, nil, cloud.Tables{}, nil, reg)
-	require.NoError(t, err)
-	client, err := cloud.NewLambdaClient(context.Background(), cloud.Config{Endpoint: proxy.URL()})
-	require.NoError(t, err)
-	up.SetLambda(client, "gw-test")
+	up, reg := newLambdaUplink(t, st, proxy.URL(), uplink.Config{}, nil)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -66,10 +66,7 @@ func TestUnreachableCloudIsProbedNotLeased(t *testing.T) {
 	defer ccancel()
 	client, err := cloud.NewClient(cctx, cloud.Config{Endpoint: proxy.URL(), Region: "us-east-1"}, cloud.WithRetryMaxAttempts(1))
 	require.NoError(t, err)
-	e := &env{local: local, client: local.Client(t), tables: local.NewTables(t), reg: prometheus.NewRegistry()}
-	e.buf, err = buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { e.buf.Close() })
+	e := &env{local: local, client: local.Client(t), tables: local.NewTables(t), reg: prometheus.NewRegistry(), buf: openBuffer(t)}
 	st := &leaseCountingStore{Buffer: e.buf}
 	e.up, err = uplink.New(uplink.Config{MinBackoff: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond},
 		st, nil, nil, client, nil, e.tables, nil, e.reg)

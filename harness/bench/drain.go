@@ -203,8 +203,7 @@ func spread(xs []float64) string {
 	if len(xs) == 0 {
 		return "(not polled)"
 	}
-	s := slices.Sorted(slices.Values(xs))
-	return fmt.Sprintf("%.0f-%.0f (median %.0f of %d polls)", s[0], s[len(s)-1], s[len(s)/2], len(s))
+	return fmt.Sprintf("%.0f-%.0f (median %.0f of %d polls)", slices.Min(xs), slices.Max(xs), median(xs), len(xs))
 }
 
 // warmDynamo warms DynamoDB Local's JIT with a small SDK loop and probes
@@ -446,6 +445,10 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 		return gd, err
 	}
 	deadline := t0.Add(r.cfg.DrainTimeout)
+	limitMetric := "gateway_uplink_concurrency"
+	if target != nil {
+		limitMetric = "gateway_uplink_lambda_concurrency"
+	}
 	nextProgress := t0
 	var m samples
 	for {
@@ -461,11 +464,7 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 		if m, err = g.metrics(ctx); err != nil {
 			return gd, err
 		}
-		limit := "gateway_uplink_concurrency"
-		if target != nil {
-			limit = "gateway_uplink_lambda_concurrency"
-		}
-		gd.Concurrency = append(gd.Concurrency, m.sum(limit))
+		gd.Concurrency = append(gd.Concurrency, m.sum(limitMetric))
 		if now := time.Now(); !now.Before(nextProgress) {
 			gd.Progress = append(gd.Progress, progress{Seconds: now.Sub(t0).Seconds(), Readings: m.sum("gateway_uplink_readings_total")})
 			nextProgress = nextProgress.Add(progressEvery)
