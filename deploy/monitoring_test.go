@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,6 +26,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/harness/proc"
 	"greenhouse-gateway/harness/syncbuf"
 	"greenhouse-gateway/internal/cloud"
 )
@@ -516,10 +516,9 @@ type gatewayd struct {
 
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := proc.FreeAddr()
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // startGatewayd runs bin on loopback ports, stops it with SIGTERM at cleanup, and waits

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,6 +26,7 @@ import (
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/harness/dynamotest"
 	"greenhouse-gateway/harness/mosquittotest"
+	"greenhouse-gateway/harness/proc"
 	"greenhouse-gateway/harness/syncbuf"
 	"greenhouse-gateway/internal/cloud"
 )
@@ -62,10 +62,9 @@ func gatewaydBinary(t *testing.T) string {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := proc.FreeAddr()
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // daemon is one gatewayd process.

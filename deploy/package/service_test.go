@@ -24,6 +24,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/harness/proc"
 	"greenhouse-gateway/harness/syncbuf"
 	"greenhouse-gateway/internal/cloud"
 )
@@ -683,10 +684,9 @@ func lookupGroup(t testing.TB, groupFile, group string) int {
 
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := proc.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }

@@ -72,10 +72,10 @@ func Start(tb testing.TB, bootstrap string, env map[string]string) *Emulator {
 func Launch(rie, bootstrap string, overrides map[string]string) (*Emulator, error) {
 	e := &Emulator{rie: rie, bootstrap: bootstrap, env: env(overrides), output: &syncbuf.Buffer{Max: 1 << 20}}
 	var err error
-	if e.riePort, err = freePort(); err != nil {
+	if e.riePort, err = proc.FreePort(); err != nil {
 		return nil, err
 	}
-	if e.apiPort, err = freePort(); err != nil {
+	if e.apiPort, err = proc.FreePort(); err != nil {
 		return nil, err
 	}
 	target, _ := url.Parse("http://127.0.0.1:" + strconv.Itoa(e.riePort))

@@ -20,7 +20,6 @@ package lambdatest
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -145,16 +144,6 @@ func FunctionBinary() (string, error) {
 		}
 		return bin, os.Rename(tmp, bin)
 	})
-}
-
-// freePort returns a port free on 127.0.0.1 a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // env is the process environment with overrides: the emulator passes it to

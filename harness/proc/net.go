@@ -2,23 +2,50 @@ package proc
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 )
 
 // FreePort returns a TCP port for a child to listen on: it was free on
-// 127.0.0.1 a moment ago.
+// 127.0.0.1 a moment ago. It is drawn at random below the kernel's
+// ephemeral range: a port the kernel handed out (to a listener on port 0
+// or to an outgoing connection) can be taken by anyone in the moment
+// between this check and the child's bind, and under a parallel test run
+// one was (the child then failed with "address already in use", or
+// another process answered on its port).
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
+	low, high := freePortRange()
+	for range 200 {
+		port := low + rand.IntN(high-low)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue // taken
+		}
+		if err := l.Close(); err != nil {
+			return 0, fmt.Errorf("finding a free port: %w", err)
+		}
+		return port, nil
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	if err := l.Close(); err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
+	return 0, fmt.Errorf("finding a free port: no free port in %d-%d after 200 tries", low, high-1)
+}
+
+// freePortRange is the ports FreePort draws from: 10000 up to the start of
+// the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768 by
+// default).
+func freePortRange() (low, high int) {
+	low, high = 10000, 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if start, err := strconv.Atoi(f[0]); err == nil && start > low+1000 {
+				high = start
+			}
+		}
 	}
-	return port, nil
+	return low, high
 }
 
 // FreeAddr returns 127.0.0.1:PORT with a port from FreePort.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net"
 	"os/exec"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -75,4 +76,24 @@ func TestWaitTCP(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
 	require.NoError(t, p.WaitTCP(addr, 5*time.Second))
+}
+
+func TestFreePortIsBelowTheEphemeralRange(t *testing.T) {
+	low, high := freePortRange()
+	require.Less(t, low, high)
+	// Ports the kernel hands out for port 0 come from the ephemeral range.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ephemeral := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	require.GreaterOrEqual(t, ephemeral, high, "the kernel's own pick")
+	for range 20 {
+		port, err := FreePort()
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, port, low)
+		require.Less(t, port, high)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		require.NoError(t, err, "port %d", port)
+		require.NoError(t, l.Close())
+	}
 }
