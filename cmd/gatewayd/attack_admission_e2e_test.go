@@ -24,9 +24,13 @@ import (
 	"greenhouse-gateway/internal/cloud"
 )
 
-// deviceDeadline is what the issue asks of a device under attack: CONNACK
-// and then the "accepted" ack of a batch within 2 s.
-const deviceDeadline = 2 * time.Second
+// deviceDeadline is what a device under attack is promised: CONNACK and
+// then the "accepted" ack of a batch within 2 s, checked on the production
+// build under make attack. make test runs the race detector's build, several
+// times slower, on two cores shared with other packages' tests: there a try
+// that took 2.08 s (p50 74 ms) failed a run, so it is given 5 s. A device
+// kept out by an attack waits out its 10 s try either way.
+var deviceDeadline = attackSizeDuration(5*time.Second, 2*time.Second)
 
 // refused reads gateway_mqtt_connections_refused_total{reason}.
 func refused(t *testing.T, d *daemon, reason string) float64 {
