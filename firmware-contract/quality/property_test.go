@@ -109,7 +109,7 @@ func TestPropertySpikeMonotone(t *testing.T) {
 		for i := range h {
 			h[i] = 20 + rng.NormFloat64()*rng.Float64()*3
 		}
-		m := median(h)
+		m := median(nil, h)
 		d1 := rng.Float64() * 40
 		d2 := d1 + rng.Float64()*40
 		s1 := math.Copysign(1, rng.Float64()-0.5)

@@ -3,7 +3,6 @@ package quality
 import (
 	"math"
 	"slices"
-	"sort"
 	"strings"
 
 	contract "greenhouse-gateway/firmware-contract"
@@ -100,11 +99,12 @@ func Score(r contract.Reading, recent map[string][]float64) float64 {
 	// implementation, rounds the same sum.
 	var sum float64
 	n := 0
-	for _, name := range sortedKeys(r.Sensors) {
+	var keys [16]string // a typical reading's names fit: no allocation
+	for _, name := range sortedKeys(keys[:0], r.Sensors) {
 		sum += statusFactor(r.SensorStatus, name) * Value(name, r.Sensors[name], recent[name])
 		n++
 	}
-	for _, s := range sortedKeys(r.SensorStatus) {
+	for _, s := range sortedKeys(keys[:0], r.SensorStatus) {
 		status := r.SensorStatus[s]
 		if status == contract.SensorOK || governsAny(s, r.Sensors) {
 			continue
@@ -129,7 +129,8 @@ func Value(name string, v float64, recent []float64) float64 {
 	if !ok {
 		return 1
 	}
-	h := lastFinite(recent, HistoryLen)
+	var last [HistoryLen]float64
+	h := lastFinite(last[:0], recent)
 	return rangeFactor(u, v) * spikeFactor(u, v, h) * stuckFactor(u, v, h)
 }
 
@@ -153,12 +154,14 @@ func spikeFactor(u Unit, v float64, h []float64) float64 {
 	if u.SpikeSpread <= 0 || len(h) < MinSpikeHistory {
 		return 1
 	}
-	m := median(h)
-	dev := make([]float64, len(h))
-	for i, x := range h {
-		dev[i] = math.Abs(x - m)
+	// On the stack for up to HistoryLen values (what Value passes).
+	var scratch, devs [HistoryLen]float64
+	m := median(scratch[:0], h)
+	dev := devs[:0]
+	for _, x := range h {
+		dev = append(dev, math.Abs(x-m))
 	}
-	scale := math.Max(madToSigma*median(dev), u.SpikeSpread)
+	scale := math.Max(madToSigma*median(scratch[:0], dev), u.SpikeSpread)
 	z := math.Abs(v-m) / scale
 	switch {
 	case math.IsNaN(z) || z >= spikeHighZ:
@@ -223,18 +226,19 @@ func governsAny(s string, sensors map[string]float64) bool {
 	return false
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
+// sortedKeys appends m's keys to dst, sorted.
+func sortedKeys[V any](dst []string, m map[string]V) []string {
 	for k := range m {
-		keys = append(keys, k)
+		dst = append(dst, k)
 	}
-	sort.Strings(keys)
-	return keys
+	slices.Sort(dst)
+	return dst
 }
 
-// lastFinite returns the last at most n finite values of xs, in order.
-func lastFinite(xs []float64, n int) []float64 {
-	out := make([]float64, 0, n)
+// lastFinite returns the last at most cap(out) finite values of xs, in
+// order, in out.
+func lastFinite(out, xs []float64) []float64 {
+	n := cap(out)
 	for i := len(xs) - 1; i >= 0 && len(out) < n; i-- {
 		if !math.IsNaN(xs[i]) && !math.IsInf(xs[i], 0) {
 			out = append(out, xs[i])
@@ -246,10 +250,10 @@ func lastFinite(xs []float64, n int) []float64 {
 	return out
 }
 
-// median of xs (not empty); xs is left unchanged.
-func median(xs []float64) float64 {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
+// median of xs (not empty), sorted in scratch; xs is left unchanged.
+func median(scratch, xs []float64) float64 {
+	s := append(scratch[:0], xs...)
+	slices.Sort(s)
 	mid := len(s) / 2
 	if len(s)%2 == 1 {
 		return s[mid]

@@ -18,10 +18,11 @@ type history struct {
 	values map[string][]float64
 	seen   map[string]uint64 // sensor -> tick of its last value
 	tick   uint64
+	keep   int // capacity of a sensor's values: HistoryLen, or fewer for a batch
 }
 
-func newHistory() *history {
-	return &history{values: map[string][]float64{}, seen: map[string]uint64{}}
+func newHistory(keep int) *history {
+	return &history{values: map[string][]float64{}, seen: map[string]uint64{}, keep: keep}
 }
 
 // score scores r against the history, then adds r's values to it.
@@ -33,12 +34,16 @@ func (h *history) score(r contract.Reading) float64 {
 
 func (h *history) add(r contract.Reading) {
 	h.tick++
-	for _, name := range sortedKeys(r.Sensors) {
-		v := r.Sensors[name]
+	// Every value of r gets the same tick, so the order they are added in
+	// does not matter (forgetStalest breaks ties by name).
+	for name, v := range r.Sensors {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			continue // Score skips them in recent values too
 		}
 		vs := h.values[name]
+		if vs == nil {
+			vs = make([]float64, 0, h.keep)
+		}
 		if len(vs) == HistoryLen {
 			copy(vs, vs[1:])
 			vs = vs[:HistoryLen-1]
@@ -66,7 +71,7 @@ func (h *history) forgetStalest() {
 // reading's recent values are those of the readings before it in readings.
 // Pass them in time order.
 func ScoreSequence(readings []contract.Reading) []float64 {
-	h := newHistory()
+	h := newHistory(max(1, min(len(readings), HistoryLen)))
 	out := make([]float64, len(readings))
 	for i, r := range readings {
 		out[i] = h.score(r)
@@ -103,7 +108,7 @@ func (w *Window) Score(device string, r contract.Reading) float64 {
 	if ok {
 		w.lru.MoveToFront(el)
 	} else {
-		el = w.lru.PushFront(&windowEntry{device: device, h: newHistory()})
+		el = w.lru.PushFront(&windowEntry{device: device, h: newHistory(HistoryLen)})
 		w.devices[device] = el
 		for w.lru.Len() > w.maxDevices {
 			oldest := w.lru.Back()

@@ -47,7 +47,7 @@ func TestWindowAtLeastOneDevice(t *testing.T) {
 }
 
 func TestWindowBoundsSensorsPerDevice(t *testing.T) {
-	h := newHistory()
+	h := newHistory(HistoryLen)
 	for i := range MaxSensorsPerDevice + 10 {
 		h.add(contract.Reading{Sensors: map[string]float64{fmt.Sprintf("s%03d_c", i): 1, "always_c": 2}})
 	}
