@@ -35,7 +35,14 @@ func PayloadHash(canonical []byte) [32]byte {
 // batch (a duplicate) when their identity hashes are equal, and a conflict
 // otherwise. Compute it before [Batch.RepairClock].
 func (b *Batch) IdentityHash() [32]byte {
-	return sha256.Sum256(b.appendJSON(make([]byte, 0, b.sizeHint()), false))
+	scratch := scratchPool.Get().(*[]byte)
+	dst := b.appendJSON((*scratch)[:0], false)
+	id := sha256.Sum256(dst)
+	if cap(dst) <= maxScratch {
+		*scratch = dst
+		scratchPool.Put(scratch)
+	}
+	return id
 }
 
 // CanonicalIdentity returns [Batch.Canonical] and [Batch.IdentityHash] from
@@ -62,7 +69,8 @@ func (b *Batch) CanonicalIdentity() ([]byte, [32]byte) {
 	return canonical, id
 }
 
-// scratchPool holds encoding buffers of CanonicalIdentity; those grown
+// scratchPool holds encoding buffers of CanonicalIdentity and
+// IdentityHash; those grown
 // beyond maxScratch (batches far larger than usual) are left to the GC.
 var scratchPool = sync.Pool{New: func() any {
 	b := make([]byte, 0, 4096)
