@@ -75,8 +75,12 @@ func Build(b Batch, retention time.Duration, now time.Time) *Items {
 		it.hash = hex.EncodeToString(b.Hash[:])
 	}
 	it.readings = make([]map[string]types.AttributeValue, 0, len(cb.Readings))
+	// The attributes every reading of the batch shares, built once: no
+	// item is changed after Build.
+	shared := batchAttributes{hardwareID: s(cb.HardwareID), batchID: s(cb.BatchID), bootID: s(cb.BootID),
+		firmwareVersion: s(cb.FirmwareVersion)}
 	for i, r := range cb.Readings {
-		item := readingItem(cb, r, retention)
+		item := readingItem(cb.BatchID, shared, r, retention)
 		if len(b.Quality) == len(cb.Readings) {
 			item[AttrQualityScore] = n(strconv.FormatFloat(b.Quality[i], 'g', -1, 64))
 		}
@@ -97,10 +101,29 @@ func Build(b Batch, retention time.Duration, now time.Time) *Items {
 // TSBatch is the device_readings sort key: the 13-digit zero-padded
 // timestamp, '#', and the batch_id.
 func TSBatch(timestampMS int64, batchID string) string {
-	return fmt.Sprintf("%013d#%s", timestampMS, batchID)
+	if timestampMS < 0 {
+		return fmt.Sprintf("%013d#%s", timestampMS, batchID)
+	}
+	var digits [20]byte
+	d := strconv.AppendInt(digits[:0], timestampMS, 10)
+	out := make([]byte, 0, max(13, len(d))+1+len(batchID))
+	for range 13 - len(d) {
+		out = append(out, '0')
+	}
+	out = append(append(append(out, d...), '#'), batchID...)
+	return string(out)
 }
 
-func readingItem(b *contract.Batch, r contract.Reading, retention time.Duration) map[string]types.AttributeValue {
+// batchAttributes are the reading attributes that come from the batch.
+type batchAttributes struct {
+	hardwareID, batchID, bootID, firmwareVersion types.AttributeValue
+}
+
+// readingAttributes is the most attributes a reading item has: the
+// schema's ten and quality_score.
+const readingAttributes = 11
+
+func readingItem(batchID string, shared batchAttributes, r contract.Reading, retention time.Duration) map[string]types.AttributeValue {
 	sensors := make(map[string]types.AttributeValue, len(r.Sensors))
 	for k, v := range r.Sensors {
 		sensors[k] = n(strconv.FormatFloat(v, 'g', -1, 64))
@@ -109,17 +132,16 @@ func readingItem(b *contract.Batch, r contract.Reading, retention time.Duration)
 	for k, v := range r.SensorStatus {
 		status[k] = s(v)
 	}
-	item := map[string]types.AttributeValue{
-		"hardware_id":      s(b.HardwareID),
-		"ts_batch":         s(TSBatch(r.TimestampMS, b.BatchID)),
-		"timestamp_ms":     n(strconv.FormatInt(r.TimestampMS, 10)),
-		"batch_id":         s(b.BatchID),
-		"boot_id":          s(b.BootID),
-		"firmware_version": s(b.FirmwareVersion),
-		"sensors":          &types.AttributeValueMemberM{Value: sensors},
-		"sensor_status":    &types.AttributeValueMemberM{Value: status},
-		"expiration_time":  n(strconv.FormatInt(r.TimestampMS/1000+int64(retention/time.Second), 10)),
-	}
+	item := make(map[string]types.AttributeValue, readingAttributes)
+	item["hardware_id"] = shared.hardwareID
+	item["ts_batch"] = s(TSBatch(r.TimestampMS, batchID))
+	item["timestamp_ms"] = n(strconv.FormatInt(r.TimestampMS, 10))
+	item["batch_id"] = shared.batchID
+	item["boot_id"] = shared.bootID
+	item["firmware_version"] = shared.firmwareVersion
+	item["sensors"] = &types.AttributeValueMemberM{Value: sensors}
+	item["sensor_status"] = &types.AttributeValueMemberM{Value: status}
+	item["expiration_time"] = n(strconv.FormatInt(r.TimestampMS/1000+int64(retention/time.Second), 10))
 	if r.TimeSource != "" {
 		item["time_source"] = s(r.TimeSource)
 	}
