@@ -43,6 +43,9 @@ const (
 // The HTTP client is the SDK's buildable client, which honours AWS_CA_BUNDLE (a plain
 // *http.Client makes LoadDefaultConfig fail when AWS_CA_BUNDLE is set).
 //
+// BatchWriteItem bodies are encoded by the package's own encoder
+// (batchWriteProtocol), the same JSON with one allocation.
+//
 // Retries are the SDK's standard ones unless opts change them, e.g. with
 // WithRetryMaxAttempts; opts are applied last, so they win.
 func NewClient(ctx context.Context, cfg Config, opts ...func(*dynamodb.Options)) (*dynamodb.Client, error) {
@@ -50,7 +53,7 @@ func NewClient(ctx context.Context, cfg Config, opts ...func(*dynamodb.Options))
 	if err != nil {
 		return nil, err
 	}
-	var clientOpts []func(*dynamodb.Options)
+	clientOpts := []func(*dynamodb.Options){withBatchWriteEncoder}
 	if cfg.Endpoint != "" {
 		endpoint := cfg.Endpoint
 		clientOpts = append(clientOpts, func(o *dynamodb.Options) {

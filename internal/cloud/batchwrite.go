@@ -1,0 +1,336 @@
+package cloud
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+)
+
+// batchWriteProtocol is the client's protocol (AWS JSON 1.0) with
+// BatchWriteItem bodies encoded by appendBatchWriteItem: the uplink's bulk
+// request, 25 items of a dozen attributes each, is most of what gatewayd
+// sends. The SDK's schema serializer grows its buffer from 1 KB for every
+// request and copies it at the end; this encoder sizes the body once and
+// writes the same JSON. Headers still come from the SDK's protocol, and an
+// input holding anything the encoder does not know (an unknown union
+// member, a nil value) is serialized by the SDK as before.
+type batchWriteProtocol struct {
+	smithyhttp.ClientProtocol
+}
+
+// withBatchWriteEncoder installs batchWriteProtocol on a client's options.
+func withBatchWriteEncoder(o *dynamodb.Options) {
+	if _, done := o.Protocol.(batchWriteProtocol); !done && o.Protocol != nil {
+		o.Protocol = batchWriteProtocol{ClientProtocol: o.Protocol}
+	}
+}
+
+func (p batchWriteProtocol) SerializeRequest(ctx context.Context, schema *smithy.OperationSchema, in smithy.Serializable, req *smithyhttp.Request) error {
+	bw, ok := in.(*dynamodb.BatchWriteItemInput)
+	if !ok {
+		return p.ClientProtocol.SerializeRequest(ctx, schema, in, req)
+	}
+	body, ok := appendBatchWriteItem(make([]byte, 0, batchWriteSize(bw)), bw)
+	if !ok {
+		return p.ClientProtocol.SerializeRequest(ctx, schema, in, req)
+	}
+	// The SDK's protocol sets the method, path and headers (and a body of
+	// "{}" for the empty input), then the body is replaced.
+	if err := p.ClientProtocol.SerializeRequest(ctx, schema, &dynamodb.BatchWriteItemInput{}, req); err != nil {
+		return err
+	}
+	sreq, err := req.SetStream(bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	*req = *sreq
+	return nil
+}
+
+// batchWriteSize estimates the encoded size of in from above (strings as
+// if nothing needed escaping), so that the body is allocated once.
+func batchWriteSize(in *dynamodb.BatchWriteItemInput) int {
+	n := 128 // the members around RequestItems
+	for table, reqs := range in.RequestItems {
+		n += len(table) + 6
+		for _, r := range reqs {
+			switch {
+			case r.PutRequest != nil:
+				n += 24 + itemSize(r.PutRequest.Item)
+			case r.DeleteRequest != nil:
+				n += 26 + itemSize(r.DeleteRequest.Key)
+			}
+		}
+	}
+	return n
+}
+
+func itemSize(item map[string]types.AttributeValue) int {
+	n := 2
+	for k, v := range item {
+		n += len(k) + 4 + valueSize(v)
+	}
+	return n
+}
+
+func valueSize(v types.AttributeValue) int {
+	switch v := v.(type) {
+	case *types.AttributeValueMemberS:
+		return len(v.Value) + 8
+	case *types.AttributeValueMemberN:
+		return len(v.Value) + 8
+	case *types.AttributeValueMemberM:
+		return 6 + itemSize(v.Value)
+	case *types.AttributeValueMemberL:
+		n := 8
+		for _, e := range v.Value {
+			n += 1 + valueSize(e)
+		}
+		return n
+	default:
+		return 32
+	}
+}
+
+// appendBatchWriteItem appends the AWS JSON encoding of in to dst, as the
+// SDK's serializer writes it (members in another order, which JSON allows),
+// or reports false when in holds something it does not encode.
+func appendBatchWriteItem(dst []byte, in *dynamodb.BatchWriteItemInput) ([]byte, bool) {
+	dst = append(dst, '{')
+	if in.RequestItems != nil {
+		dst = append(dst, `"RequestItems":{`...)
+		first := true
+		for table, reqs := range in.RequestItems {
+			if !first {
+				dst = append(dst, ',')
+			}
+			first = false
+			dst = appendString(dst, table)
+			dst = append(dst, ':')
+			if reqs == nil {
+				dst = append(dst, "null"...)
+				continue
+			}
+			dst = append(dst, '[')
+			for i, r := range reqs {
+				if i > 0 {
+					dst = append(dst, ',')
+				}
+				var ok bool
+				if dst, ok = appendWriteRequest(dst, r); !ok {
+					return dst, false
+				}
+			}
+			dst = append(dst, ']')
+		}
+		dst = append(dst, '}')
+	}
+	comma := in.RequestItems != nil
+	for _, member := range [...]struct{ name, value string }{
+		{"ReturnConsumedCapacity", string(in.ReturnConsumedCapacity)},
+		{"ReturnItemCollectionMetrics", string(in.ReturnItemCollectionMetrics)},
+	} {
+		if member.value == "" {
+			continue
+		}
+		if comma {
+			dst = append(dst, ',')
+		}
+		comma = true
+		dst = appendString(dst, member.name)
+		dst = append(dst, ':')
+		dst = appendString(dst, member.value)
+	}
+	return append(dst, '}'), true
+}
+
+func appendWriteRequest(dst []byte, r types.WriteRequest) ([]byte, bool) {
+	dst = append(dst, '{')
+	ok := true
+	switch {
+	case r.PutRequest != nil && r.DeleteRequest != nil:
+		return dst, false
+	case r.PutRequest != nil:
+		if r.PutRequest.Item == nil {
+			return dst, false
+		}
+		dst = append(dst, `"PutRequest":{"Item":`...)
+		dst, ok = appendItem(dst, r.PutRequest.Item)
+		dst = append(dst, '}')
+	case r.DeleteRequest != nil:
+		if r.DeleteRequest.Key == nil {
+			return dst, false
+		}
+		dst = append(dst, `"DeleteRequest":{"Key":`...)
+		dst, ok = appendItem(dst, r.DeleteRequest.Key)
+		dst = append(dst, '}')
+	}
+	return append(dst, '}'), ok
+}
+
+func appendItem(dst []byte, item map[string]types.AttributeValue) ([]byte, bool) {
+	dst = append(dst, '{')
+	first := true
+	for k, v := range item {
+		if !first {
+			dst = append(dst, ',')
+		}
+		first = false
+		dst = appendString(dst, k)
+		dst = append(dst, ':')
+		var ok bool
+		if dst, ok = appendValue(dst, v); !ok {
+			return dst, false
+		}
+	}
+	return append(dst, '}'), true
+}
+
+func appendValue(dst []byte, v types.AttributeValue) ([]byte, bool) {
+	switch v := v.(type) {
+	case *types.AttributeValueMemberS:
+		dst = appendString(append(dst, `{"S":`...), v.Value)
+	case *types.AttributeValueMemberN:
+		dst = appendString(append(dst, `{"N":`...), v.Value)
+	case *types.AttributeValueMemberB:
+		if v.Value == nil {
+			return dst, false
+		}
+		dst = appendBlob(append(dst, `{"B":`...), v.Value)
+	case *types.AttributeValueMemberBOOL:
+		dst = appendBool(append(dst, `{"BOOL":`...), v.Value)
+	case *types.AttributeValueMemberNULL:
+		dst = appendBool(append(dst, `{"NULL":`...), v.Value)
+	case *types.AttributeValueMemberM:
+		if v.Value == nil {
+			return dst, false
+		}
+		var ok bool
+		if dst, ok = appendItem(append(dst, `{"M":`...), v.Value); !ok {
+			return dst, false
+		}
+	case *types.AttributeValueMemberL:
+		if v.Value == nil {
+			return dst, false
+		}
+		dst = append(dst, `{"L":[`...)
+		for i, e := range v.Value {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			var ok bool
+			if dst, ok = appendValue(dst, e); !ok {
+				return dst, false
+			}
+		}
+		dst = append(dst, ']')
+	case *types.AttributeValueMemberSS:
+		if v.Value == nil {
+			return dst, false
+		}
+		dst = appendStrings(append(dst, `{"SS":`...), v.Value)
+	case *types.AttributeValueMemberNS:
+		if v.Value == nil {
+			return dst, false
+		}
+		dst = appendStrings(append(dst, `{"NS":`...), v.Value)
+	case *types.AttributeValueMemberBS:
+		if v.Value == nil {
+			return dst, false
+		}
+		dst = append(dst, `{"BS":[`...)
+		for i, b := range v.Value {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			if b == nil {
+				return dst, false
+			}
+			dst = appendBlob(dst, b)
+		}
+		dst = append(dst, ']')
+	default: // nil, or a member this encoder does not know
+		return dst, false
+	}
+	return append(dst, '}'), true
+}
+
+func appendBool(dst []byte, v bool) []byte {
+	if v {
+		return append(dst, "true"...)
+	}
+	return append(dst, "false"...)
+}
+
+func appendStrings(dst []byte, vs []string) []byte {
+	dst = append(dst, '[')
+	for i, s := range vs {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendString(dst, s)
+	}
+	return append(dst, ']')
+}
+
+func appendBlob(dst []byte, b []byte) []byte {
+	dst = append(dst, '"')
+	dst = base64.StdEncoding.AppendEncode(dst, b)
+	return append(dst, '"')
+}
+
+// appendString appends s as a JSON string, escaped as the SDK escapes it:
+// '"', '\\' and control characters, U+2028 and U+2029 escaped, invalid
+// UTF-8 replaced by U+FFFD.
+func appendString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		b := s[i]
+		if b < utf8.RuneSelf {
+			if b >= 0x20 && b != '"' && b != '\\' && b != 0x7f {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch b {
+			case '"', '\\':
+				dst = append(dst, '\\', b)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hex[b>>4], hex[b&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		c, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case c == utf8.RuneError && size == 1:
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, "\ufffd"...)
+		case c == '\u2028' || c == '\u2029':
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hex[c&0xf])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
