@@ -177,12 +177,15 @@ func rawConn(c net.Conn) net.Conn {
 // client has sent, not what its header declares.
 type guardConn struct {
 	net.Conn
-	l         *guardListener
-	r         *bufio.Reader
-	pending   []byte // bytes of checked packets not yet read by mochi
-	err       error  // returned once pending is drained
-	connected bool   // the CONNECT has passed
-	version   byte   // protocol version of the CONNECT
+	l       *guardListener
+	r       *bufio.Reader
+	pending []byte // bytes of checked packets not yet read by mochi
+	// pooled is pending's buffer when it came from packetBufs: returned
+	// there once mochi has read it all.
+	pooled    *[]byte
+	err       error // returned once pending is drained
+	connected bool  // the CONNECT has passed
+	version   byte  // protocol version of the CONNECT
 	// connectRule is the rule of MQTT the CONNECT broke that mochi does
 	// not check (mqttconform.go), answered by conformHook.OnConnect.
 	connectRule *violation
@@ -213,8 +216,32 @@ func (c *guardConn) Read(p []byte) (int, error) {
 	c.pending = c.pending[n:]
 	if len(c.pending) == 0 {
 		c.pending = nil // an idle connection keeps no packet alive
+		c.release()
 	}
 	return n, nil
+}
+
+// pooledPacket is the largest packet read into a buffer of packetBufs: a
+// typical batch's PUBLISH fits.
+const pooledPacket = 4096
+
+// packetBufs holds the buffers packets are read into once the connection
+// is established. Mochi copies a packet out as it reads it, so a buffer is
+// free again as soon as the packet is read through, and the guard
+// allocates none per packet. A CONNECT is read into its own buffer: what
+// noteConnect keeps of it may point into it.
+var packetBufs = sync.Pool{New: func() any {
+	b := make([]byte, 0, pooledPacket)
+	return &b
+}}
+
+// release returns the buffer of the packet just read through, if pooled.
+func (c *guardConn) release() {
+	if c.pooled != nil {
+		*c.pooled = (*c.pooled)[:0]
+		packetBufs.Put(c.pooled)
+		c.pooled = nil
+	}
 }
 
 // Close closes the connection and releases what it holds: its place in
@@ -310,6 +337,7 @@ func (c *guardConn) rest(first byte) ([]byte, error) {
 		var panicked error
 		version, decodeErr, panicked = tryDecode(fh, c.version, buf[len(header):])
 		if panicked != nil {
+			c.release()
 			c.l.refused("malformed")
 			c.l.logger.Warn("MQTT packet that mochi cannot decode; connection closed",
 				"remote", c.RemoteAddr().String(), "err", panicked)
@@ -324,19 +352,28 @@ func (c *guardConn) rest(first byte) ([]byte, error) {
 		c.connected = true
 		c.l.adm.connecting(&c.entry)
 	} else if pk := c.conform(fh.Type, decodeErr); pk != nil {
+		c.release()
 		return pk, nil
 	}
 	return buf, nil
 }
 
 // readBody returns header followed by the remaining bytes of its packet.
-// Up to 4 KiB is allocated at once (a typical batch: one allocation of its
+// On an established connection a packet of up to pooledPacket bytes is
+// read into a buffer of packetBufs (c.pooled until released). Otherwise up
+// to 4 KiB is allocated at once (a typical batch: one allocation of its
 // size); a larger packet's buffer grows as its bytes arrive, at most
 // doubling and never past the declared size.
 func (c *guardConn) readBody(header []byte, remaining int) ([]byte, error) {
 	total := len(header) + remaining
-	buf := make([]byte, len(header), len(header)+min(remaining, 4096))
-	copy(buf, header)
+	var buf []byte
+	if c.connected && total <= pooledPacket {
+		c.pooled = packetBufs.Get().(*[]byte)
+		buf = append((*c.pooled)[:0], header...)
+	} else {
+		buf = make([]byte, len(header), len(header)+min(remaining, 4096))
+		copy(buf, header)
+	}
 	for len(buf) < total {
 		if len(buf) == cap(buf) {
 			buf = slices.Grow(buf, min(total-len(buf), cap(buf)))
@@ -344,6 +381,7 @@ func (c *guardConn) readBody(header []byte, remaining int) ([]byte, error) {
 		n, err := c.r.Read(buf[len(buf):min(cap(buf), total)])
 		buf = buf[:len(buf)+n]
 		if err != nil && len(buf) < total {
+			c.release()
 			return nil, err
 		}
 	}

@@ -36,21 +36,91 @@ func TestGuardReadBody(t *testing.T) {
 				body[i] = byte(i * 7)
 			}
 			for _, slow := range []bool{false, true} {
-				var r io.Reader = bytes.NewReader(body)
-				if slow {
-					r = iotest.OneByteReader(r)
+				for _, connected := range []bool{false, true} {
+					var r io.Reader = bytes.NewReader(body)
+					if slow {
+						r = iotest.OneByteReader(r)
+					}
+					c := &guardConn{r: bufio.NewReaderSize(r, 1024), connected: connected}
+					got, err := c.readBody(header, tt.remaining)
+					if tt.wantErr != nil {
+						require.ErrorIs(t, err, tt.wantErr)
+						require.Nil(t, c.pooled, "a failed read gives its buffer back")
+						continue
+					}
+					require.NoError(t, err)
+					require.Equal(t, header, got[:len(header)])
+					require.Equal(t, body[:tt.remaining], got[len(header):])
+					if connected && len(header)+tt.remaining <= pooledPacket {
+						require.NotNil(t, c.pooled)
+						require.Equal(t, pooledPacket, cap(got), "read into a pooled buffer")
+						c.release()
+						continue
+					}
+					require.Nil(t, c.pooled)
+					require.LessOrEqual(t, cap(got), 2*(len(header)+tt.remaining)+64, "grows at most by doubling")
 				}
-				c := &guardConn{r: bufio.NewReaderSize(r, 1024)}
-				got, err := c.readBody(header, tt.remaining)
-				if tt.wantErr != nil {
-					require.ErrorIs(t, err, tt.wantErr)
-					continue
-				}
-				require.NoError(t, err)
-				require.Equal(t, header, got[:len(header)])
-				require.Equal(t, body[:tt.remaining], got[len(header):])
-				require.LessOrEqual(t, cap(got), 2*(len(header)+tt.remaining)+64, "grows at most by doubling")
 			}
 		})
+	}
+}
+
+// TestGuardPooledBuffersKeepEveryPacketIntact reads two streams of
+// PUBLISH packets of different sizes through two established guardConns,
+// a few bytes from one and then from the other, as two connections'
+// readers do while they share the pool: every byte of each comes out as
+// sent.
+func TestGuardPooledBuffersKeepEveryPacketIntact(t *testing.T) {
+	publishes := func(seed byte) []byte {
+		var stream bytes.Buffer
+		for i := range 200 {
+			body := []byte{0, 5, 'a', '/', 'b', '/', 'c', byte((i + 1) >> 8), byte(i + 1)} // topic, packet id
+			body = append(body, bytes.Repeat([]byte{seed + byte(i)}, (i*37)%3000)...)
+			stream.WriteByte(0x32) // PUBLISH, QoS 1
+			for n := len(body); ; {
+				b := byte(n & 0x7f)
+				n >>= 7
+				if n > 0 {
+					b |= 0x80
+				}
+				stream.WriteByte(b)
+				if n == 0 {
+					break
+				}
+			}
+			stream.Write(body)
+		}
+		return stream.Bytes()
+	}
+	type conn struct {
+		c         *guardConn
+		want, got []byte
+		done      bool
+	}
+	var conns []*conn
+	for _, seed := range []byte{1, 101} {
+		want := publishes(seed)
+		conns = append(conns, &conn{want: want, c: &guardConn{l: &guardListener{maxPacket: 1 << 20},
+			r: bufio.NewReaderSize(bytes.NewReader(want), 1024), connected: true, version: 4}})
+	}
+	p := make([]byte, 97)
+	for !conns[0].done || !conns[1].done {
+		for i, cn := range conns {
+			if cn.done {
+				continue
+			}
+			n, err := cn.c.Read(p[:7+i*6])
+			cn.got = append(cn.got, p[:n]...)
+			if err == io.EOF {
+				cn.done = true
+				continue
+			}
+			require.NoError(t, err)
+		}
+	}
+	for _, cn := range conns {
+		require.Equal(t, len(cn.want), len(cn.got))
+		require.True(t, bytes.Equal(cn.want, cn.got), "the packets read back as sent")
+		require.Nil(t, cn.c.pooled)
 	}
 }
