@@ -117,17 +117,10 @@ func appendBatchWriteItem(dst []byte, in *dynamodb.BatchWriteItemInput) ([]byte,
 				dst = append(dst, "null"...)
 				continue
 			}
-			dst = append(dst, '[')
-			for i, r := range reqs {
-				if i > 0 {
-					dst = append(dst, ',')
-				}
-				var ok bool
-				if dst, ok = appendWriteRequest(dst, r); !ok {
-					return dst, false
-				}
+			var ok bool
+			if dst, ok = appendArray(dst, reqs, appendWriteRequest); !ok {
+				return dst, false
 			}
-			dst = append(dst, ']')
 		}
 		dst = append(dst, '}')
 	}
@@ -151,30 +144,28 @@ func appendBatchWriteItem(dst []byte, in *dynamodb.BatchWriteItemInput) ([]byte,
 }
 
 func appendWriteRequest(dst []byte, r types.WriteRequest) ([]byte, bool) {
-	dst = append(dst, '{')
-	ok := true
+	var member string
+	var item map[string]types.AttributeValue
 	switch {
 	case r.PutRequest != nil && r.DeleteRequest != nil:
 		return dst, false
 	case r.PutRequest != nil:
-		if r.PutRequest.Item == nil {
-			return dst, false
-		}
-		dst = append(dst, `"PutRequest":{"Item":`...)
-		dst, ok = appendItem(dst, r.PutRequest.Item)
-		dst = append(dst, '}')
+		member, item = `{"PutRequest":{"Item":`, r.PutRequest.Item
 	case r.DeleteRequest != nil:
-		if r.DeleteRequest.Key == nil {
-			return dst, false
-		}
-		dst = append(dst, `"DeleteRequest":{"Key":`...)
-		dst, ok = appendItem(dst, r.DeleteRequest.Key)
-		dst = append(dst, '}')
+		member, item = `{"DeleteRequest":{"Key":`, r.DeleteRequest.Key
+	default:
+		return append(dst, "{}"...), true
 	}
-	return append(dst, '}'), ok
+	dst, ok := appendItem(append(dst, member...), item)
+	return append(dst, "}}"...), ok
 }
 
+// appendItem appends item as a JSON object of attribute values, or reports
+// false for a nil item or a value appendValue does not encode.
 func appendItem(dst []byte, item map[string]types.AttributeValue) ([]byte, bool) {
+	if item == nil {
+		return dst, false
+	}
 	dst = append(dst, '{')
 	first := true
 	for k, v := range item {
@@ -193,72 +184,32 @@ func appendItem(dst []byte, item map[string]types.AttributeValue) ([]byte, bool)
 }
 
 func appendValue(dst []byte, v types.AttributeValue) ([]byte, bool) {
+	ok := true
 	switch v := v.(type) {
 	case *types.AttributeValueMemberS:
 		dst = appendString(append(dst, `{"S":`...), v.Value)
 	case *types.AttributeValueMemberN:
 		dst = appendString(append(dst, `{"N":`...), v.Value)
 	case *types.AttributeValueMemberB:
-		if v.Value == nil {
-			return dst, false
-		}
-		dst = appendBlob(append(dst, `{"B":`...), v.Value)
+		dst, ok = appendBlobElem(append(dst, `{"B":`...), v.Value)
 	case *types.AttributeValueMemberBOOL:
 		dst = appendBool(append(dst, `{"BOOL":`...), v.Value)
 	case *types.AttributeValueMemberNULL:
 		dst = appendBool(append(dst, `{"NULL":`...), v.Value)
 	case *types.AttributeValueMemberM:
-		if v.Value == nil {
-			return dst, false
-		}
-		var ok bool
-		if dst, ok = appendItem(append(dst, `{"M":`...), v.Value); !ok {
-			return dst, false
-		}
+		dst, ok = appendItem(append(dst, `{"M":`...), v.Value)
 	case *types.AttributeValueMemberL:
-		if v.Value == nil {
-			return dst, false
-		}
-		dst = append(dst, `{"L":[`...)
-		for i, e := range v.Value {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			var ok bool
-			if dst, ok = appendValue(dst, e); !ok {
-				return dst, false
-			}
-		}
-		dst = append(dst, ']')
+		dst, ok = appendArray(append(dst, `{"L":`...), v.Value, appendValue)
 	case *types.AttributeValueMemberSS:
-		if v.Value == nil {
-			return dst, false
-		}
-		dst = appendStrings(append(dst, `{"SS":`...), v.Value)
+		dst, ok = appendArray(append(dst, `{"SS":`...), v.Value, appendStringElem)
 	case *types.AttributeValueMemberNS:
-		if v.Value == nil {
-			return dst, false
-		}
-		dst = appendStrings(append(dst, `{"NS":`...), v.Value)
+		dst, ok = appendArray(append(dst, `{"NS":`...), v.Value, appendStringElem)
 	case *types.AttributeValueMemberBS:
-		if v.Value == nil {
-			return dst, false
-		}
-		dst = append(dst, `{"BS":[`...)
-		for i, b := range v.Value {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			if b == nil {
-				return dst, false
-			}
-			dst = appendBlob(dst, b)
-		}
-		dst = append(dst, ']')
+		dst, ok = appendArray(append(dst, `{"BS":`...), v.Value, appendBlobElem)
 	default: // nil, or a member this encoder does not know
 		return dst, false
 	}
-	return append(dst, '}'), true
+	return append(dst, '}'), ok
 }
 
 func appendBool(dst []byte, v bool) []byte {
@@ -268,15 +219,32 @@ func appendBool(dst []byte, v bool) []byte {
 	return append(dst, "false"...)
 }
 
-func appendStrings(dst []byte, vs []string) []byte {
+// appendArray appends xs as a JSON array, each element by each, or
+// reports false for a nil xs or as soon as each does.
+func appendArray[T any](dst []byte, xs []T, each func([]byte, T) ([]byte, bool)) ([]byte, bool) {
+	if xs == nil {
+		return dst, false
+	}
 	dst = append(dst, '[')
-	for i, s := range vs {
+	for i, x := range xs {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendString(dst, s)
+		var ok bool
+		if dst, ok = each(dst, x); !ok {
+			return dst, false
+		}
 	}
-	return append(dst, ']')
+	return append(dst, ']'), true
+}
+
+func appendStringElem(dst []byte, s string) ([]byte, bool) { return appendString(dst, s), true }
+
+func appendBlobElem(dst []byte, b []byte) ([]byte, bool) {
+	if b == nil {
+		return dst, false
+	}
+	return appendBlob(dst, b), true
 }
 
 func appendBlob(dst []byte, b []byte) []byte {
