@@ -12,11 +12,11 @@ import (
 
 // FreePort returns a TCP port for a child to listen on: it was free on
 // 127.0.0.1 a moment ago. It is drawn at random below the kernel's
-// ephemeral range: a port the kernel handed out (to a listener on port 0
-// or to an outgoing connection) can be taken by anyone in the moment
-// between this check and the child's bind, and under a parallel test run
-// one was (the child then failed with "address already in use", or
-// another process answered on its port).
+// ephemeral range. A port from that range (what listening on port 0 gives)
+// is also what the kernel hands to outgoing connections and to other
+// port-0 listeners, so under parallel tests it can be taken between this
+// check and the child's bind: the child fails with "address already in
+// use", or another process answers on its port.
 func FreePort() (int, error) {
 	low, high := freePortRange()
 	for range 200 {
