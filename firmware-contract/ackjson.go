@@ -5,45 +5,45 @@ package contract
 // reflection, for the one ack the gateway publishes per message.
 func AppendAck(dst []byte, a Ack) []byte {
 	dst = append(dst, `{"type":`...)
-	dst = appendString(dst, a.Type)
+	dst = AppendJSONString(dst, a.Type)
 	if a.Type == AckTypeRegister {
 		dst = append(dst, `,"status":`...)
-		dst = appendString(dst, string(a.Status))
+		dst = AppendJSONString(dst, string(a.Status))
 		if a.Reason != nil {
 			dst = append(dst, `,"reason":`...)
-			dst = appendString(dst, string(*a.Reason))
+			dst = AppendJSONString(dst, string(*a.Reason))
 		}
 		if a.Message != nil {
 			dst = append(dst, `,"message":`...)
-			dst = appendString(dst, *a.Message)
+			dst = AppendJSONString(dst, *a.Message)
 		}
 		if a.ConfirmationID != "" {
 			dst = append(dst, `,"confirmation_id":`...)
-			dst = appendString(dst, a.ConfirmationID)
+			dst = AppendJSONString(dst, a.ConfirmationID)
 		}
 		if a.DeviceKey != "" {
 			dst = append(dst, `,"device_key":`...)
-			dst = appendString(dst, a.DeviceKey)
+			dst = AppendJSONString(dst, a.DeviceKey)
 		}
 		if a.DeviceKeyID != "" {
 			dst = append(dst, `,"device_key_id":`...)
-			dst = appendString(dst, a.DeviceKeyID)
+			dst = AppendJSONString(dst, a.DeviceKeyID)
 		}
 		return append(dst, '}')
 	}
 	dst = append(dst, `,"batch_id":`...)
-	dst = appendString(dst, a.BatchID)
+	dst = AppendJSONString(dst, a.BatchID)
 	dst = append(dst, `,"status":`...)
-	dst = appendString(dst, string(a.Status))
+	dst = AppendJSONString(dst, string(a.Status))
 	dst = append(dst, `,"reason":`...)
 	if a.Reason != nil {
-		dst = appendString(dst, string(*a.Reason))
+		dst = AppendJSONString(dst, string(*a.Reason))
 	} else {
 		dst = append(dst, "null"...)
 	}
 	dst = append(dst, `,"message":`...)
 	if a.Message != nil {
-		dst = appendString(dst, *a.Message)
+		dst = AppendJSONString(dst, *a.Message)
 	} else {
 		dst = append(dst, "null"...)
 	}

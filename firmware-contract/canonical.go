@@ -109,13 +109,13 @@ func (b *Batch) appendJSON(dst []byte, withSentUptime bool) []byte {
 // appendHead writes the members before sent_uptime_ms.
 func (b *Batch) appendHead(dst []byte) []byte {
 	dst = append(dst, `{"batch_id":`...)
-	dst = appendString(dst, b.BatchID)
+	dst = AppendJSONString(dst, b.BatchID)
 	dst = append(dst, `,"hardware_id":`...)
-	dst = appendString(dst, b.HardwareID)
+	dst = AppendJSONString(dst, b.HardwareID)
 	dst = append(dst, `,"boot_id":`...)
-	dst = appendString(dst, b.BootID)
+	dst = AppendJSONString(dst, b.BootID)
 	dst = append(dst, `,"firmware_version":`...)
-	dst = appendString(dst, b.FirmwareVersion)
+	dst = AppendJSONString(dst, b.FirmwareVersion)
 	if b.Seq != nil {
 		dst = append(dst, `,"seq":`...)
 		dst = strconv.AppendUint(dst, *b.Seq, 10)
@@ -154,7 +154,7 @@ func (b *Batch) appendReadings(dst []byte) []byte {
 			if n > 0 {
 				dst = append(dst, ',')
 			}
-			dst = appendString(dst, name)
+			dst = AppendJSONString(dst, name)
 			dst = append(dst, ':')
 			dst = appendFloat(dst, r.Sensors[name])
 		}
@@ -164,14 +164,14 @@ func (b *Batch) appendReadings(dst []byte) []byte {
 			if n > 0 {
 				dst = append(dst, ',')
 			}
-			dst = appendString(dst, name)
+			dst = AppendJSONString(dst, name)
 			dst = append(dst, ':')
-			dst = appendString(dst, r.SensorStatus[name])
+			dst = AppendJSONString(dst, r.SensorStatus[name])
 		}
 		dst = append(dst, '}')
 		if r.TimeSource != "" {
 			dst = append(dst, `,"time_source":`...)
-			dst = appendString(dst, r.TimeSource)
+			dst = AppendJSONString(dst, r.TimeSource)
 		}
 		dst = append(dst, '}')
 	}
@@ -209,8 +209,9 @@ func appendFloat(dst []byte, f float64) []byte {
 	return dst
 }
 
-// appendString writes s as a JSON string, escaped as encoding/json does.
-func appendString(dst []byte, s string) []byte {
+// AppendJSONString appends s as a JSON string, escaped as encoding/json
+// does (the contract's canonical form and acks use it).
+func AppendJSONString(dst []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c < 0x20 || c >= utf8.RuneSelf || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
 			q, _ := json.Marshal(s) // rare: let encoding/json do it

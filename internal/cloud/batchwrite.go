@@ -4,25 +4,40 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"unicode/utf8"
+	"slices"
+	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
+
+	"greenhouse-gateway/firmware-contract"
 )
 
 // batchWriteProtocol is the client's protocol (AWS JSON 1.0) with
 // BatchWriteItem bodies encoded by appendBatchWriteItem: the uplink's bulk
 // request, 25 items of a dozen attributes each, is most of what gatewayd
 // sends. The SDK's schema serializer grows its buffer from 1 KB for every
-// request and copies it at the end; this encoder sizes the body once and
-// writes the same JSON. Headers still come from the SDK's protocol, and an
-// input holding anything the encoder does not know (an unknown union
-// member, a nil value) is serialized by the SDK as before.
+// request and copies it at the end; this encoder writes the same JSON into
+// a pooled buffer and copies it out once. Headers still come from the
+// SDK's protocol, and an input holding anything the encoder does not know
+// (an unknown union member, a nil value) is serialized by the SDK as
+// before.
 type batchWriteProtocol struct {
 	smithyhttp.ClientProtocol
 }
+
+// bodyScratch holds the buffers bodies are encoded in before they are
+// copied out at their exact size (the request keeps its body until the
+// call returns, which the protocol does not see); those grown beyond
+// maxBodyScratch are left to the GC.
+var bodyScratch = sync.Pool{New: func() any {
+	b := make([]byte, 0, 16<<10)
+	return &b
+}}
+
+const maxBodyScratch = 256 << 10
 
 // withBatchWriteEncoder installs batchWriteProtocol on a client's options.
 func withBatchWriteEncoder(o *dynamodb.Options) {
@@ -36,7 +51,16 @@ func (p batchWriteProtocol) SerializeRequest(ctx context.Context, schema *smithy
 	if !ok {
 		return p.ClientProtocol.SerializeRequest(ctx, schema, in, req)
 	}
-	body, ok := appendBatchWriteItem(make([]byte, 0, batchWriteSize(bw)), bw)
+	scratch := bodyScratch.Get().(*[]byte)
+	enc, ok := appendBatchWriteItem((*scratch)[:0], bw)
+	var body []byte
+	if ok {
+		body = slices.Clone(enc)
+	}
+	if cap(enc) <= maxBodyScratch {
+		*scratch = enc[:0]
+		bodyScratch.Put(scratch)
+	}
 	if !ok {
 		return p.ClientProtocol.SerializeRequest(ctx, schema, in, req)
 	}
@@ -53,51 +77,6 @@ func (p batchWriteProtocol) SerializeRequest(ctx context.Context, schema *smithy
 	return nil
 }
 
-// batchWriteSize estimates the encoded size of in from above (strings as
-// if nothing needed escaping), so that the body is allocated once.
-func batchWriteSize(in *dynamodb.BatchWriteItemInput) int {
-	n := 128 // the members around RequestItems
-	for table, reqs := range in.RequestItems {
-		n += len(table) + 6
-		for _, r := range reqs {
-			switch {
-			case r.PutRequest != nil:
-				n += 24 + itemSize(r.PutRequest.Item)
-			case r.DeleteRequest != nil:
-				n += 26 + itemSize(r.DeleteRequest.Key)
-			}
-		}
-	}
-	return n
-}
-
-func itemSize(item map[string]types.AttributeValue) int {
-	n := 2
-	for k, v := range item {
-		n += len(k) + 4 + valueSize(v)
-	}
-	return n
-}
-
-func valueSize(v types.AttributeValue) int {
-	switch v := v.(type) {
-	case *types.AttributeValueMemberS:
-		return len(v.Value) + 8
-	case *types.AttributeValueMemberN:
-		return len(v.Value) + 8
-	case *types.AttributeValueMemberM:
-		return 6 + itemSize(v.Value)
-	case *types.AttributeValueMemberL:
-		n := 8
-		for _, e := range v.Value {
-			n += 1 + valueSize(e)
-		}
-		return n
-	default:
-		return 32
-	}
-}
-
 // appendBatchWriteItem appends the AWS JSON encoding of in to dst, as the
 // SDK's serializer writes it (members in another order, which JSON allows),
 // or reports false when in holds something it does not encode.
@@ -111,7 +90,7 @@ func appendBatchWriteItem(dst []byte, in *dynamodb.BatchWriteItemInput) ([]byte,
 				dst = append(dst, ',')
 			}
 			first = false
-			dst = appendString(dst, table)
+			dst = contract.AppendJSONString(dst, table)
 			dst = append(dst, ':')
 			if reqs == nil {
 				dst = append(dst, "null"...)
@@ -136,9 +115,9 @@ func appendBatchWriteItem(dst []byte, in *dynamodb.BatchWriteItemInput) ([]byte,
 			dst = append(dst, ',')
 		}
 		comma = true
-		dst = appendString(dst, member.name)
+		dst = contract.AppendJSONString(dst, member.name)
 		dst = append(dst, ':')
-		dst = appendString(dst, member.value)
+		dst = contract.AppendJSONString(dst, member.value)
 	}
 	return append(dst, '}'), true
 }
@@ -173,7 +152,7 @@ func appendItem(dst []byte, item map[string]types.AttributeValue) ([]byte, bool)
 			dst = append(dst, ',')
 		}
 		first = false
-		dst = appendString(dst, k)
+		dst = contract.AppendJSONString(dst, k)
 		dst = append(dst, ':')
 		var ok bool
 		if dst, ok = appendValue(dst, v); !ok {
@@ -187,9 +166,9 @@ func appendValue(dst []byte, v types.AttributeValue) ([]byte, bool) {
 	ok := true
 	switch v := v.(type) {
 	case *types.AttributeValueMemberS:
-		dst = appendString(append(dst, `{"S":`...), v.Value)
+		dst = contract.AppendJSONString(append(dst, `{"S":`...), v.Value)
 	case *types.AttributeValueMemberN:
-		dst = appendString(append(dst, `{"N":`...), v.Value)
+		dst = contract.AppendJSONString(append(dst, `{"N":`...), v.Value)
 	case *types.AttributeValueMemberB:
 		dst, ok = appendBlobElem(append(dst, `{"B":`...), v.Value)
 	case *types.AttributeValueMemberBOOL:
@@ -238,7 +217,9 @@ func appendArray[T any](dst []byte, xs []T, each func([]byte, T) ([]byte, bool))
 	return append(dst, ']'), true
 }
 
-func appendStringElem(dst []byte, s string) ([]byte, bool) { return appendString(dst, s), true }
+func appendStringElem(dst []byte, s string) ([]byte, bool) {
+	return contract.AppendJSONString(dst, s), true
+}
 
 func appendBlobElem(dst []byte, b []byte) ([]byte, bool) {
 	if b == nil {
@@ -250,55 +231,5 @@ func appendBlobElem(dst []byte, b []byte) ([]byte, bool) {
 func appendBlob(dst []byte, b []byte) []byte {
 	dst = append(dst, '"')
 	dst = base64.StdEncoding.AppendEncode(dst, b)
-	return append(dst, '"')
-}
-
-// appendString appends s as a JSON string, escaped as the SDK escapes it:
-// '"', '\\' and control characters, U+2028 and U+2029 escaped, invalid
-// UTF-8 replaced by U+FFFD.
-func appendString(dst []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		b := s[i]
-		if b < utf8.RuneSelf {
-			if b >= 0x20 && b != '"' && b != '\\' && b != 0x7f {
-				i++
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch b {
-			case '"', '\\':
-				dst = append(dst, '\\', b)
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hex[b>>4], hex[b&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		c, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case c == utf8.RuneError && size == 1:
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, "\ufffd"...)
-		case c == '\u2028' || c == '\u2029':
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, '\\', 'u', '2', '0', '2', hex[c&0xf])
-		default:
-			i += size
-			continue
-		}
-		i += size
-		start = i
-	}
-	dst = append(dst, s[start:]...)
 	return append(dst, '"')
 }

@@ -226,16 +226,3 @@ func BenchmarkBatchWriteItemCall(b *testing.B) {
 		})
 	}
 }
-
-func TestBatchWriteSizeIsEnough(t *testing.T) {
-	for name, in := range batchWriteInputs() {
-		body, ok := appendBatchWriteItem(nil, in)
-		require.True(t, ok)
-		size := batchWriteSize(in)
-		t.Logf("%s: %d bytes, estimated %d", name, len(body), size)
-		if name == "readings and markers" { // nothing to escape: the estimate holds
-			require.GreaterOrEqual(t, size, len(body), name)
-			require.Less(t, size, len(body)+len(body)/4+128, name)
-		}
-	}
-}
