@@ -290,11 +290,13 @@ func TestReportKeepsTheLastErrorAndTellsTheDrain(t *testing.T) {
 	}
 	store(t, buf, batches...)
 	db := &recordingDB{failOnce: 3}
+	reg := prometheus.NewRegistry()
 	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
-		buf, nil, nil, db, nil, cloud.TableNames(""), nil, nil)
+		buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
 	require.NoError(t, err)
 
 	r := up.Report()
+	require.Zero(t, metricValue(reg, "gateway_uplink_last_delivery_timestamp_seconds", ""), "nothing delivered yet")
 	require.Equal(t, "up", r.State)
 	require.EqualValues(t, 20, r.BacklogBatches)
 	require.Nil(t, r.ETASeconds, "a backlog and no delivery yet: no estimate")
@@ -309,6 +311,8 @@ func TestReportKeepsTheLastErrorAndTellsTheDrain(t *testing.T) {
 	require.NotNil(t, r.LastErrorAt)
 	require.NotNil(t, r.LastDeliveryAt)
 	require.False(t, r.LastDeliveryAt.Before(*r.LastErrorAt), "delivered after the last failure")
+	require.InDelta(t, float64(r.LastDeliveryAt.UnixNano())/1e9,
+		metricValue(reg, "gateway_uplink_last_delivery_timestamp_seconds", ""), 1e-6, "the gauge tells the report's last delivery")
 	require.Positive(t, r.DrainRateBatches)
 	require.Zero(t, r.BacklogBatches)
 	require.NotNil(t, r.ETASeconds)

@@ -23,6 +23,7 @@ type metrics struct {
 	roundWait      prometheus.Histogram
 	freshBatches   prometheus.Counter
 	consumed       *prometheus.CounterVec
+	lastDelivery   prometheus.Gauge
 
 	reg prometheus.Registerer
 }
@@ -106,6 +107,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		up: f.NewGauge(prometheus.GaugeOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "up",
 			Help: "1 while the last forwarding round succeeded, 0 while the uplink is failing.",
+		}),
+		lastDelivery: f.NewGauge(prometheus.GaugeOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "last_delivery_timestamp_seconds",
+			Help: "Unix time, by the gateway's corrected clock, when the uplink last recorded batches as delivered (0 until then).",
 		}),
 		txLimit: f.NewGauge(prometheus.GaugeOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "transaction_max_items",

@@ -756,6 +756,7 @@ func (u *Uplink) markDelivered(done []buffer.Pending) error {
 	u.mu.Lock()
 	u.lastDelivery = now
 	u.mu.Unlock()
+	u.metrics.lastDelivery.Set(float64(now.UnixNano()) / 1e9)
 	return nil
 }
 

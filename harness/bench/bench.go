@@ -71,7 +71,8 @@ type Config struct {
 	// uplink.concurrency (where its adaptive limit starts).
 	UplinkConcurrency int `json:"uplink_concurrency"`
 	// CeilingGoroutines are the goroutine counts the plain BatchWriteItem
-	// writer runs at; the fastest run is the drain's ceiling.
+	// writer runs at before the drains; the fastest count writes the
+	// ceiling just before and just after each drain.
 	CeilingGoroutines []int `json:"ceiling_goroutines"`
 	// LambdaInstances is how many Runtime Interface Emulators run the
 	// readings function in the lambda scenario, side by side behind
@@ -89,7 +90,8 @@ type Config struct {
 	// ProfileOut is where the profile's report goes.
 	ProfileOut string `json:"profile_out,omitempty"`
 	// CPUProfileDir, when set, receives gatewayd's Go CPU profile of each
-	// MQTT run's measured window, cpu-mqtt-N.pb.gz (go tool pprof).
+	// MQTT run's measured window, cpu-mqtt-N.pb.gz, and of each drain's
+	// first 10 s, cpu-drain-MODE.pb.gz (go tool pprof).
 	CPUProfileDir string `json:"cpu_profile_dir,omitempty"`
 	// KeepWork keeps the work directory (logs, data directories).
 	KeepWork bool `json:"keep_work"`

@@ -23,13 +23,21 @@ import (
 // Write modes of the uplink (uplink.write_mode).
 var writeModes = []string{"transaction", "batch"}
 
-// drainPoll is how often the drain reads gatewayd's metrics and memory.
-const drainPoll = 100 * time.Millisecond
+// drainPoll is how often the drain reads gatewayd's memory (from /proc),
+// drainScrape how often its metrics: a scrape costs gatewayd CPU the plain
+// writer does not pay, and the drain's end is timed by gatewayd itself
+// (gateway_uplink_last_delivery_timestamp_seconds), not by the scrape that
+// finds nothing pending.
+const (
+	drainPoll   = 100 * time.Millisecond
+	drainScrape = time.Second
+)
 
 // gatewayDrain is what gatewayd did in one drain.
 type gatewayDrain struct {
-	Mode          string             `json:"write_mode"`
-	ReadySeconds  float64            `json:"ready_s"`
+	Mode         string  `json:"write_mode"`
+	ReadySeconds float64 `json:"ready_s"`
+	// Seconds runs from ready to the last delivery.
 	Seconds       float64            `json:"seconds"`
 	Readings      float64            `json:"readings"`
 	Markers       float64            `json:"markers"`
@@ -59,8 +67,12 @@ type gatewayDrain struct {
 	ReadingsStored int64   `json:"readings_in_table"`
 	// Concurrency is gateway_uplink_concurrency (the lambda target's
 	// gateway_uplink_lambda_concurrency), the requests the uplink let
-	// itself have in flight, at each poll of the drain.
+	// itself have in flight, at each scrape of the drain.
 	Concurrency []float64 `json:"uplink_concurrency"`
+	// RequestSeconds is the time gatewayd's requests to DynamoDB took, all
+	// added up (gateway_uplink_request_duration_seconds_sum): over Seconds,
+	// the requests it had in flight on average.
+	RequestSeconds float64 `json:"request_seconds"`
 	// Invocations and InvokedBatches are the lambda target's invocations
 	// and the device batches they carried.
 	Invocations    float64 `json:"lambda_invocations,omitempty"`
@@ -74,19 +86,30 @@ type progress struct {
 	Readings float64 `json:"readings"`
 }
 
+// drainProfile is the length of the CPU profile a drain takes from its
+// start (--cpu-profile-dir): shorter than a 100,000-reading drain.
+const drainProfile = 10 * time.Second
+
 // progressEvery is how often the drain's progress is recorded.
 const progressEvery = 5 * time.Second
 
 // drainRun is the detail of one write mode.
 type drainRun struct {
-	Backlog  backlog      `json:"backlog"`
-	DataDir  diskUsage    `json:"data_dir"`
-	Pricing  itemPricing  `json:"item_pricing"`
-	Gateway  gatewayDrain `json:"gatewayd"`
-	Ceiling  plainCeiling `json:"plain_ceiling"`
-	SDK      sdkResult    `json:"sdk_loop"`
-	SDKWCU   float64      `json:"sdk_wcu_computed"`
-	SDKStore int64        `json:"sdk_readings_in_table"`
+	Backlog backlog      `json:"backlog"`
+	DataDir diskUsage    `json:"data_dir"`
+	Pricing itemPricing  `json:"item_pricing"`
+	Gateway gatewayDrain `json:"gatewayd"`
+	// Before and After are the plain writer at the sweep's best goroutine
+	// count, on this backlog's readings, just before and just after
+	// gatewayd's drain: the faster is the ceiling.
+	Before plainRun `json:"plain_before"`
+	After  plainRun `json:"plain_after"`
+	// Bulk is the uplink's bulk writer run from the bench's process on
+	// this backlog (batch mode only).
+	Bulk     *bulkRun  `json:"bulk_in_process,omitempty"`
+	SDK      sdkResult `json:"sdk_loop"`
+	SDKWCU   float64   `json:"sdk_wcu_computed"`
+	SDKStore int64     `json:"sdk_readings_in_table"`
 }
 
 func (r *runner) drain(ctx context.Context) error {
@@ -107,36 +130,51 @@ func (r *runner) drain(ctx context.Context) error {
 			"BatchWriteItem, TransactWriteItems): WCUs are computed from DynamoDB's documented rules " +
 			"(item size rounded up to 1 KB, transactional writes 2x)")
 	}
-	runs := make([]drainRun, len(writeModes))
+	sweep, err := r.sweepCeiling(ctx)
+	if err != nil {
+		return err
+	}
+	r.res.Details["drain ceiling sweep"] = sweep
 	for i, mode := range writeModes {
-		if runs[i], err = r.drainMode(ctx, client, mode, i%2 == 1); err != nil {
+		run, err := r.drainMode(ctx, client, mode, sweep.Best.Goroutines)
+		if err != nil {
 			return fmt.Errorf("%s mode: %w", mode, err)
 		}
-		r.res.Details["drain "+mode] = runs[i]
-	}
-	// Every mode is compared with the fastest plain run of the whole
-	// scenario: the backlogs have the same size and shape, and the
-	// ceilings, measured before one drain and after the other, move with
-	// DynamoDB Local and the machine's load; the faster is the stricter.
-	var all []plainRun
-	for _, run := range runs {
-		all = append(all, run.Ceiling.Runs...)
-	}
-	best := bestPlain(all)
-	r.res.Details["drain ceiling"] = best
-	for i, mode := range writeModes {
-		r.reportDrain(mode, runs[i], best)
+		r.res.Details["drain "+mode] = run
+		r.reportDrain(mode, run, sweep, i == 0)
 	}
 	return nil
 }
 
+// sweepCeiling runs the plain writer at each of --ceiling-goroutines on a
+// backlog of the drains' size and shape, to find its fastest goroutine
+// count.
+func (r *runner) sweepCeiling(ctx context.Context) (plainCeiling, error) {
+	dir := filepath.Join(r.work, "drain-sweep")
+	batches := r.cfg.DrainReadings / r.cfg.Readings
+	r.log.Info("drain: the plain writer's goroutine counts", "counts", joinCounts(r.cfg.CeilingGoroutines))
+	if _, err := fillBacklog(ctx, dir, r.nextFleet(), r.cfg.maxDevices(), batches, r.cfg.Readings); err != nil {
+		return plainCeiling{}, err
+	}
+	pend, err := readBacklog(dir)
+	if err != nil {
+		return plainCeiling{}, err
+	}
+	items, err := allItems(pend)
+	if err != nil {
+		return plainCeiling{}, err
+	}
+	return r.ceiling(ctx, items, priceItems(items))
+}
+
 // reportDrain adds one write mode's drain figures, each against best, the
 // plain writer's fastest run.
-func (r *runner) reportDrain(mode string, run drainRun, best plainRun) {
+func (r *runner) reportDrain(mode string, run drainRun, sweep plainCeiling, first bool) {
 	gw := run.Gateway
 	section := "drain " + mode
-	base := fmt.Sprintf("plain BatchWriteItem, best of %s goroutines x %d backlogs (%d)",
-		strings.ReplaceAll(joinCounts(r.cfg.CeilingGoroutines), ",", "/"), len(writeModes), best.Goroutines)
+	best := bestPlain([]plainRun{run.Before, run.After})
+	base := fmt.Sprintf("plain BatchWriteItem, %d goroutines (fastest of %s), faster of the runs just before and after",
+		best.Goroutines, strings.ReplaceAll(joinCounts(r.cfg.CeilingGoroutines), ",", "/"))
 	// Transactions write every item twice by DynamoDB's pricing: that mode
 	// is shown against the ceiling without a target.
 	var rateTarget, workTarget *target
@@ -159,6 +197,11 @@ func (r *runner) reportDrain(mode string, run drainRun, best plainRun) {
 		1000*best.DynamoCPU/plainReadings, base, workTarget)
 	r.res.add(section, "gatewayd CPU per 1,000 readings forwarded", "CPU s", 1000*gw.CPUSeconds/gw.Readings,
 		1000*best.ClientCPU/plainReadings, base+", its process", nil)
+	if b := run.Bulk; b != nil {
+		r.res.add(section, "readings/s, explained: the same write plan from the bench's process", "readings/s",
+			gw.Readings/gw.Seconds, float64(b.Readings)/b.Seconds,
+			fmt.Sprintf("the uplink's bulk writer, %d requests in flight, items built beforehand", b.Concurrency), nil)
+	}
 	sdk := run.SDK
 	if sdk.Readings > 0 {
 		r.res.add(section, "readings/s, explained: the same requests from a bare SDK loop", "readings/s",
@@ -166,16 +209,22 @@ func (r *runner) reportDrain(mode string, run drainRun, best plainRun) {
 	}
 	r.res.add("footprint", "RSS while draining, "+mode+" mode (max VmRSS)", "MB", mb(gw.MaxRSS), mb(gw.IdleMemory.RSS),
 		"gatewayd, same backlog, not forwarding", atMost(128, "MB"))
-	var runs []string
-	for _, p := range run.Ceiling.Runs {
-		runs = append(runs, fmt.Sprintf("%d: %.0f", p.Goroutines, p.rate()))
+	if first {
+		var runs []string
+		for _, p := range sweep.Runs {
+			runs = append(runs, fmt.Sprintf("%d: %.0f", p.Goroutines, p.rate()))
+		}
+		r.res.note("drain: the plain writer's readings/s by goroutines %s, on a backlog of the same size and shape "+
+			"(each on fresh tables); the fastest count writes the ceiling next to each drain", strings.Join(runs, ", "))
 	}
-	when := "after"
-	if mode != writeModes[0] {
-		when = "before"
+	r.res.note("%s: plain writer at %d goroutines %.0f readings/s just before gatewayd's drain and %.0f just after "+
+		"(DynamoDB Local CPU %.3f and %.3f s per 1,000 readings)", section, best.Goroutines, run.Before.rate(), run.After.rate(),
+		1000*run.Before.DynamoCPU/float64(run.Before.Readings), 1000*run.After.DynamoCPU/float64(run.After.Readings))
+	if b := run.Bulk; b != nil {
+		r.res.note("%s: the uplink's bulk writer from the bench's process (marker lookups, markers with the readings, "+
+			"items built beforehand), %d requests in flight: %.0f readings/s, DynamoDB Local CPU %.3f s and the bench's %.3f s per 1,000 readings",
+			section, b.Concurrency, float64(b.Readings)/b.Seconds, 1000*b.DynamoCPU/float64(b.Readings), 1000*b.ClientCPU/float64(b.Readings))
 	}
-	r.res.note("%s: plain writer on this backlog, %s gatewayd's drain, readings/s by goroutines %s "+
-		"(each on fresh tables; the fastest run of both backlogs is the ceiling)", section, when, strings.Join(runs, ", "))
 	if gw.ConsumedWCU > 0 || best.WCUReported {
 		r.res.note("%s: DynamoDB reported %.0f WCU for gatewayd's writes and %.0f RCU for its BatchGetItem lookups "+
 			"(%.3f RCU per reading), %.0f WCU for the plain writer; computed from the item sizes: gatewayd %.0f WCU",
@@ -190,10 +239,10 @@ func (r *runner) reportDrain(mode string, run drainRun, best plainRun) {
 	}
 	perBatch := float64(r.cfg.Readings)
 	r.res.note("%s: %d readings from %d devices, %d a batch; gatewayd: requests %v, transaction limit %.0f, "+
-		"%.0f request errors, ready after %.2fs, CPU %.1fs, DynamoDB Local CPU %.1fs, requests in flight allowed %s; "+
+		"%.0f request errors, ready after %.2fs, CPU %.1fs, DynamoDB Local CPU %.1fs, requests in flight allowed %s, on average in flight %.1f; "+
 		"on AWS (100 actions a transaction) transaction mode would write each batch as one transaction: %.2f WCU per reading",
 		section, run.Backlog.Readings, run.Backlog.Devices, r.cfg.Readings, gw.Requests, gw.TxLimit,
-		gw.RequestErrors, gw.ReadySeconds, gw.CPUSeconds, gw.DynamoCPU, spread(gw.Concurrency),
+		gw.RequestErrors, gw.ReadySeconds, gw.CPUSeconds, gw.DynamoCPU, spread(gw.Concurrency), gw.RequestSeconds/gw.Seconds,
 		2*(perBatch*run.Pricing.ReadingWCU+run.Pricing.MarkerWCU)/perBatch)
 }
 
@@ -243,14 +292,29 @@ func (r *runner) warmDynamo(ctx context.Context) (capacityProbe, error) {
 	// markers in the same BatchWriteItem requests) is warmed too, so that
 	// its measured run does not pay for compiling request shapes the
 	// other runs had warmed.
-	return probe, warmBulk(ctx, r.dynamo.client, pend, r.cfg.UplinkConcurrency)
+	_, err = r.bulkInProcess(ctx, pend, r.cfg.UplinkConcurrency)
+	return probe, err
 }
 
-// warmBulk writes pend with the uplink's bulk writer into fresh tables.
-func warmBulk(ctx context.Context, client *dynamodb.Client, pend []buffer.Pending, concurrency int) error {
+// bulkRun is the uplink's bulk writer run from the bench's process.
+type bulkRun struct {
+	Concurrency int     `json:"concurrency"`
+	Readings    int     `json:"readings"`
+	Seconds     float64 `json:"seconds"`
+	DynamoCPU   float64 `json:"dynamodb_local_cpu_s"`
+	ClientCPU   float64 `json:"cpu_s"`
+}
+
+// bulkInProcess builds pend's items as the uplink does, then writes them
+// with the uplink's bulk writer (tablewrite.WriteBulk: marker lookups,
+// readings and markers 25 to a BatchWriteItem) at concurrency requests in
+// flight into fresh tables, and measures the write.
+func (r *runner) bulkInProcess(ctx context.Context, pend []buffer.Pending, concurrency int) (bulkRun, error) {
+	run := bulkRun{Concurrency: concurrency}
+	client := r.dynamo.client
 	_, tables, err := newTables(ctx, client, false)
 	if err != nil {
-		return err
+		return run, err
 	}
 	defer func() { _ = dropTables(ctx, client, tables) }()
 	now := time.Now()
@@ -258,16 +322,29 @@ func warmBulk(ctx context.Context, client *dynamodb.Client, pend []buffer.Pendin
 	for _, p := range pend {
 		it, err := uplink.BatchItems(p, readingsRetention, now)
 		if err != nil {
-			return err
+			return run, err
 		}
 		items = append(items, it)
+		run.Readings += it.Readings()
 	}
-	for i, res := range tablewrite.New(client, tables, tablewrite.Options{}).WriteBulk(ctx, items, concurrency) {
+	r.log.Info("drain: the bulk writer in the bench's process", "concurrency", concurrency, "batches", len(items))
+	dyn, self := &cpuMark{pid: r.dynamo.proc.Pid()}, &cpuMark{pid: os.Getpid()}
+	cpu := dyn.hooks(self.hooks())
+	cpu.start()
+	start := time.Now()
+	results := tablewrite.New(client, tables, tablewrite.Options{}).WriteBulk(ctx, items, concurrency)
+	run.Seconds = time.Since(start).Seconds()
+	cpu.end()
+	if err := errors.Join(dyn.err, self.err); err != nil {
+		return run, err
+	}
+	run.DynamoCPU, run.ClientCPU = dyn.seconds(), self.seconds()
+	for i, res := range results {
 		if res.Outcome != tablewrite.Delivered {
-			return fmt.Errorf("warming the bulk writer: batch %s: %v (%v)", items[i].BatchID, res.Outcome, res.Err)
+			return run, fmt.Errorf("bulk writer: batch %s: %v (%v)", items[i].BatchID, res.Outcome, res.Err)
 		}
 	}
-	return nil
+	return run, nil
 }
 
 func allItems(pend []buffer.Pending) ([]*itemBatch, error) {
@@ -283,12 +360,15 @@ func allItems(pend []buffer.Pending) ([]*itemBatch, error) {
 	return items, nil
 }
 
-// drainMode fills a backlog, has gatewayd forward it in mode, and measures
-// the plain-write ceiling on the same items (and, in transaction mode, the
-// SDK loop making the uplink's requests); baselineFirst runs the baselines
-// before gatewayd, so that neither always runs on the warmer DynamoDB
-// Local.
-func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode string, baselineFirst bool) (drainRun, error) {
+// drainMode fills a backlog and has gatewayd forward it in mode, between
+// two runs of the plain writer with goroutines on the same readings: one
+// just before, one just after. DynamoDB Local's speed drifts over a bench
+// (its JIT warms, its heap fills), by more than the drains differ, so the
+// ceiling is measured next to the drain it is compared with. Then, in
+// batch mode, the uplink's bulk writer runs the same backlog from the
+// bench's process; in transaction mode, the SDK loop makes the uplink's
+// requests.
+func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode string, goroutines int) (drainRun, error) {
 	var run drainRun
 	dir := filepath.Join(r.work, "drain-"+mode)
 	batches := r.cfg.DrainReadings / r.cfg.Readings
@@ -314,24 +394,34 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 	if n := r.cfg.DrainBaselineReadings / r.cfg.Readings; n > 0 && n < len(items) {
 		sample = items[:n]
 	}
-	baselines := func() error {
-		if run.Ceiling, err = r.ceiling(ctx, items, run.Pricing); err != nil {
-			return err
+	if run.Before, err = r.plainAt(ctx, items, run.Pricing, goroutines); err != nil {
+		return run, err
+	}
+	if run.Gateway, err = r.gatewayDrain(ctx, client, dir, mode, nil); err != nil {
+		return run, err
+	}
+	if run.After, err = r.plainAt(ctx, items, run.Pricing, goroutines); err != nil {
+		return run, err
+	}
+	if mode != "transaction" {
+		// The bulk plan's requests, without gatewayd: what the plan costs
+		// against what gatewayd's process adds.
+		b, err := r.bulkInProcess(ctx, pend, goroutines)
+		if err != nil {
+			return run, err
 		}
-		if mode != "transaction" {
-			// The SDK loop makes the requests of transaction mode and of
-			// the conditional-marker plan, not those of the bulk plan.
-			return nil
-		}
+		run.Bulk = &b
+	} else {
+		// The SDK loop makes the requests of transaction mode.
 		r.log.Info("drain: SDK loop", "mode", mode, "concurrency", r.cfg.UplinkConcurrency, "batches", len(sample),
 			"transaction_max_items", r.txLimit)
 		_, tables, err := newTables(ctx, client, false)
 		if err != nil {
-			return err
+			return run, err
 		}
 		cpu0, err := procCPU(os.Getpid())
 		if err != nil {
-			return err
+			return run, err
 		}
 		run.SDK, err = sdkLoop(ctx, client, tables, sample, r.cfg.UplinkConcurrency, mode, r.txLimit)
 		cpu1, cerr := procCPU(os.Getpid())
@@ -340,18 +430,7 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 		if err == nil {
 			run.SDKStore, err = countItems(ctx, client, tables.Readings)
 		}
-		return errors.Join(err, dropTables(ctx, client, tables))
-	}
-	if baselineFirst {
-		if err := baselines(); err != nil {
-			return run, err
-		}
-	}
-	if run.Gateway, err = r.gatewayDrain(ctx, client, dir, mode, nil); err != nil {
-		return run, err
-	}
-	if !baselineFirst {
-		if err := baselines(); err != nil {
+		if err := errors.Join(err, dropTables(ctx, client, tables)); err != nil {
 			return run, err
 		}
 	}
@@ -445,11 +524,20 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 		return gd, err
 	}
 	deadline := t0.Add(r.cfg.DrainTimeout)
+	var cpuProf *pprofCPU
+	if r.cfg.CPUProfileDir != "" {
+		name := "cpu-drain-" + mode
+		if target != nil {
+			name += "-lambda"
+		}
+		cpuProf = &pprofCPU{g: g, seconds: drainProfile, path: filepath.Join(r.cfg.CPUProfileDir, name+".pb.gz")}
+		cpuProf.hooks().start()
+	}
 	limitMetric := "gateway_uplink_concurrency"
 	if target != nil {
 		limitMetric = "gateway_uplink_lambda_concurrency"
 	}
-	nextProgress := t0
+	nextProgress, nextScrape := t0, t0.Add(drainScrape)
 	var m samples
 	for {
 		sleepCtx(ctx, drainPoll)
@@ -461,6 +549,10 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 			return gd, err
 		}
 		gd.MaxRSS = max(gd.MaxRSS, mem.RSS)
+		if time.Now().Before(nextScrape) {
+			continue
+		}
+		nextScrape = nextScrape.Add(drainScrape)
 		if m, err = g.metrics(ctx); err != nil {
 			return gd, err
 		}
@@ -477,6 +569,11 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 		}
 	}
 	gd.Seconds = time.Since(t0).Seconds()
+	// The drain ends at gatewayd's last delivery, up to a scrape before
+	// the bench saw nothing pending.
+	if last := time.Unix(0, int64(m.sum("gateway_uplink_last_delivery_timestamp_seconds")*1e9)); last.After(t0) {
+		gd.Seconds = min(gd.Seconds, last.Sub(t0).Seconds())
+	}
 	dyn1, err := procCPU(r.dynamo.proc.Pid())
 	if err != nil {
 		return gd, err
@@ -510,6 +607,7 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 	for _, op := range []string{"TransactWriteItems", "BatchWriteItem", "PutItem", "UpdateItem"} {
 		gd.ConsumedWCU += m.sum("gateway_uplink_consumed_capacity_units_total", `operation="`+op+`"`)
 	}
+	gd.RequestSeconds = m.sum("gateway_uplink_request_duration_seconds_sum")
 	gd.ConsumedRCU = m.sum("gateway_uplink_consumed_capacity_units_total", `operation="BatchGetItem"`)
 	gd.BatchItems = m.sum("gateway_uplink_batch_write_items_sum")
 	gd.Unprocessed = m.sum("gateway_uplink_unprocessed_items_total")
@@ -523,6 +621,12 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 	gd.TxLimit = m.sum("gateway_uplink_transaction_max_items")
 	gd.Invocations = m.sum("gateway_uplink_lambda_invocation_batches_count")
 	gd.InvokedBatches = m.sum("gateway_uplink_lambda_invocation_batches_sum")
+	// A drain shorter than the profile ends before it does.
+	if cpuProf != nil {
+		if cpuProf.hooks().end(); cpuProf.err != nil {
+			return gd, cpuProf.err
+		}
+	}
 	if err := g.stop(); err != nil {
 		return gd, err
 	}

@@ -90,32 +90,41 @@ func plainRequests(items []*itemBatch) [][]types.WriteRequest {
 // gatewayd does (uplink.consumed_capacity): DynamoDB Local spends more CPU
 // on requests that ask, and its CPU per reading is compared.
 func (r *runner) ceiling(ctx context.Context, items []*itemBatch, pricing itemPricing) (plainCeiling, error) {
-	reqs := plainRequests(items)
 	var c plainCeiling
 	for _, g := range r.cfg.CeilingGoroutines {
-		_, tables, err := newTables(ctx, r.dynamo.client, false)
+		run, err := r.plainAt(ctx, items, pricing, g)
 		if err != nil {
 			return c, err
-		}
-		r.log.Info("drain: plain writer", "goroutines", g, "requests", len(reqs), "consumed_capacity", r.consumedCapacity())
-		run, err := r.plainWrite(ctx, tables.Readings, reqs, g, r.consumedCapacity())
-		if err == nil {
-			run.Stored, err = countItems(ctx, r.dynamo.client, tables.Readings)
-		}
-		err = errors.Join(err, dropTables(ctx, r.dynamo.client, tables))
-		if err != nil {
-			return c, err
-		}
-		if run.Stored != int64(run.Readings) {
-			return c, fmt.Errorf("plain writer, %d goroutines: wrote %d readings, the table holds %d", g, run.Readings, run.Stored)
-		}
-		if !run.WCUReported {
-			run.WCU = float64(int64(run.Readings)+run.Unprocessed) * pricing.ReadingWCU
 		}
 		c.Runs = append(c.Runs, run)
 	}
 	c.Best = bestPlain(c.Runs)
 	return c, nil
+}
+
+// plainAt runs the plain writer with g goroutines on items, into fresh
+// tables, and checks that the table holds every reading.
+func (r *runner) plainAt(ctx context.Context, items []*itemBatch, pricing itemPricing, g int) (plainRun, error) {
+	reqs := plainRequests(items)
+	_, tables, err := newTables(ctx, r.dynamo.client, false)
+	if err != nil {
+		return plainRun{}, err
+	}
+	r.log.Info("drain: plain writer", "goroutines", g, "requests", len(reqs), "consumed_capacity", r.consumedCapacity())
+	run, err := r.plainWrite(ctx, tables.Readings, reqs, g, r.consumedCapacity())
+	if err == nil {
+		run.Stored, err = countItems(ctx, r.dynamo.client, tables.Readings)
+	}
+	if err = errors.Join(err, dropTables(ctx, r.dynamo.client, tables)); err != nil {
+		return run, err
+	}
+	if run.Stored != int64(run.Readings) {
+		return run, fmt.Errorf("plain writer, %d goroutines: wrote %d readings, the table holds %d", g, run.Readings, run.Stored)
+	}
+	if !run.WCUReported {
+		run.WCU = float64(int64(run.Readings)+run.Unprocessed) * pricing.ReadingWCU
+	}
+	return run, nil
 }
 
 // plainWrite writes reqs into table with g goroutines, resending what
