@@ -153,18 +153,11 @@ func (r *runner) sweepCeiling(ctx context.Context) (plainCeiling, error) {
 	dir := filepath.Join(r.work, "drain-sweep")
 	batches := r.cfg.DrainReadings / r.cfg.Readings
 	r.log.Info("drain: the plain writer's goroutine counts", "counts", joinCounts(r.cfg.CeilingGoroutines))
-	if _, err := fillBacklog(ctx, dir, r.nextFleet(), r.cfg.maxDevices(), batches, r.cfg.Readings); err != nil {
-		return plainCeiling{}, err
-	}
-	pend, err := readBacklog(dir)
+	f, err := r.writeBacklog(ctx, dir, r.cfg.maxDevices(), batches)
 	if err != nil {
 		return plainCeiling{}, err
 	}
-	items, err := allItems(pend)
-	if err != nil {
-		return plainCeiling{}, err
-	}
-	return r.ceiling(ctx, items, priceItems(items))
+	return r.ceiling(ctx, f.items, priceItems(f.items))
 }
 
 // reportDrain adds one write mode's drain figures, each against best, the
@@ -259,15 +252,8 @@ func spread(xs []float64) string {
 // whether it returns consumed capacity.
 func (r *runner) warmDynamo(ctx context.Context) (capacityProbe, error) {
 	r.log.Info("drain: warming DynamoDB Local")
-	dir := filepath.Join(r.work, "warm")
-	if _, err := fillBacklog(ctx, dir, r.nextFleet(), 100, 300, r.cfg.Readings); err != nil {
-		return capacityProbe{}, err
-	}
-	pend, err := readBacklog(dir)
-	if err != nil {
-		return capacityProbe{}, err
-	}
-	items, err := allItems(pend)
+	f, err := r.writeBacklog(ctx, filepath.Join(r.work, "warm"), 100, 300)
+	pend, items := f.pend, f.items
 	if err != nil {
 		return capacityProbe{}, err
 	}
@@ -347,6 +333,32 @@ func (r *runner) bulkInProcess(ctx context.Context, pend []buffer.Pending, concu
 	return run, nil
 }
 
+// filled is a backlog written into a data directory and read back.
+type filled struct {
+	info  backlog
+	usage diskUsage // of the data directory, once written
+	pend  []buffer.Pending
+	items []*itemBatch // what a plain writer writes of it
+}
+
+// writeBacklog fills a backlog of batches from devices into dir and reads
+// it back.
+func (r *runner) writeBacklog(ctx context.Context, dir string, devices, batches int) (filled, error) {
+	var f filled
+	var err error
+	if f.info, err = fillBacklog(ctx, dir, r.nextFleet(), devices, batches, r.cfg.Readings); err != nil {
+		return f, err
+	}
+	if f.usage, err = dirUsage(dir); err != nil {
+		return f, err
+	}
+	if f.pend, err = readBacklog(dir); err != nil {
+		return f, err
+	}
+	f.items, err = allItems(f.pend)
+	return f, err
+}
+
 func allItems(pend []buffer.Pending) ([]*itemBatch, error) {
 	now := time.Now()
 	items := make([]*itemBatch, 0, len(pend))
@@ -373,21 +385,12 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 	dir := filepath.Join(r.work, "drain-"+mode)
 	batches := r.cfg.DrainReadings / r.cfg.Readings
 	r.log.Info("drain: writing the backlog", "mode", mode, "batches", batches, "readings", batches*r.cfg.Readings)
-	var err error
-	if run.Backlog, err = fillBacklog(ctx, dir, r.nextFleet(), r.cfg.maxDevices(), batches, r.cfg.Readings); err != nil {
-		return run, err
-	}
-	if run.DataDir, err = dirUsage(dir); err != nil {
-		return run, err
-	}
-	pend, err := readBacklog(dir)
+	f, err := r.writeBacklog(ctx, dir, r.cfg.maxDevices(), batches)
 	if err != nil {
 		return run, err
 	}
-	items, err := allItems(pend)
-	if err != nil {
-		return run, err
-	}
+	run.Backlog, run.DataDir = f.info, f.usage
+	pend, items := f.pend, f.items
 	run.Pricing = priceItems(items)
 
 	sample := items
