@@ -213,6 +213,11 @@ func (r *runner) reportDrain(mode string, run drainRun, sweep plainCeiling, firs
 	r.res.note("%s: plain writer at %d goroutines %.0f readings/s just before gatewayd's drain and %.0f just after "+
 		"(DynamoDB Local CPU %.3f and %.3f s per 1,000 readings)", section, best.Goroutines, run.Before.rate(), run.After.rate(),
 		1000*run.Before.DynamoCPU/float64(run.Before.Readings), 1000*run.After.DynamoCPU/float64(run.After.Readings))
+	if lo, hi := min(run.Before.rate(), run.After.rate()), max(run.Before.rate(), run.After.rate()); lo > 0 && hi/lo > bracketSpread {
+		r.res.note("%s: the plain writer's runs before and after the drain differ by %.2fx: DynamoDB Local changed speed "+
+			"around the drain, and the ratio against the ceiling is uncertain; against the slower run it is %.2fx",
+			section, hi/lo, gw.Readings/gw.Seconds/lo)
+	}
 	if b := run.Bulk; b != nil {
 		r.res.note("%s: the uplink's bulk writer from the bench's process (marker lookups, markers with the readings, "+
 			"items built beforehand), %d requests in flight: %.0f readings/s, DynamoDB Local CPU %.3f s and the bench's %.3f s per 1,000 readings",
@@ -332,6 +337,10 @@ func (r *runner) bulkInProcess(ctx context.Context, pend []buffer.Pending, concu
 	}
 	return run, nil
 }
+
+// bracketSpread is how far apart the plain writer's runs before and after
+// a drain may be before the bench says the ceiling moved under the drain.
+const bracketSpread = 1.15
 
 // filled is a backlog written into a data directory and read back.
 type filled struct {
