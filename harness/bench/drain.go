@@ -160,8 +160,9 @@ func (r *runner) sweepCeiling(ctx context.Context) (plainCeiling, error) {
 	return r.ceiling(ctx, f.items, priceItems(f.items))
 }
 
-// reportDrain adds one write mode's drain figures, each against best, the
-// plain writer's fastest run.
+// reportDrain adds one write mode's drain figures, each against the faster
+// of the plain writer's runs just before and just after the drain; the
+// first mode's report notes the goroutine sweep too.
 func (r *runner) reportDrain(mode string, run drainRun, sweep plainCeiling, first bool) {
 	gw := run.Gateway
 	section := "drain " + mode
