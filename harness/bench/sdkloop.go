@@ -74,20 +74,38 @@ func dropTables(ctx context.Context, client *dynamodb.Client, tables cloud.Table
 	return errors.Join(errs...)
 }
 
-// countItems counts a table's items with a paginated Scan (Select COUNT).
+// countSegments is how many segments of a parallel Scan count a table.
+// DynamoDB Local's Scan pages get slower the further into the table they
+// start: one segment counted 100,000 readings in 60 s, four in 14 s,
+// sixteen in 5 s.
+const countSegments = 16
+
+// countItems counts a table's items with a parallel, paginated Scan
+// (Select COUNT) of countSegments segments.
 func countItems(ctx context.Context, client *dynamodb.Client, table string) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	var n int64
-	p := dynamodb.NewScanPaginator(client, &dynamodb.ScanInput{TableName: aws.String(table), Select: types.SelectCount})
-	for p.HasMorePages() {
-		page, err := p.NextPage(ctx)
-		if err != nil {
-			return n, fmt.Errorf("counting %s: %w", table, err)
-		}
-		n += int64(page.Count)
+	var (
+		total atomic.Int64
+		wg    sync.WaitGroup
+		errs  = make([]error, countSegments)
+	)
+	for seg := range countSegments {
+		wg.Go(func() {
+			p := dynamodb.NewScanPaginator(client, &dynamodb.ScanInput{TableName: aws.String(table), Select: types.SelectCount,
+				Segment: aws.Int32(int32(seg)), TotalSegments: aws.Int32(countSegments)})
+			for p.HasMorePages() {
+				page, err := p.NextPage(ctx)
+				if err != nil {
+					errs[seg] = fmt.Errorf("counting %s, segment %d: %w", table, seg, err)
+					return
+				}
+				total.Add(int64(page.Count))
+			}
+		})
 	}
-	return n, nil
+	wg.Wait()
+	return total.Load(), errors.Join(errs...)
 }
 
 // capacityProbe says whether the endpoint returns ConsumedCapacity when
