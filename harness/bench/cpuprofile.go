@@ -22,22 +22,23 @@ type pprofCPU struct {
 	err     error
 }
 
-func (p *pprofCPU) hooks() loadHooks {
-	return loadHooks{
-		start: func() {
-			p.done = make(chan error, 1)
-			go func() { p.done <- p.save() }()
-		},
-		end: func() {
-			if p.done == nil {
-				return
-			}
-			select {
-			case p.err = <-p.done:
-			case <-time.After(p.seconds + 30*time.Second):
-				p.err = fmt.Errorf("CPU profile %s: no answer from gatewayd", p.path)
-			}
-		},
+func (p *pprofCPU) hooks() loadHooks { return loadHooks{start: p.start, end: p.end} }
+
+// start begins the profile; it runs for p.seconds.
+func (p *pprofCPU) start() {
+	p.done = make(chan error, 1)
+	go func() { p.done <- p.save() }()
+}
+
+// end waits for the profile to be saved and keeps its error in p.err.
+func (p *pprofCPU) end() {
+	if p.done == nil {
+		return
+	}
+	select {
+	case p.err = <-p.done:
+	case <-time.After(p.seconds + 30*time.Second):
+		p.err = fmt.Errorf("CPU profile %s: no answer from gatewayd", p.path)
 	}
 }
 

@@ -17,7 +17,6 @@ import (
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/tablewrite"
-	"greenhouse-gateway/uplink"
 )
 
 // Write modes of the uplink (uplink.write_mode).
@@ -259,10 +258,10 @@ func spread(xs []float64) string {
 func (r *runner) warmDynamo(ctx context.Context) (capacityProbe, error) {
 	r.log.Info("drain: warming DynamoDB Local")
 	f, err := r.writeBacklog(ctx, filepath.Join(r.work, "warm"), 100, 300)
-	pend, items := f.pend, f.items
 	if err != nil {
 		return capacityProbe{}, err
 	}
+	items := f.items
 	_, tables, err := newTables(ctx, r.dynamo.client, false)
 	if err != nil {
 		return capacityProbe{}, err
@@ -284,7 +283,7 @@ func (r *runner) warmDynamo(ctx context.Context) (capacityProbe, error) {
 	// markers in the same BatchWriteItem requests) is warmed too, so that
 	// its measured run does not pay for compiling request shapes the
 	// other runs had warmed.
-	_, err = r.bulkInProcess(ctx, pend, r.cfg.UplinkConcurrency)
+	_, err = r.bulkInProcess(ctx, items, r.cfg.UplinkConcurrency)
 	return probe, err
 }
 
@@ -297,11 +296,11 @@ type bulkRun struct {
 	ClientCPU   float64 `json:"cpu_s"`
 }
 
-// bulkInProcess builds pend's items as the uplink does, then writes them
-// with the uplink's bulk writer (tablewrite.WriteBulk: marker lookups,
-// readings and markers 25 to a BatchWriteItem) at concurrency requests in
-// flight into fresh tables, and measures the write.
-func (r *runner) bulkInProcess(ctx context.Context, pend []buffer.Pending, concurrency int) (bulkRun, error) {
+// bulkInProcess writes batches, built as the uplink builds them, with the
+// uplink's bulk writer (tablewrite.WriteBulk: marker lookups, readings and
+// markers 25 to a BatchWriteItem) at concurrency requests in flight into
+// fresh tables, and measures the write.
+func (r *runner) bulkInProcess(ctx context.Context, batches []*itemBatch, concurrency int) (bulkRun, error) {
 	run := bulkRun{Concurrency: concurrency}
 	client := r.dynamo.client
 	_, tables, err := newTables(ctx, client, false)
@@ -309,15 +308,10 @@ func (r *runner) bulkInProcess(ctx context.Context, pend []buffer.Pending, concu
 		return run, err
 	}
 	defer func() { _ = dropTables(ctx, client, tables) }()
-	now := time.Now()
-	items := make([]*tablewrite.Items, 0, len(pend))
-	for _, p := range pend {
-		it, err := uplink.BatchItems(p, readingsRetention, now)
-		if err != nil {
-			return run, err
-		}
-		items = append(items, it)
-		run.Readings += it.Readings()
+	items := make([]*tablewrite.Items, len(batches))
+	for i, b := range batches {
+		items[i] = b.built
+		run.Readings += b.built.Readings()
 	}
 	r.log.Info("drain: the bulk writer in the bench's process", "concurrency", concurrency, "batches", len(items))
 	dyn, self := &cpuMark{pid: r.dynamo.proc.Pid()}, &cpuMark{pid: os.Getpid()}
@@ -346,9 +340,8 @@ const bracketSpread = 1.15
 // filled is a backlog written into a data directory and read back.
 type filled struct {
 	info  backlog
-	usage diskUsage // of the data directory, once written
-	pend  []buffer.Pending
-	items []*itemBatch // what a plain writer writes of it
+	usage diskUsage    // of the data directory, once written
+	items []*itemBatch // its batches' items, as the uplink builds them
 }
 
 // writeBacklog fills a backlog of batches from devices into dir and reads
@@ -362,10 +355,11 @@ func (r *runner) writeBacklog(ctx context.Context, dir string, devices, batches 
 	if f.usage, err = dirUsage(dir); err != nil {
 		return f, err
 	}
-	if f.pend, err = readBacklog(dir); err != nil {
+	pend, err := readBacklog(dir)
+	if err != nil {
 		return f, err
 	}
-	f.items, err = allItems(f.pend)
+	f.items, err = allItems(pend)
 	return f, err
 }
 
@@ -385,7 +379,7 @@ func allItems(pend []buffer.Pending) ([]*itemBatch, error) {
 // drainMode fills a backlog and has gatewayd forward it in mode, between
 // two runs of the plain writer with goroutines on the same readings: one
 // just before, one just after. DynamoDB Local's speed drifts over a bench
-// (its JIT warms, its heap fills), by more than the drains differ, so the
+// by more than the drains differ, so the
 // ceiling is measured next to the drain it is compared with. Then, in
 // batch mode, the uplink's bulk writer runs the same backlog from the
 // bench's process; in transaction mode, the SDK loop makes the uplink's
@@ -400,26 +394,27 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 		return run, err
 	}
 	run.Backlog, run.DataDir = f.info, f.usage
-	pend, items := f.pend, f.items
+	items := f.items
 	run.Pricing = priceItems(items)
+	reqs := plainRequests(items)
 
 	sample := items
 	if n := r.cfg.DrainBaselineReadings / r.cfg.Readings; n > 0 && n < len(items) {
 		sample = items[:n]
 	}
-	if run.Before, err = r.plainAt(ctx, items, run.Pricing, goroutines); err != nil {
+	if run.Before, err = r.plainAt(ctx, reqs, run.Pricing, goroutines); err != nil {
 		return run, err
 	}
 	if run.Gateway, err = r.gatewayDrain(ctx, client, dir, mode, nil); err != nil {
 		return run, err
 	}
-	if run.After, err = r.plainAt(ctx, items, run.Pricing, goroutines); err != nil {
+	if run.After, err = r.plainAt(ctx, reqs, run.Pricing, goroutines); err != nil {
 		return run, err
 	}
 	if mode != "transaction" {
 		// The bulk plan's requests, without gatewayd: what the plan costs
 		// against what gatewayd's process adds.
-		b, err := r.bulkInProcess(ctx, pend, goroutines)
+		b, err := r.bulkInProcess(ctx, items, goroutines)
 		if err != nil {
 			return run, err
 		}
@@ -544,7 +539,7 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 			name += "-lambda"
 		}
 		cpuProf = &pprofCPU{g: g, seconds: drainProfile, path: filepath.Join(r.cfg.CPUProfileDir, name+".pb.gz")}
-		cpuProf.hooks().start()
+		cpuProf.start()
 	}
 	limitMetric := "gateway_uplink_concurrency"
 	if target != nil {
@@ -583,8 +578,10 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 	}
 	gd.Seconds = time.Since(t0).Seconds()
 	// The drain ends at gatewayd's last delivery, up to a scrape before
-	// the bench saw nothing pending.
-	if last := time.Unix(0, int64(m.sum("gateway_uplink_last_delivery_timestamp_seconds")*1e9)); last.After(t0) {
+	// the bench saw nothing pending; gatewayd stamps it by its corrected
+	// clock, the system clock plus gateway_clock_offset_seconds.
+	last := m.sum("gateway_uplink_last_delivery_timestamp_seconds") - m.sum("gateway_clock_offset_seconds")
+	if last := time.Unix(0, int64(last*1e9)); last.After(t0) {
 		gd.Seconds = min(gd.Seconds, last.Sub(t0).Seconds())
 	}
 	dyn1, err := procCPU(r.dynamo.proc.Pid())
@@ -636,7 +633,7 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 	gd.InvokedBatches = m.sum("gateway_uplink_lambda_invocation_batches_sum")
 	// A drain shorter than the profile ends before it does.
 	if cpuProf != nil {
-		if cpuProf.hooks().end(); cpuProf.err != nil {
+		if cpuProf.end(); cpuProf.err != nil {
 			return gd, cpuProf.err
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/internal/tablewrite"
 	"greenhouse-gateway/uplink"
 )
 
@@ -21,6 +22,9 @@ var readingsRetention = uplink.DefaultConfig().ReadingsRetention
 type itemBatch struct {
 	readings []map[string]types.AttributeValue
 	marker   map[string]types.AttributeValue
+	// built is what the uplink writes of the batch (readings and marker
+	// above are its items): the bulk writer's input.
+	built *tablewrite.Items
 }
 
 func batchItems(p buffer.Pending, now time.Time) (*itemBatch, error) {
@@ -28,7 +32,7 @@ func batchItems(p buffer.Pending, now time.Time) (*itemBatch, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &itemBatch{readings: it.ReadingItems(), marker: it.MarkerItem()}, nil
+	return &itemBatch{readings: it.ReadingItems(), marker: it.MarkerItem(), built: it}, nil
 }
 
 // itemSize is an item's size by DynamoDB's documented rules ("Item sizes

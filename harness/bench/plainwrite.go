@@ -91,8 +91,9 @@ func plainRequests(items []*itemBatch) [][]types.WriteRequest {
 // on requests that ask, and its CPU per reading is compared.
 func (r *runner) ceiling(ctx context.Context, items []*itemBatch, pricing itemPricing) (plainCeiling, error) {
 	var c plainCeiling
+	reqs := plainRequests(items)
 	for _, g := range r.cfg.CeilingGoroutines {
-		run, err := r.plainAt(ctx, items, pricing, g)
+		run, err := r.plainAt(ctx, reqs, pricing, g)
 		if err != nil {
 			return c, err
 		}
@@ -102,10 +103,10 @@ func (r *runner) ceiling(ctx context.Context, items []*itemBatch, pricing itemPr
 	return c, nil
 }
 
-// plainAt runs the plain writer with g goroutines on items, into fresh
-// tables, and checks that the table holds every reading.
-func (r *runner) plainAt(ctx context.Context, items []*itemBatch, pricing itemPricing, g int) (plainRun, error) {
-	reqs := plainRequests(items)
+// plainAt runs the plain writer with g goroutines on reqs
+// (plainRequests), into fresh tables, and checks that the table holds
+// every reading.
+func (r *runner) plainAt(ctx context.Context, reqs [][]types.WriteRequest, pricing itemPricing, g int) (plainRun, error) {
 	_, tables, err := newTables(ctx, r.dynamo.client, false)
 	if err != nil {
 		return plainRun{}, err

@@ -75,9 +75,9 @@ func dropTables(ctx context.Context, client *dynamodb.Client, tables cloud.Table
 }
 
 // countSegments is how many segments of a parallel Scan count a table.
-// DynamoDB Local's Scan pages get slower the further into the table they
-// start: one segment counted 100,000 readings in 60 s, four in 14 s,
-// sixteen in 5 s.
+// DynamoDB Local counts faster in parallel segments than their number
+// alone explains: one segment counted 100,000 readings in 60 s, four in
+// 14 s, sixteen in 5 s.
 const countSegments = 16
 
 // countItems counts a table's items with a parallel, paginated Scan
