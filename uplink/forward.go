@@ -71,7 +71,7 @@ func (u *Uplink) outcome(r tablewrite.Result, cb *cloudBatch) error {
 	default:
 		return r.Err
 	}
-	u.metrics.readings.Add(float64(cb.items.Readings()))
+	u.metrics.readings.Add(float64(cb.readings))
 	return nil
 }
 

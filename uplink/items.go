@@ -16,6 +16,8 @@ import (
 type cloudBatch struct {
 	pending buffer.Pending
 	items   *tablewrite.Items
+	// readings is the number of readings items, kept once items is let go.
+	readings int
 }
 
 // buildBatch decodes a buffered payload into its table items. now sets the
@@ -36,7 +38,7 @@ func buildBatch(p buffer.Pending, readingsRetention time.Duration, now time.Time
 	// again after a failure gets the same items.
 	items := tablewrite.Build(tablewrite.Batch{Batch: b, ReceivedAt: received, Hash: b.IdentityHash(),
 		Quality: quality.ScoreSequence(b.Readings)}, readingsRetention, now)
-	return &cloudBatch{pending: p, items: items}, nil
+	return &cloudBatch{pending: p, items: items, readings: items.Readings()}, nil
 }
 
 // BatchItems returns the table items the uplink writes for a buffered

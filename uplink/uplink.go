@@ -73,12 +73,17 @@ type Config struct {
 	// MaxConcurrency bounds the requests in flight. Default 64 (or
 	// Concurrency, when that is larger).
 	MaxConcurrency int `yaml:"max_concurrency"`
-	// LeaseBatches is how many pending batches one round takes. Default 256.
+	// LeaseBatches is how many pending batches one round takes. Default
+	// 1024. A round's boundary (its lease read, its first marker lookup,
+	// its last requests, the record of its deliveries) leaves requests
+	// unsent, so a larger lease drains a backlog faster over a slow link;
+	// in batch write mode a round's memory does not grow with it
+	// (forwardBulk).
 	LeaseBatches int `yaml:"lease_batches"`
 	// FreshReserve is how many of a round's LeaseBatches go to devices
 	// without a backlog, so that their new batches are not held behind
-	// other devices' hours of backlog. Default 32; must be below
-	// LeaseBatches.
+	// other devices' hours of backlog. Default 128 (LeaseBatches/8 when
+	// that is smaller); must be below LeaseBatches.
 	FreshReserve int `yaml:"fresh_reserve"`
 	// MaxWait bounds how long a round may wait for more batches before it
 	// is sent. The wait follows a sigmoid of the observed arrival rate: 0
@@ -124,8 +129,8 @@ func DefaultConfig() Config {
 		WriteMode:         "batch",
 		Concurrency:       16,
 		MaxConcurrency:    64,
-		LeaseBatches:      256,
-		FreshReserve:      32,
+		LeaseBatches:      1024,
+		FreshReserve:      128,
 		MaxWait:           100 * time.Millisecond,
 		MaxBatchSize:      100,
 		WaitTargetRate:    20,

@@ -556,3 +556,32 @@ func TestBatchModeAcrossDevicesExactlyOnce(t *testing.T) {
 	require.Equal(t, 1, e.count("already_delivered"))
 	require.Equal(t, len(all)-2, e.count("delivered"))
 }
+
+func TestBatchModeLeaseLargerThanTheWriterKeepsAheadExactlyOnce(t *testing.T) {
+	// Two requests in flight keep the round's building 206 batches ahead
+	// of the writes (bulkAhead), so most of the 600-batch lease is built
+	// while the first batches are written, one of them refused.
+	e := newEnv(t, dynamotest.Shared(t), uplink.Config{WriteMode: "batch", Concurrency: 2, MaxConcurrency: 2,
+		LeaseBatches: 1000, FreshReserve: 1})
+	var all []*contract.Batch
+	want := map[string]int{}
+	for w := range 15 {
+		for d := range 40 {
+			hw := fmt.Sprintf("DE:00:00:00:00:%02X", d)
+			b := testBatch(t, hw, w, 2)
+			all = append(all, b)
+			want[hw] += len(b.Readings)
+		}
+	}
+	bad := all[2*40+3] // device 3's third batch
+	bad.Readings[0].Sensors["bme280_temp_c"] = 1e200
+	want[bad.HardwareID] -= len(bad.Readings)
+	store(t, e.buf, all...)
+	e.run(t)
+
+	for hw, n := range want {
+		require.Len(t, e.readings(t, hw), n, hw)
+	}
+	require.Equal(t, 1, e.count("dead_lettered"))
+	require.Equal(t, len(all)-1, e.count("delivered"))
+}

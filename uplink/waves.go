@@ -10,15 +10,25 @@ import (
 	"greenhouse-gateway/internal/tablewrite"
 )
 
+// bulkAhead is how many batches a bulk round builds ahead of the batches
+// decided: two marker lookups' worth and three batches for each request
+// the writer may have in flight (a request holds 25 items, two or three
+// batches of ten readings), so that the writer never waits for building.
+func bulkAhead(maxConcurrency int) int {
+	return 2*tablewrite.BatchGetMax + 3*maxConcurrency
+}
+
 // forwardBulk forwards a round in "batch" write mode with a tablewrite
 // bulk write, fed 100 batches at a time as they are built: their markers
 // looked up in one BatchGetItem, then the readings of all the round's
 // batches packed 25 to a BatchWriteItem, each batch's marker joining the
-// requests once its readings are written. The
-// batches are given round-robin across devices (every device's oldest
-// first), so that the devices' markers do not wait for one another; a
-// device whose batch fails stops for this round, so its later batches
-// never overtake it.
+// requests once its readings are written. Building stays at most
+// bulkAhead batches ahead of the writes, and the items of batches handed
+// to the writer are let go here, so a round's memory does not grow with
+// its lease. The batches are given round-robin across devices (every
+// device's oldest first), so that the devices' markers do not wait for
+// one another; a device whose batch fails stops for this round, so its
+// later batches never overtake it.
 func (u *Uplink) forwardBulk(ctx context.Context, order []string, byDevice map[string][]buffer.Pending) error {
 	var (
 		batches  []*cloudBatch
@@ -34,16 +44,24 @@ func (u *Uplink) forwardBulk(ctx context.Context, order []string, byDevice map[s
 			items := make([]*tablewrite.Items, 0, end-added)
 			for _, cb := range batches[added:end] {
 				items = append(items, cb.items)
+				cb.items = nil // the writer's now
 			}
 			bulk.Add(items...)
 			added = end
 		}
 	}
-	for depth := 0; ; depth++ {
+	ahead := bulkAhead(u.cfg.MaxConcurrency)
+	building := true
+	for depth := 0; building; depth++ {
 		more := false
 		for _, hw := range order {
 			if depth >= len(byDevice[hw]) {
 				continue
+			}
+			if err := bulk.WaitBelow(ctx, ahead); err != nil {
+				// Stopping: what is not built stays pending.
+				firstErr, building = cmp.Or(firstErr, err), false
+				break
 			}
 			more = true
 			p := byDevice[hw][depth]

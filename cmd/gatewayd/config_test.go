@@ -43,7 +43,7 @@ buffer:
 	require.Equal(t, 10, cfg.Uplink.TransactionMaxItems)
 	require.Equal(t, time.Minute, cfg.Uplink.MaxBackoff)
 	require.Equal(t, 48*time.Hour, cfg.Buffer.Retention)
-	require.Equal(t, 256, cfg.Uplink.LeaseBatches, "defaults stay where nothing is set")
+	require.Equal(t, 1024, cfg.Uplink.LeaseBatches, "defaults stay where nothing is set")
 }
 
 func TestConfigErrorsNameTheSetting(t *testing.T) {

@@ -40,7 +40,7 @@ func TestUplinkAdaptiveSettingsErrorsNameTheSetting(t *testing.T) {
 		{"concurrency above max_concurrency", "uplink:\n  concurrency: 40\n  max_concurrency: 20\n", nil, "uplink.concurrency: must not exceed uplink.max_concurrency"},
 		{"fresh_reserve not below lease_batches", "uplink:\n  lease_batches: 32\n  fresh_reserve: 32\n", nil, "uplink.fresh_reserve: 32 must be below uplink.lease_batches (32)"},
 		{"negative max_wait", "", []string{"GATEWAY_UPLINK_MAX_WAIT=-1s"}, "uplink.max_wait: must not be negative"},
-		{"max_batch_size above lease_batches", "uplink:\n  max_batch_size: 300\n", nil, "uplink.max_batch_size: 300 must not exceed uplink.lease_batches (256)"},
+		{"max_batch_size above lease_batches", "uplink:\n  max_batch_size: 2000\n", nil, "uplink.max_batch_size: 2000 must not exceed uplink.lease_batches (1024)"},
 		{"negative wait_target_rate", "uplink:\n  wait_target_rate: -1\n", nil, "uplink.wait_target_rate"},
 		{"wait_steepness not a number", "", []string{"GATEWAY_UPLINK_WAIT_STEEPNESS=steep"}, "GATEWAY_UPLINK_WAIT_STEEPNESS (uplink.wait_steepness)"},
 	}

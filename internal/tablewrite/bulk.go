@@ -54,7 +54,7 @@ type Bulk struct{ b *bulk }
 
 // StartBulk starts a WriteBulk with no batch yet.
 func (w *Writer) StartBulk(ctx context.Context, concurrency int) *Bulk {
-	b := &bulk{w: w, ctx: ctx, concurrency: max(concurrency, 1), last: map[string]int{}, done: make(chan struct{})}
+	b := &bulk{w: w, ctx: ctx, concurrency: max(concurrency, 1), last: map[string]int{}, stopped: map[string]int{}, done: make(chan struct{})}
 	b.cond = sync.NewCond(&b.mu)
 	b.lookupSem = make(chan struct{}, b.concurrency)
 	go b.run()
@@ -68,7 +68,10 @@ func (bk *Bulk) Add(batches ...*Items) {
 	first := len(b.batches)
 	for _, it := range batches {
 		i := len(b.batches)
-		b.batches = append(b.batches, it)
+		// The bulk's own copy: it lets go of the items once the batch
+		// is decided (decide), without changing the caller's.
+		cp := *it
+		b.batches = append(b.batches, &cp)
 		b.results = append(b.results, Result{})
 		b.decided = append(b.decided, false)
 		b.checked = append(b.checked, false)
@@ -80,11 +83,35 @@ func (bk *Bulk) Add(batches ...*Items) {
 		}
 		b.last[it.HardwareID] = i
 		b.left++
+		if stop, ok := b.stopped[it.HardwareID]; ok {
+			// Added after a batch of its device failed: held back too.
+			b.decide(i, b.heldBack(i, stop))
+		}
 	}
 	b.mu.Unlock()
 	for start := first; start < first+len(batches); start += BatchGetMax {
 		b.lookup(start, min(start+BatchGetMax, first+len(batches)))
 	}
+}
+
+// WaitBelow waits until fewer than n of the batches added are undecided,
+// or ctx is done. A caller that builds batches faster than they are
+// written holds only about n batches' items at a time by calling it
+// before it builds more.
+func (bk *Bulk) WaitBelow(ctx context.Context, n int) error {
+	b := bk.b
+	stop := context.AfterFunc(ctx, func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.cond.Broadcast()
+	})
+	defer stop()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.left >= n && ctx.Err() == nil {
+		b.cond.Wait()
+	}
+	return ctx.Err()
 }
 
 // Wait waits for every batch added and returns their results, in the
@@ -139,9 +166,11 @@ type bulk struct {
 	decided []bool
 	checked []bool // the marker lookup answered
 	// prev and next link each device's batches, in the order added; last
-	// is each device's last batch.
+	// is each device's last batch; stopped is each device's first failed
+	// batch, which holds back the device's batches added later too.
 	prev, next []int
 	last       map[string]int
+	stopped    map[string]int
 	// readings holds the parts of readings not sent yet, in order; solo
 	// the parts of refused requests to send again alone.
 	readings []bulkPart
@@ -273,6 +302,7 @@ func (b *bulk) take() *bulkRequest {
 		// One at a time, in order: a refused request may have held
 		// consecutive markers of one device.
 		p := b.solo[0]
+		b.solo[0] = bulkPart{}
 		b.solo = b.solo[1:]
 		b.sent(p)
 		b.soloInflight = true
@@ -296,6 +326,9 @@ func (b *bulk) take() *bulkRequest {
 			b.readings[0].reqs = p.reqs[room:]
 			p.reqs = p.reqs[:room]
 		} else {
+			// Cleared, so that the slice's array does not keep a
+			// written part's items.
+			b.readings[0] = bulkPart{}
 			b.readings = b.readings[1:]
 		}
 		req.parts = append(req.parts, p)
@@ -376,10 +409,12 @@ func (b *bulk) promote(i int) {
 // back; their readings not sent yet are dropped.
 func (b *bulk) fail(i int, r Result) {
 	b.decide(i, r)
+	if _, ok := b.stopped[b.batches[i].HardwareID]; !ok {
+		b.stopped[b.batches[i].HardwareID] = i
+	}
 	for n := b.next[i]; n >= 0; n = b.next[n] {
 		if !b.decided[n] {
-			b.decide(n, Result{Outcome: Failed, Err: fmt.Errorf("batch_id %s waits for batch_id %s of the same device: %w",
-				b.batches[n].BatchID, b.batches[i].BatchID, r.Err)})
+			b.decide(n, b.heldBack(n, i))
 		}
 	}
 	b.readings = dropDecided(b.readings, b.decided)
@@ -393,13 +428,22 @@ func (b *bulk) fail(i int, r Result) {
 	}
 }
 
-// decide records batch i's result.
+// heldBack is the result of batch n, held back by the failure of batch i
+// of the same device.
+func (b *bulk) heldBack(n, i int) Result {
+	return Result{Outcome: Failed, Err: fmt.Errorf("batch_id %s waits for batch_id %s of the same device: %w",
+		b.batches[n].BatchID, b.batches[i].BatchID, b.results[i].Err)}
+}
+
+// decide records batch i's result and lets go of its items: nothing of a
+// decided batch is sent again.
 func (b *bulk) decide(i int, r Result) {
 	if b.decided[i] {
 		return
 	}
 	b.decided[i], b.results[i] = true, r
 	b.left--
+	b.batches[i].readings, b.batches[i].marker = nil, nil
 }
 
 // before is the device's nearest batch before i still undecided, or -1:

@@ -294,3 +294,63 @@ func TestBulkTakesBatchesWhileItWrites(t *testing.T) {
 	}
 	checkBulkOrder(t, f, items)
 }
+
+func TestBulkHoldsBackABatchAddedAfterItsDeviceFailed(t *testing.T) {
+	f := newBulkDB()
+	items := bulkFleet(2, 2, 10) // device 0, device 1, device 0, device 1
+	f.fail = items[0].BatchID
+	ctx := context.Background()
+	bulk := tablewrite.New(f, f.tables, tablewrite.Options{}).StartBulk(ctx, 2)
+	bulk.Add(items[0])
+	require.NoError(t, bulk.WaitBelow(ctx, 1)) // device 0's first batch has failed
+	bulk.Add(items[1:]...)
+	results := bulk.Wait()
+	require.Equal(t, tablewrite.Failed, results[0].Outcome)
+	require.Equal(t, tablewrite.Failed, results[2].Outcome, "device 0's later batch overtook its failed one")
+	require.ErrorContains(t, results[2].Err, "waits for batch_id "+items[0].BatchID)
+	require.NotContains(t, f.markers, items[2].BatchID)
+	for _, name := range f.applied {
+		require.NotContains(t, name, items[2].BatchID)
+	}
+	require.Equal(t, tablewrite.Delivered, results[1].Outcome)
+	require.Equal(t, tablewrite.Delivered, results[3].Outcome)
+}
+
+// gatedDB holds every BatchWriteItem until gate is closed.
+type gatedDB struct {
+	*bulkDB
+	gate chan struct{}
+}
+
+func (g *gatedDB) BatchWriteItem(ctx context.Context, in *dynamodb.BatchWriteItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error) {
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return g.bulkDB.BatchWriteItem(ctx, in, opts...)
+}
+
+func TestBulkWaitBelowWaitsForBatchesToBeDecided(t *testing.T) {
+	f := &gatedDB{bulkDB: newBulkDB(), gate: make(chan struct{})}
+	items := bulkFleet(3, 2, 10)
+	bulk := tablewrite.New(f, f.tables, tablewrite.Options{}).StartBulk(context.Background(), 2)
+	bulk.Add(items...)
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, bulk.WaitBelow(short, len(items)), context.DeadlineExceeded, "nothing is decided while writes hang")
+	f.mu.Lock()
+	require.Empty(t, f.applied)
+	f.mu.Unlock()
+	close(f.gate)
+	require.NoError(t, bulk.WaitBelow(context.Background(), 1))
+	f.mu.Lock()
+	require.Len(t, f.markers, len(items), "every batch decided: every marker written")
+	f.mu.Unlock()
+	require.Equal(t, map[tablewrite.Outcome]int{tablewrite.Delivered: len(items)}, outcomes(bulk.Wait()))
+	// The bulk let go of its copies of the items, not of the caller's.
+	for _, it := range items {
+		require.Equal(t, 10, it.Readings())
+		require.Len(t, it.ReadingItems(), 10)
+	}
+}
