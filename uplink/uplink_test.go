@@ -558,9 +558,10 @@ func TestBatchModeAcrossDevicesExactlyOnce(t *testing.T) {
 }
 
 func TestBatchModeLeaseLargerThanTheWriterKeepsAheadExactlyOnce(t *testing.T) {
-	// Two requests in flight keep the round's building 206 batches ahead
-	// of the writes (bulkAhead), so most of the 600-batch lease is built
-	// while the first batches are written, one of them refused.
+	// At most two requests in flight keep the round's building at most
+	// 206 batches ahead of the writes (bulkAhead), so most of the
+	// 600-batch lease is built while the first batches are written, one
+	// of them refused.
 	e := newEnv(t, dynamotest.Shared(t), uplink.Config{WriteMode: "batch", Concurrency: 2, MaxConcurrency: 2,
 		LeaseBatches: 1000, FreshReserve: 1})
 	var all []*contract.Batch

@@ -12,10 +12,10 @@ import (
 
 // bulkAhead is how many batches a bulk round builds ahead of the batches
 // decided: two marker lookups' worth and three batches for each request
-// the writer may have in flight (a request holds 25 items, two or three
-// batches of ten readings), so that the writer never waits for building.
-func bulkAhead(maxConcurrency int) int {
-	return 2*tablewrite.BatchGetMax + 3*maxConcurrency
+// the limit lets be in flight (a request holds 25 items, two or three
+// batches of ten readings), so that the writer does not wait for building.
+func bulkAhead(limit int) int {
+	return 2*tablewrite.BatchGetMax + 3*limit
 }
 
 // forwardBulk forwards a round in "batch" write mode with a tablewrite
@@ -50,7 +50,6 @@ func (u *Uplink) forwardBulk(ctx context.Context, order []string, byDevice map[s
 			added = end
 		}
 	}
-	ahead := bulkAhead(u.cfg.MaxConcurrency)
 	building := true
 	for depth := 0; building; depth++ {
 		more := false
@@ -58,7 +57,7 @@ func (u *Uplink) forwardBulk(ctx context.Context, order []string, byDevice map[s
 			if depth >= len(byDevice[hw]) {
 				continue
 			}
-			if err := bulk.WaitBelow(ctx, ahead); err != nil {
+			if err := bulk.WaitBelow(ctx, bulkAhead(u.limiter.current())); err != nil {
 				// Stopping: what is not built stays pending.
 				firstErr, building = cmp.Or(firstErr, err), false
 				break

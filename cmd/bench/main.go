@@ -53,6 +53,8 @@ func run(args []string) int {
 	fs.IntVar(&cfg.DrainBaselineReadings, "drain-baseline-readings", cfg.DrainBaselineReadings,
 		"readings of the backlog the SDK loop making transaction mode's requests writes (an explanatory line; its rate is compared; 0: all); the plain-write ceiling always writes the whole backlog")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "bound on one drain")
+	fs.DurationVar(&cfg.LinkDelay, "link-delay", cfg.LinkDelay, "drain: delay a proxy adds to every DynamoDB request of the batch-mode drain over a slow link, "+
+		"set against the plain writer through the same proxy (0: no slow-link drain)")
 	fs.IntVar(&cfg.UplinkConcurrency, "uplink-concurrency", cfg.UplinkConcurrency, "the SDK loop's concurrency, and gatewayd's uplink.concurrency (where its adaptive limit starts; uplink.max_concurrency stays at its default)")
 	ceilingGoroutines := fs.String("ceiling-goroutines", joinInts(cfg.CeilingGoroutines), "drain: comma-separated goroutine counts of "+
 		"the plain BatchWriteItem writer (25 readings a request, no markers); the fastest count writes the ceiling just before and just after each drain")

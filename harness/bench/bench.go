@@ -67,6 +67,9 @@ type Config struct {
 	DrainBaselineReadings int `json:"drain_baseline_readings"`
 	// DrainTimeout bounds one drain.
 	DrainTimeout time.Duration `json:"drain_timeout_ns"`
+	// LinkDelay is what the fault proxy adds to every DynamoDB request of
+	// the drain over a slow link (0: no such drain).
+	LinkDelay time.Duration `json:"link_delay_ns"`
 	// UplinkConcurrency is the SDK loop's concurrency, and gatewayd's
 	// uplink.concurrency (where its adaptive limit starts).
 	UplinkConcurrency int `json:"uplink_concurrency"`
@@ -120,6 +123,7 @@ func DefaultConfig() Config {
 		DrainReadings:         100_000,
 		DrainBaselineReadings: 20_000,
 		DrainTimeout:          10 * time.Minute,
+		LinkDelay:             30 * time.Millisecond,
 		UplinkConcurrency:     16,
 		CeilingGoroutines:     []int{4, 8, 16, 32},
 		LambdaInstances:       1,
@@ -156,6 +160,8 @@ func (c Config) Validate() error {
 		return errors.New("http clients: must be between 1 and 1024")
 	case c.DrainReadings < c.Readings || c.DrainReadings > 10_000_000:
 		return errors.New("drain readings: must be between one batch and 10,000,000")
+	case c.LinkDelay < 0 || c.LinkDelay > 10*time.Second:
+		return errors.New("link delay: must be between 0 and 10s")
 	case c.DrainBaselineReadings < 0:
 		return errors.New("drain baseline readings: must not be negative")
 	case c.DrainTimeout <= 0:

@@ -18,10 +18,19 @@
 //     and the acknowledgement latency it gets from each.
 //   - http: POST /v1/readings from 64 keep-alive clients, against a trivial
 //     handler that reads and discards the body.
+//   - sdcard: durable MQTT ingest with every fsync of the data directory
+//     made 10 ms slower by a FUSE file system, against the same file
+//     system without the delay.
 //   - drain: a backlog written into a data directory with the buffer
 //     package, forwarded by gatewayd to DynamoDB Local in each write mode,
-//     against a minimal SDK loop writing the same items at the same
-//     concurrency; requests and write capacity units per reading.
+//     against the plain writer of the same readings (BatchWriteItem, 25 a
+//     request, no markers) at its fastest goroutine count, run just before
+//     and just after each drain; requests, write capacity units and
+//     DynamoDB Local's CPU per reading. Then the batch-mode drain and the
+//     plain writer again through a proxy that delays every request
+//     (--link-delay), as an uplink to AWS does.
+//   - lambda: the drain through the readings function under AWS's Runtime
+//     Interface Emulator, against gatewayd writing directly.
 //   - footprint: the time to /readyz with 1,000,000 readings pending (the
 //     data directory is built once and cached under .cache/bench), and the
 //     bytes on disk per buffered reading.

@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -141,6 +142,14 @@ func (r *runner) drain(ctx context.Context) error {
 		}
 		r.res.Details["drain "+mode] = run
 		r.reportDrain(mode, run, sweep, i == 0)
+	}
+	if r.cfg.LinkDelay > 0 {
+		run, err := r.drainSlowLink(ctx)
+		if err != nil {
+			return fmt.Errorf("slow link: %w", err)
+		}
+		r.res.Details["drain batch, slow link"] = run
+		r.reportSlowLink(run)
 	}
 	return nil
 }
@@ -402,13 +411,13 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 	if n := r.cfg.DrainBaselineReadings / r.cfg.Readings; n > 0 && n < len(items) {
 		sample = items[:n]
 	}
-	if run.Before, err = r.plainAt(ctx, reqs, run.Pricing, goroutines); err != nil {
+	if run.Before, err = r.plainAt(ctx, client, reqs, run.Pricing, goroutines); err != nil {
 		return run, err
 	}
-	if run.Gateway, err = r.gatewayDrain(ctx, client, dir, mode, nil); err != nil {
+	if run.Gateway, err = r.gatewayDrain(ctx, client, dir, mode, "", nil); err != nil {
 		return run, err
 	}
-	if run.After, err = r.plainAt(ctx, reqs, run.Pricing, goroutines); err != nil {
+	if run.After, err = r.plainAt(ctx, client, reqs, run.Pricing, goroutines); err != nil {
 		return run, err
 	}
 	if mode != "transaction" {
@@ -474,8 +483,9 @@ func gatewayWCU(g gatewayDrain, p itemPricing) float64 {
 type drainTarget func(ctx context.Context, prefix string) (env []string, stop func(), err error)
 
 // gatewayDrain has gatewayd forward the backlog in dir in write mode mode,
-// to DynamoDB Local, or through target when it is not nil.
-func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir, mode string, target drainTarget) (gatewayDrain, error) {
+// to DynamoDB Local (at endpoint, when it is not empty), or through target
+// when it is not nil.
+func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir, mode, endpoint string, target drainTarget) (gatewayDrain, error) {
 	gd := gatewayDrain{Mode: mode, Requests: map[string]float64{}}
 	// gatewayd starts at the SDK loop's concurrency and adapts it as it
 	// would anywhere (up to its default uplink.max_concurrency), as the
@@ -512,7 +522,7 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 		env = append(env, extra...)
 	}
 	r.log.Info("drain: gatewayd forwarding", "mode", mode, "through_lambda", target != nil)
-	g, err = startGatewayd(ctx, gatewaydSpec{bin: r.bin, dataDir: dir, endpoint: r.dynamo.endpoint, prefix: prefix,
+	g, err = startGatewayd(ctx, gatewaydSpec{bin: r.bin, dataDir: dir, endpoint: cmp.Or(endpoint, r.dynamo.endpoint), prefix: prefix,
 		logPath: logPath, env: env})
 	if err != nil {
 		return gd, err

@@ -55,7 +55,7 @@ func (r *runner) lambdaDrain(ctx context.Context) error {
 		}
 		// The direct run uses the default write mode, the one a gateway
 		// without the function would run.
-		if runs[i], err = r.gatewayDrain(ctx, r.dynamo.client, dir, uplink.DefaultConfig().WriteMode, t); err != nil {
+		if runs[i], err = r.gatewayDrain(ctx, r.dynamo.client, dir, uplink.DefaultConfig().WriteMode, "", t); err != nil {
 			return err
 		}
 		if g := runs[i]; g.ReadingsStored != int64(bl.Readings) || g.MarkersStored != int64(bl.Batches) {

@@ -93,7 +93,7 @@ func (r *runner) ceiling(ctx context.Context, items []*itemBatch, pricing itemPr
 	var c plainCeiling
 	reqs := plainRequests(items)
 	for _, g := range r.cfg.CeilingGoroutines {
-		run, err := r.plainAt(ctx, reqs, pricing, g)
+		run, err := r.plainAt(ctx, r.dynamo.client, reqs, pricing, g)
 		if err != nil {
 			return c, err
 		}
@@ -104,15 +104,15 @@ func (r *runner) ceiling(ctx context.Context, items []*itemBatch, pricing itemPr
 }
 
 // plainAt runs the plain writer with g goroutines on reqs
-// (plainRequests), into fresh tables, and checks that the table holds
-// every reading.
-func (r *runner) plainAt(ctx context.Context, reqs [][]types.WriteRequest, pricing itemPricing, g int) (plainRun, error) {
+// (plainRequests), through client, into fresh tables, and checks that the
+// table holds every reading.
+func (r *runner) plainAt(ctx context.Context, client *dynamodb.Client, reqs [][]types.WriteRequest, pricing itemPricing, g int) (plainRun, error) {
 	_, tables, err := newTables(ctx, r.dynamo.client, false)
 	if err != nil {
 		return plainRun{}, err
 	}
 	r.log.Info("drain: plain writer", "goroutines", g, "requests", len(reqs), "consumed_capacity", r.consumedCapacity())
-	run, err := r.plainWrite(ctx, tables.Readings, reqs, g, r.consumedCapacity())
+	run, err := r.plainWrite(ctx, client, tables.Readings, reqs, g, r.consumedCapacity())
 	if err == nil {
 		run.Stored, err = countItems(ctx, r.dynamo.client, tables.Readings)
 	}
@@ -128,10 +128,11 @@ func (r *runner) plainAt(ctx context.Context, reqs [][]types.WriteRequest, prici
 	return run, nil
 }
 
-// plainWrite writes reqs into table with g goroutines, resending what
-// DynamoDB leaves unprocessed (at most 10 times per request); with
-// consumed, it asks for the consumed capacity (TOTAL) and sums it.
-func (r *runner) plainWrite(ctx context.Context, table string, reqs [][]types.WriteRequest, g int, consumed bool) (plainRun, error) {
+// plainWrite writes reqs into table through client with g goroutines,
+// resending what DynamoDB leaves unprocessed (at most 10 times per
+// request); with consumed, it asks for the consumed capacity (TOTAL) and
+// sums it.
+func (r *runner) plainWrite(ctx context.Context, client *dynamodb.Client, table string, reqs [][]types.WriteRequest, g int, consumed bool) (plainRun, error) {
 	ask := types.ReturnConsumedCapacityNone
 	if consumed {
 		ask = types.ReturnConsumedCapacityTotal
@@ -171,7 +172,7 @@ func (r *runner) plainWrite(ctx context.Context, table string, reqs [][]types.Wr
 						return
 					}
 					requests.Add(1)
-					out, err := r.dynamo.client.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
+					out, err := client.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
 						RequestItems: map[string][]types.WriteRequest{table: rq}, ReturnConsumedCapacity: ask})
 					if err != nil {
 						fail(fmt.Errorf("plain writer: %w", err))
