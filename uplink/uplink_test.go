@@ -543,15 +543,11 @@ func TestBatchModeAcrossDevicesExactlyOnce(t *testing.T) {
 	// Its marker is found before any write, so it is not written again
 	// (here the marker alone stands for that earlier delivery).
 	want[pre.HardwareID] -= len(pre.Readings)
-	bad := all[9]
-	bad.Readings[0].Sensors["bme280_temp_c"] = 1e200
-	want[bad.HardwareID] -= len(bad.Readings)
+	spoil(all[9], want)
 	store(t, e.buf, all...)
 	e.run(t)
 
-	for hw, n := range want {
-		require.Len(t, e.readings(t, hw), n, hw)
-	}
+	e.requireStored(t, want)
 	require.Equal(t, 1, e.count("dead_lettered"))
 	require.Equal(t, 1, e.count("already_delivered"))
 	require.Equal(t, len(all)-2, e.count("delivered"))
@@ -574,15 +570,27 @@ func TestBatchModeLeaseLargerThanTheWriterKeepsAheadExactlyOnce(t *testing.T) {
 			want[hw] += len(b.Readings)
 		}
 	}
-	bad := all[2*40+3] // device 3's third batch
-	bad.Readings[0].Sensors["bme280_temp_c"] = 1e200
-	want[bad.HardwareID] -= len(bad.Readings)
+	spoil(all[2*40+3], want) // device 3's third batch
 	store(t, e.buf, all...)
 	e.run(t)
 
+	e.requireStored(t, want)
+	require.Equal(t, 1, e.count("dead_lettered"))
+	require.Equal(t, len(all)-1, e.count("delivered"))
+}
+
+// spoil makes DynamoDB refuse b (a number beyond its range) and takes b's
+// readings out of want.
+func spoil(b *contract.Batch, want map[string]int) {
+	b.Readings[0].Sensors["bme280_temp_c"] = 1e200
+	want[b.HardwareID] -= len(b.Readings)
+}
+
+// requireStored asserts that the table holds want[hw] readings of each
+// device hw.
+func (e *env) requireStored(t *testing.T, want map[string]int) {
+	t.Helper()
 	for hw, n := range want {
 		require.Len(t, e.readings(t, hw), n, hw)
 	}
-	require.Equal(t, 1, e.count("dead_lettered"))
-	require.Equal(t, len(all)-1, e.count("delivered"))
 }

@@ -222,11 +222,7 @@ func (r *runner) reportDrain(mode string, run drainRun, sweep plainCeiling, firs
 	r.res.note("%s: plain writer at %d goroutines %.0f readings/s just before gatewayd's drain and %.0f just after "+
 		"(DynamoDB Local CPU %.3f and %.3f s per 1,000 readings)", section, best.Goroutines, run.Before.rate(), run.After.rate(),
 		1000*run.Before.DynamoCPU/float64(run.Before.Readings), 1000*run.After.DynamoCPU/float64(run.After.Readings))
-	if lo, hi := min(run.Before.rate(), run.After.rate()), max(run.Before.rate(), run.After.rate()); lo > 0 && hi/lo > bracketSpread {
-		r.res.note("%s: the plain writer's runs before and after the drain differ by %.2fx: DynamoDB Local changed speed "+
-			"around the drain, and the ratio against the ceiling is uncertain; against the slower run it is %.2fx",
-			section, hi/lo, gw.Readings/gw.Seconds/lo)
-	}
+	r.noteBracketSpread(section, run.Before, run.After, gw)
 	if b := run.Bulk; b != nil {
 		r.res.note("%s: the uplink's bulk writer from the bench's process (marker lookups, markers with the readings, "+
 			"items built beforehand), %d requests in flight: %.0f readings/s, DynamoDB Local CPU %.3f s and the bench's %.3f s per 1,000 readings",
@@ -251,6 +247,17 @@ func (r *runner) reportDrain(mode string, run drainRun, sweep plainCeiling, firs
 		section, run.Backlog.Readings, run.Backlog.Devices, r.cfg.Readings, gw.Requests, gw.TxLimit,
 		gw.RequestErrors, gw.ReadySeconds, gw.CPUSeconds, gw.DynamoCPU, spread(gw.Concurrency), gw.RequestSeconds/gw.Seconds,
 		2*(perBatch*run.Pricing.ReadingWCU+run.Pricing.MarkerWCU)/perBatch)
+}
+
+// noteBracketSpread notes when the plain writer's runs just before and
+// just after a drain differ by more than bracketSpread, with the drain's
+// ratio against the slower one.
+func (r *runner) noteBracketSpread(section string, before, after plainRun, gw gatewayDrain) {
+	if lo, hi := min(before.rate(), after.rate()), max(before.rate(), after.rate()); lo > 0 && hi/lo > bracketSpread {
+		r.res.note("%s: the plain writer's runs before and after the drain differ by %.2fx: DynamoDB Local changed speed "+
+			"around the drain, and the ratio against the ceiling is uncertain; against the slower run it is %.2fx",
+			section, hi/lo, gw.Readings/gw.Seconds/lo)
+	}
 }
 
 // spread describes a series of polled values: its least, median and

@@ -105,4 +105,5 @@ func (r *runner) reportSlowLink(run slowLinkRun) {
 		"gatewayd: requests in flight allowed %s, on average in flight %.1f, CPU %.1fs",
 		section, run.Delay, run.Proxied, run.Backlog.Readings, run.Backlog.Devices, run.Before.rate(), run.After.rate(),
 		spread(gw.Concurrency), gw.RequestSeconds/gw.Seconds, gw.CPUSeconds)
+	r.noteBracketSpread(section, run.Before, run.After, gw)
 }
