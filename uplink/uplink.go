@@ -76,9 +76,9 @@ type Config struct {
 	// LeaseBatches is how many pending batches one round takes. Default
 	// 1024. A round's boundary (its lease read, its first marker lookup,
 	// its last requests, the record of its deliveries) leaves requests
-	// unsent, so a larger lease drains a backlog faster over a slow link;
-	// in batch write mode a round's memory does not grow with it
-	// (forwardBulk).
+	// unsent, so a larger lease drains a backlog faster over a slow link.
+	// In batch write mode the items a round holds stay bounded however
+	// large the lease (forwardBulk); its batches' payloads do not.
 	LeaseBatches int `yaml:"lease_batches"`
 	// FreshReserve is how many of a round's LeaseBatches go to devices
 	// without a backlog, so that their new batches are not held behind

@@ -24,8 +24,9 @@ func bulkAhead(limit int) int {
 // batches packed 25 to a BatchWriteItem, each batch's marker joining the
 // requests once its readings are written. Building stays at most
 // bulkAhead batches ahead of the writes, and the items of batches handed
-// to the writer are let go here, so a round's memory does not grow with
-// its lease. The batches are given round-robin across devices (every
+// to the writer are let go here, so the items a round holds stay bounded
+// however large its lease (its batches' payloads are held to its end).
+// The batches are given round-robin across devices (every
 // device's oldest first), so that the devices' markers do not wait for
 // one another; a device whose batch fails stops for this round, so its
 // later batches never overtake it.
