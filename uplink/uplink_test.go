@@ -554,8 +554,8 @@ func TestBatchModeAcrossDevicesExactlyOnce(t *testing.T) {
 }
 
 func TestBatchModeLeaseLargerThanTheWriterKeepsAheadExactlyOnce(t *testing.T) {
-	// At most two requests in flight keep the round's building at most
-	// 206 batches ahead of the writes (bulkAhead), so most of the
+	// At most two requests in flight keep the round's building about 206
+	// batches ahead of the writes (bulkAhead), so most of the
 	// 600-batch lease is built while the first batches are written, one
 	// of them refused.
 	e := newEnv(t, dynamotest.Shared(t), uplink.Config{WriteMode: "batch", Concurrency: 2, MaxConcurrency: 2,

@@ -10,10 +10,11 @@ import (
 	"greenhouse-gateway/internal/tablewrite"
 )
 
-// bulkAhead is how many batches a bulk round builds ahead of the batches
-// decided: two marker lookups' worth and three batches for each request
-// the limit lets be in flight (a request holds 25 items, two or three
-// batches of ten readings), so that the writer does not wait for building.
+// bulkAhead is how many undecided batches a bulk round lets the writer
+// hold before it builds the next group of BatchGetMax: two marker
+// lookups' worth and three batches for each request the limit lets be in
+// flight (a request holds 25 items, two or three batches of ten
+// readings), so that the writer does not wait for building.
 func bulkAhead(limit int) int {
 	return 2*tablewrite.BatchGetMax + 3*limit
 }
@@ -22,7 +23,7 @@ func bulkAhead(limit int) int {
 // bulk write, fed 100 batches at a time as they are built: their markers
 // looked up in one BatchGetItem, then the readings of all the round's
 // batches packed 25 to a BatchWriteItem, each batch's marker joining the
-// requests once its readings are written. Building stays at most
+// requests once its readings are written. Building stays about
 // bulkAhead batches ahead of the writes, and the items of batches handed
 // to the writer are let go here, so the items a round holds stay bounded
 // however large its lease (its batches' payloads are held to its end).
@@ -58,10 +59,12 @@ func (u *Uplink) forwardBulk(ctx context.Context, order []string, byDevice map[s
 			if depth >= len(byDevice[hw]) {
 				continue
 			}
-			if err := bulk.WaitBelow(ctx, bulkAhead(u.limiter.current())); err != nil {
-				// Stopping: what is not built stays pending.
-				firstErr, building = cmp.Or(firstErr, err), false
-				break
+			if len(batches) == added { // a new group of BatchGetMax starts
+				if err := bulk.WaitBelow(ctx, bulkAhead(u.limiter.current())); err != nil {
+					// Stopping: what is not built stays pending.
+					firstErr, building = cmp.Or(firstErr, err), false
+					break
+				}
 			}
 			more = true
 			p := byDevice[hw][depth]

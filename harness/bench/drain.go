@@ -93,17 +93,59 @@ const drainProfile = 10 * time.Second
 // progressEvery is how often the drain's progress is recorded.
 const progressEvery = 5 * time.Second
 
-// drainRun is the detail of one write mode.
-type drainRun struct {
+// bracketedDrain is a backlog forwarded by gatewayd between two runs of
+// the plain writer on the same readings.
+type bracketedDrain struct {
 	Backlog backlog      `json:"backlog"`
 	DataDir diskUsage    `json:"data_dir"`
 	Pricing itemPricing  `json:"item_pricing"`
 	Gateway gatewayDrain `json:"gatewayd"`
-	// Before and After are the plain writer at the sweep's best goroutine
-	// count, on this backlog's readings, just before and just after
+	// Before and After are the plain writer just before and just after
 	// gatewayd's drain: the faster is the ceiling.
 	Before plainRun `json:"plain_before"`
 	After  plainRun `json:"plain_after"`
+}
+
+// bracket writes a backlog of the drains' size and shape into dir and has
+// gatewayd forward it in mode, to endpoint (DynamoDB Local when empty),
+// between two runs of the plain writer with g goroutines through plain.
+// It returns the backlog's items too.
+func (r *runner) bracket(ctx context.Context, dir, mode, endpoint string, plain *dynamodb.Client, g int) (bracketedDrain, []*itemBatch, error) {
+	var b bracketedDrain
+	batches := r.cfg.DrainReadings / r.cfg.Readings
+	r.log.Info("drain: writing the backlog", "dir", filepath.Base(dir), "batches", batches, "readings", batches*r.cfg.Readings)
+	f, err := r.writeBacklog(ctx, dir, r.cfg.maxDevices(), batches)
+	if err != nil {
+		return b, nil, err
+	}
+	b.Backlog, b.DataDir, b.Pricing = f.info, f.usage, priceItems(f.items)
+	reqs := plainRequests(f.items)
+	if b.Before, err = r.plainAt(ctx, plain, reqs, b.Pricing, g); err != nil {
+		return b, nil, err
+	}
+	if b.Gateway, err = r.gatewayDrain(ctx, r.dynamo.client, dir, mode, endpoint, nil); err != nil {
+		return b, nil, err
+	}
+	b.After, err = r.plainAt(ctx, plain, reqs, b.Pricing, g)
+	return b, f.items, err
+}
+
+// countsDiffer describes how what gatewayd forwarded and the tables hold
+// differ from the backlog, or is "" when they do not.
+func (b bracketedDrain) countsDiffer() string {
+	gw := b.Gateway
+	if int64(gw.Readings) == int64(b.Backlog.Readings) && gw.ReadingsStored == int64(b.Backlog.Readings) &&
+		gw.MarkersStored == int64(b.Backlog.Batches) {
+		return ""
+	}
+	return fmt.Sprintf("backlog %d readings in %d batches; gatewayd forwarded %.0f readings, %.0f markers; tables hold %d readings, %d markers",
+		b.Backlog.Readings, b.Backlog.Batches, gw.Readings, gw.Markers, gw.ReadingsStored, gw.MarkersStored)
+}
+
+// drainRun is the detail of one write mode; its plain writer runs at the
+// sweep's best goroutine count.
+type drainRun struct {
+	bracketedDrain
 	// Bulk is the uplink's bulk writer run from the bench's process on
 	// this backlog (batch mode only).
 	Bulk     *bulkRun  `json:"bulk_in_process,omitempty"`
@@ -233,12 +275,9 @@ func (r *runner) reportDrain(mode string, run drainRun, sweep plainCeiling, firs
 			"(%.3f RCU per reading), %.0f WCU for the plain writer; computed from the item sizes: gatewayd %.0f WCU",
 			section, gw.ConsumedWCU, gw.ConsumedRCU, gw.ConsumedRCU/gw.Readings, best.WCU, gatewayWCU(gw, run.Pricing))
 	}
-	if int64(gw.Readings) != int64(run.Backlog.Readings) || gw.ReadingsStored != int64(run.Backlog.Readings) ||
-		gw.MarkersStored != int64(run.Backlog.Batches) || (sdk.Readings > 0 && run.SDKStore != int64(sdk.Readings)) {
-		r.res.note("%s: counts differ: backlog %d readings in %d batches; gatewayd forwarded %.0f readings, "+
-			"%.0f markers; tables hold %d readings, %d markers; SDK loop table %d readings",
-			section, run.Backlog.Readings, run.Backlog.Batches, gw.Readings, gw.Markers,
-			gw.ReadingsStored, gw.MarkersStored, run.SDKStore)
+	if differ := run.countsDiffer(); differ != "" || (sdk.Readings > 0 && run.SDKStore != int64(sdk.Readings)) {
+		r.res.note("%s: counts differ: %s; SDK loop table %d readings of %d", section, cmp.Or(differ, "gatewayd's counts agree"),
+			run.SDKStore, sdk.Readings)
 	}
 	perBatch := float64(r.cfg.Readings)
 	r.res.note("%s: %d readings from %d devices, %d a batch; gatewayd: requests %v, transaction limit %.0f, "+
@@ -402,30 +441,14 @@ func allItems(pend []buffer.Pending) ([]*itemBatch, error) {
 // requests.
 func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode string, goroutines int) (drainRun, error) {
 	var run drainRun
-	dir := filepath.Join(r.work, "drain-"+mode)
-	batches := r.cfg.DrainReadings / r.cfg.Readings
-	r.log.Info("drain: writing the backlog", "mode", mode, "batches", batches, "readings", batches*r.cfg.Readings)
-	f, err := r.writeBacklog(ctx, dir, r.cfg.maxDevices(), batches)
-	if err != nil {
+	var items []*itemBatch
+	var err error
+	if run.bracketedDrain, items, err = r.bracket(ctx, filepath.Join(r.work, "drain-"+mode), mode, "", client, goroutines); err != nil {
 		return run, err
 	}
-	run.Backlog, run.DataDir = f.info, f.usage
-	items := f.items
-	run.Pricing = priceItems(items)
-	reqs := plainRequests(items)
-
 	sample := items
 	if n := r.cfg.DrainBaselineReadings / r.cfg.Readings; n > 0 && n < len(items) {
 		sample = items[:n]
-	}
-	if run.Before, err = r.plainAt(ctx, client, reqs, run.Pricing, goroutines); err != nil {
-		return run, err
-	}
-	if run.Gateway, err = r.gatewayDrain(ctx, client, dir, mode, "", nil); err != nil {
-		return run, err
-	}
-	if run.After, err = r.plainAt(ctx, client, reqs, run.Pricing, goroutines); err != nil {
-		return run, err
 	}
 	if mode != "transaction" {
 		// The bulk plan's requests, without gatewayd: what the plan costs

@@ -9,21 +9,32 @@ import (
 // seed for Mix, until tb's cleanup.
 func Start(tb testing.TB, target string, seed uint64) *Proxy {
 	tb.Helper()
-	p, err := New(Config{Target: target, Seed: seed}, nil)
+	p, stop, err := Launch(Config{Target: target, Seed: seed})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if err := p.Listen(); err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
 	tb.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			tb.Errorf("fault proxy: %v", err)
 		}
 	})
 	return p
+}
+
+// Launch serves a proxy with cfg, in Pass mode, until stop is called;
+// stop returns what Run returned.
+func Launch(cfg Config) (p *Proxy, stop func() error, err error) {
+	if p, err = New(cfg, nil); err != nil {
+		return nil, nil, err
+	}
+	if err := p.Listen(); err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	return p, func() error {
+		cancel()
+		return <-done
+	}, nil
 }

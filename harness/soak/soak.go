@@ -424,20 +424,11 @@ func (s *scenario) run(ctx context.Context) (Figures, error) {
 func (s *scenario) drive(ctx context.Context, client *dynamodb.Client, tables cloud.Tables, prefix, key string) error {
 	endpoint := s.dynamo.endpoint
 	if s.name == ScenarioProxy || s.name == ScenarioSIGTERM {
-		p, err := faultproxy.New(faultproxy.Config{Target: s.dynamo.endpoint, Seed: s.seed}, nil)
+		p, stop, err := faultproxy.Launch(faultproxy.Config{Target: s.dynamo.endpoint, Seed: s.seed})
 		if err != nil {
 			return err
 		}
-		if err := p.Listen(); err != nil {
-			return err
-		}
-		pctx, stop := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- p.Run(pctx) }()
-		defer func() {
-			stop()
-			<-done
-		}()
+		defer func() { _ = stop() }()
 		s.proxy, endpoint = p, p.URL()
 	}
 	var err error
