@@ -591,6 +591,6 @@ func spoil(b *contract.Batch, want map[string]int) {
 func (e *env) requireStored(t *testing.T, want map[string]int) {
 	t.Helper()
 	for hw, n := range want {
-		require.Len(t, e.readings(t, hw), n, hw)
+		require.Equal(t, n, len(e.readings(t, hw)), "readings of %s", hw)
 	}
 }

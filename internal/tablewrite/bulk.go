@@ -38,7 +38,9 @@ import (
 // is conditional.
 //
 // A request DynamoDB refuses for its content has its items sent again one
-// batch to a request, to find which batch is refused (Rejected).
+// batch to a request, to find which batch is refused (Rejected). The
+// readings of a refused batch that other requests wrote are deleted
+// before WriteBulk returns (unwrite).
 // It returns each batch's result, in the order given.
 func (w *Writer) WriteBulk(ctx context.Context, batches []*Items, concurrency int) []Result {
 	b := w.StartBulk(ctx, concurrency)
@@ -124,6 +126,14 @@ func (bk *Bulk) Wait() []Result {
 	b.cond.Broadcast()
 	b.mu.Unlock()
 	<-b.done
+	// Nothing is in flight now: the readings of refused batches written
+	// by other requests can be deleted.
+	for i, r := range b.results {
+		if r.Outcome == Rejected {
+			b.results[i] = b.w.unwrite(b.ctx, b.batches[i], r)
+			b.batches[i].readings = nil
+		}
+	}
 	return b.results
 }
 
@@ -210,7 +220,13 @@ func (b *bulk) lookup(from, to int) {
 			}
 			switch h, ok := found[it.BatchID]; {
 			case err != nil:
-				b.fail(idx, b.w.classify("BatchGetItem", it.BatchID, err))
+				r := b.w.classify("BatchGetItem", it.BatchID, err)
+				if r.Outcome == Rejected {
+					// A refused lookup of 100 keys is not one batch's
+					// content being refused.
+					r.Outcome = Failed
+				}
+				b.fail(idx, r)
 			case ok:
 				b.decide(idx, compareHash(it, h))
 			default:
@@ -436,14 +452,18 @@ func (b *bulk) heldBack(n, i int) Result {
 }
 
 // decide records batch i's result and lets go of its items: nothing of a
-// decided batch is sent again.
+// decided batch is sent again. A refused batch's readings are kept for
+// Wait to delete.
 func (b *bulk) decide(i int, r Result) {
 	if b.decided[i] {
 		return
 	}
 	b.decided[i], b.results[i] = true, r
 	b.left--
-	b.batches[i].readings, b.batches[i].marker = nil, nil
+	b.batches[i].marker = nil
+	if r.Outcome != Rejected {
+		b.batches[i].readings = nil
+	}
 }
 
 // before is the device's nearest batch before i still undecided, or -1:

@@ -28,18 +28,22 @@ type bulkDB struct {
 	tablewrite.DB
 	tables cloud.Tables
 
-	mu       sync.Mutex
-	applied  []string // "r <batch_id> <ts_batch>" or "m <batch_id>", in apply order
+	mu sync.Mutex
+	// applied holds "r <batch_id> <ts_batch>", "m <batch_id>" and, for a
+	// deleted reading, "d <batch_id> <ts_batch>", in apply order.
+	applied  []string
 	markers  map[string]string
-	requests [][]string // each BatchWriteItem's items, as in applied
+	rows     map[string]bool // the readings in the table, as in applied
+	requests [][]string      // each BatchWriteItem's items, as in applied
 	// reject refuses, fail fails (network), and unprocessed leaves
-	// unprocessed once, any request holding an item of that batch_id.
+	// unprocessed once, any request writing an item of that batch_id
+	// (reject: or the reading of that ts_batch).
 	reject, fail, unprocessed string
 	gets                      int
 }
 
 func newBulkDB() *bulkDB {
-	return &bulkDB{tables: cloud.TableNames(""), markers: map[string]string{}}
+	return &bulkDB{tables: cloud.TableNames(""), markers: map[string]string{}, rows: map[string]bool{}}
 }
 
 func itemName(table string, item map[string]types.AttributeValue, tables cloud.Tables) string {
@@ -50,18 +54,41 @@ func itemName(table string, item map[string]types.AttributeValue, tables cloud.T
 	return "r " + id + " " + item["ts_batch"].(*types.AttributeValueMemberS).Value
 }
 
+// requestName is itemName for a put, "d <batch_id> <ts_batch>" for a
+// reading's delete.
+func requestName(table string, r types.WriteRequest, tables cloud.Tables) string {
+	if r.DeleteRequest != nil {
+		ts := r.DeleteRequest.Key["ts_batch"].(*types.AttributeValueMemberS).Value
+		_, id, _ := strings.Cut(ts, "#")
+		return "d " + id + " " + ts
+	}
+	return itemName(table, r.PutRequest.Item, tables)
+}
+
+// stored reports whether the table holds a reading of batchID.
+func (f *bulkDB) stored(batchID string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for row := range f.rows {
+		if strings.HasPrefix(row, batchID+" ") {
+			return true
+		}
+	}
+	return false
+}
+
 func (f *bulkDB) BatchWriteItem(_ context.Context, in *dynamodb.BatchWriteItemInput, _ ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error) {
 	time.Sleep(100 * time.Microsecond) // let requests overlap
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var names []string
 	holds := func(id string) bool {
-		return id != "" && slices.ContainsFunc(names, func(n string) bool { return strings.Contains(n, " "+id) })
+		return id != "" && slices.ContainsFunc(names, func(n string) bool { return !strings.HasPrefix(n, "d ") && strings.Contains(n, " "+id) })
 	}
 	n := 0
 	for table, reqs := range in.RequestItems {
 		for _, r := range reqs {
-			names = append(names, itemName(table, r.PutRequest.Item, f.tables))
+			names = append(names, requestName(table, r, f.tables))
 			n++
 		}
 	}
@@ -78,12 +105,18 @@ func (f *bulkDB) BatchWriteItem(_ context.Context, in *dynamodb.BatchWriteItemIn
 	out := &dynamodb.BatchWriteItemOutput{UnprocessedItems: map[string][]types.WriteRequest{}}
 	for table, reqs := range in.RequestItems {
 		for _, r := range reqs {
-			name := itemName(table, r.PutRequest.Item, f.tables)
+			name := requestName(table, r, f.tables)
 			if f.unprocessed != "" && strings.Contains(name, " "+f.unprocessed) {
 				out.UnprocessedItems[table] = append(out.UnprocessedItems[table], r)
 				continue
 			}
 			f.applied = append(f.applied, name)
+			switch kind, row, _ := strings.Cut(name, " "); {
+			case kind == "d":
+				delete(f.rows, row)
+			case kind == "r":
+				f.rows[row] = true
+			}
 			if table == f.tables.ProcessedBatches {
 				hash := ""
 				if h, ok := r.PutRequest.Item[tablewrite.AttrPayloadHash].(*types.AttributeValueMemberS); ok {
@@ -234,7 +267,60 @@ func TestWriteBulkFindsTheRefusedBatch(t *testing.T) {
 	}
 	_, ok := f.markers[items[23].BatchID]
 	require.False(t, ok, "no marker after the refused batch")
+	require.False(t, f.stored(items[13].BatchID), "a reading of the refused batch stayed")
 	checkBulkOrder(t, f, items)
+}
+
+func TestWriteBulkDeletesTheReadingsARefusedBatchHadWritten(t *testing.T) {
+	f := newBulkDB()
+	// Batches of 10 readings: the third one's readings are split 5 and 5
+	// between the first two requests.
+	items := bulkFleet(6, 1, 10)
+	refused := items[2]
+	f.reject = refused.ReadingItems()[7]["ts_batch"].(*types.AttributeValueMemberS).Value
+	results := tablewrite.New(f, f.tables, tablewrite.Options{}).WriteBulk(context.Background(), items, 1)
+	for i, r := range results {
+		if i == 2 {
+			require.Equal(t, tablewrite.Rejected, r.Outcome)
+			continue
+		}
+		require.Equal(t, tablewrite.Delivered, r.Outcome, "batch %d", i)
+		require.True(t, f.stored(items[i].BatchID))
+	}
+	written := 0
+	for _, name := range f.applied {
+		if strings.HasPrefix(name, "r "+refused.BatchID) {
+			written++
+		}
+	}
+	require.Equal(t, 5, written, "the request holding its first five readings was accepted")
+	require.False(t, f.stored(refused.BatchID), "a reading of the refused batch stayed")
+	require.NotContains(t, f.markers, refused.BatchID)
+	checkBulkOrder(t, f, items)
+}
+
+func TestARefusedBatchWhoseReadingsCannotBeDeletedIsTriedAgain(t *testing.T) {
+	f := &deleteFailingDB{bulkDB: newBulkDB()}
+	items := bulkFleet(6, 1, 10)
+	f.reject = items[2].ReadingItems()[7]["ts_batch"].(*types.AttributeValueMemberS).Value
+	results := tablewrite.New(f, f.tables, tablewrite.Options{}).WriteBulk(context.Background(), items, 1)
+	require.Equal(t, tablewrite.Failed, results[2].Outcome, "not dead-lettered while part of it is in the table")
+	require.ErrorContains(t, results[2].Err, "deleting its readings")
+	require.True(t, f.stored(items[2].BatchID))
+}
+
+// deleteFailingDB fails every request that deletes.
+type deleteFailingDB struct{ *bulkDB }
+
+func (d *deleteFailingDB) BatchWriteItem(ctx context.Context, in *dynamodb.BatchWriteItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error) {
+	for _, reqs := range in.RequestItems {
+		for _, r := range reqs {
+			if r.DeleteRequest != nil {
+				return nil, errors.New("connection reset by peer")
+			}
+		}
+	}
+	return d.bulkDB.BatchWriteItem(ctx, in, opts...)
 }
 
 func TestWriteBulkHoldsADevicesLaterBatchesBehindAFailure(t *testing.T) {

@@ -60,7 +60,8 @@ func (w *Writer) WriteWave(ctx context.Context, wave []*Items, concurrency int) 
 		switch {
 		case failed[i]:
 		case isolate[i]:
-			results[i] = w.WriteSplit(ctx, wave[i])
+			// Its other requests may have written some of its readings.
+			results[i] = w.writeSplit(ctx, wave[i], true)
 		default:
 			results[i] = w.putMarker(ctx, wave[i])
 		}

@@ -40,6 +40,7 @@ const (
 	// Conflict: its marker was there with another payload hash.
 	Conflict
 	// Rejected: DynamoDB refused the batch's own items; no retry helps.
+	// None of its readings is left in the table (unwrite).
 	Rejected
 	// Throttled: DynamoDB asked for less load; retry later.
 	Throttled
@@ -176,16 +177,56 @@ func markerAlreadyExists(tce *types.TransactionCanceledException, markerIdx int)
 
 // WriteSplit writes the readings with BatchWriteItem, then the marker.
 func (w *Writer) WriteSplit(ctx context.Context, it *Items) Result {
-	for start := 0; start < len(it.readings); start += BatchWriteMax {
+	return w.writeSplit(ctx, it, false)
+}
+
+// writeSplit is WriteSplit; written tells that requests before it may
+// have written some of the batch's readings already.
+func (w *Writer) writeSplit(ctx context.Context, it *Items, written bool) Result {
+	r := Result{Outcome: Delivered}
+	for start := 0; start < len(it.readings) && r.Outcome == Delivered; start += BatchWriteMax {
 		reqs := make([]types.WriteRequest, 0, BatchWriteMax)
-		for _, r := range it.readings[start:min(start+BatchWriteMax, len(it.readings))] {
-			reqs = append(reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
+		for _, item := range it.readings[start:min(start+BatchWriteMax, len(it.readings))] {
+			reqs = append(reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: item}})
 		}
 		if err := w.batchWrite(ctx, reqs); err != nil {
-			return w.classify("BatchWriteItem", it.BatchID, err)
+			r = w.classify("BatchWriteItem", it.BatchID, err)
+			written = written || start > 0
 		}
 	}
-	return w.putMarker(ctx, it)
+	if r.Outcome == Delivered {
+		r, written = w.putMarker(ctx, it), true
+	}
+	if r.Outcome == Rejected && written {
+		return w.unwrite(ctx, it, r)
+	}
+	return r
+}
+
+// unwrite deletes the readings of it, a batch DynamoDB refused (r) after
+// requests it accepted may have written some of them: a refused batch
+// leaves none of its readings in the table, as a refused transaction
+// does. A reading's key holds its batch_id, so no other batch's reading
+// is touched. When the deletes fail, the batch is Failed rather than
+// Rejected: it is tried again, refused again, and its readings deleted
+// then.
+func (w *Writer) unwrite(ctx context.Context, it *Items, r Result) Result {
+	for start := 0; start < len(it.readings); start += BatchWriteMax {
+		reqs := make([]types.WriteRequest, 0, BatchWriteMax)
+		for _, item := range it.readings[start:min(start+BatchWriteMax, len(it.readings))] {
+			reqs = append(reqs, types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: map[string]types.AttributeValue{
+				"hardware_id": item["hardware_id"], "ts_batch": item["ts_batch"]}}})
+		}
+		if err := w.batchWrite(ctx, reqs); err != nil {
+			res := w.classify("BatchWriteItem", it.BatchID, err)
+			if res.Outcome == Rejected {
+				res.Outcome = Failed
+			}
+			res.Err = fmt.Errorf("%w; deleting its readings that were written: %w", r.Err, res.Err)
+			return res
+		}
+	}
+	return r
 }
 
 // putMarker writes a batch's processed_batches marker, on condition that

@@ -137,3 +137,44 @@ func TestValidationRefusalIsRejected(t *testing.T) {
 	require.Equal(t, tablewrite.Failed, r.Outcome)
 	require.False(t, r.InCloud())
 }
+
+func TestARefusedBatchLeavesNoneOfItsReadings(t *testing.T) {
+	local := dynamotest.Shared(t)
+	tables := local.NewTables(t)
+	client := local.Client(t)
+	w := tablewrite.New(client, tables, tablewrite.Options{})
+	ctx := context.Background()
+	// 30 readings, the 28th beyond DynamoDB's number range: its first 25
+	// are written before DynamoDB refuses the rest.
+	spoiled := func(hw string, window int) *tablewrite.Items {
+		b := testBatch(hw, window, 30, 20)
+		b.Readings[27].Sensors["bme280_temp_c"] = 1e200
+		return build(b, nil)
+	}
+	for _, tt := range []struct {
+		name  string
+		hw    string
+		write func(it *tablewrite.Items) tablewrite.Result
+	}{
+		{"split", "EE:00:00:00:16:01", func(it *tablewrite.Items) tablewrite.Result { return w.Write(ctx, it, 10) }},
+		{"wave", "EE:00:00:00:16:02", func(it *tablewrite.Items) tablewrite.Result {
+			// Behind a batch of 5: the wave's first request holds
+			// readings 0-19 of the refused batch, its second the rest.
+			return w.WriteWave(ctx, []*tablewrite.Items{build(testBatch("EE:00:00:00:16:12", 0, 5, 20), nil), it}, 1)[1]
+		}},
+		{"bulk", "EE:00:00:00:16:03", func(it *tablewrite.Items) tablewrite.Result {
+			return w.WriteBulk(ctx, []*tablewrite.Items{build(testBatch("EE:00:00:00:16:13", 0, 5, 20), nil), it}, 1)[1]
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := tt.write(spoiled(tt.hw, 0))
+			require.Equal(t, tablewrite.Rejected, r.Outcome, "%v", r.Err)
+			require.Zero(t, len(readingsOf(t, client, tables.Readings, tt.hw)), "readings of the refused batch")
+			hashes, err := w.MarkerHashes(ctx, []string{spoiled(tt.hw, 0).BatchID})
+			require.NoError(t, err)
+			require.Empty(t, hashes)
+		})
+	}
+	require.Len(t, readingsOf(t, client, tables.Readings, "EE:00:00:00:16:12"), 5, "the wave's other batch")
+	require.Len(t, readingsOf(t, client, tables.Readings, "EE:00:00:00:16:13"), 5, "the bulk's other batch")
+}
