@@ -40,6 +40,7 @@ type bulkDB struct {
 	// (reject: or the reading of that ts_batch).
 	reject, fail, unprocessed string
 	gets                      int
+	refuseGets                bool // every BatchGetItem is refused
 }
 
 func newBulkDB() *bulkDB {
@@ -136,6 +137,9 @@ func (f *bulkDB) BatchGetItem(_ context.Context, in *dynamodb.BatchGetItemInput,
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gets++
+	if f.refuseGets {
+		return nil, &smithy.GenericAPIError{Code: "ValidationException", Message: "Provided list of item keys contains duplicates"}
+	}
 	out := &dynamodb.BatchGetItemOutput{Responses: map[string][]map[string]types.AttributeValue{}}
 	for table, ka := range in.RequestItems {
 		if len(ka.Keys) > tablewrite.BatchGetMax || !aws.ToBool(ka.ConsistentRead) {
@@ -439,4 +443,15 @@ func TestBulkWaitBelowWaitsForBatchesToBeDecided(t *testing.T) {
 		require.Equal(t, 10, it.Readings())
 		require.Len(t, it.ReadingItems(), 10)
 	}
+}
+
+func TestARefusedMarkerLookupFailsItsBatchesWithoutRejectingThem(t *testing.T) {
+	f := newBulkDB()
+	f.refuseGets = true
+	items := bulkFleet(4, 2, 3)
+	results := tablewrite.New(f, f.tables, tablewrite.Options{}).WriteBulk(context.Background(), items, 2)
+	require.Equal(t, map[tablewrite.Outcome]int{tablewrite.Failed: len(items)}, outcomes(results),
+		"a lookup of 100 keys refused is no batch's content refused: none is dead-lettered")
+	require.ErrorContains(t, results[0].Err, "BatchGetItem")
+	require.Empty(t, f.applied)
 }
