@@ -54,11 +54,18 @@ func readingsOf(t *testing.T, client *dynamodb.Client, table, hw string) []map[s
 	return out.Items
 }
 
-func TestSameBatchIsDuplicateAndAnotherPayloadIsConflict(t *testing.T) {
+// localWriter returns a client of the shared DynamoDB Local, fresh tables
+// in it and a writer of them.
+func localWriter(t *testing.T) (*dynamodb.Client, cloud.Tables, *tablewrite.Writer) {
+	t.Helper()
 	local := dynamotest.Shared(t)
 	tables := local.NewTables(t)
 	client := local.Client(t)
-	w := tablewrite.New(client, tables, tablewrite.Options{})
+	return client, tables, tablewrite.New(client, tables, tablewrite.Options{})
+}
+
+func TestSameBatchIsDuplicateAndAnotherPayloadIsConflict(t *testing.T) {
+	client, tables, w := localWriter(t)
 	ctx := context.Background()
 	for _, tt := range []struct {
 		name     string
@@ -84,9 +91,7 @@ func TestSameBatchIsDuplicateAndAnotherPayloadIsConflict(t *testing.T) {
 }
 
 func TestMarkerWithoutHashAnswersDuplicate(t *testing.T) {
-	local := dynamotest.Shared(t)
-	tables := local.NewTables(t)
-	client := local.Client(t)
+	client, tables, w := localWriter(t)
 	ctx := context.Background()
 	b := testBatch("EE:00:00:00:15:03", 0, 2, 20)
 	// A marker as written before the payload hash.
@@ -96,7 +101,6 @@ func TestMarkerWithoutHashAnswersDuplicate(t *testing.T) {
 			"received_at": &types.AttributeValueMemberS{Value: "2024-01-01T00:00:00Z"}, "expiration_time": &types.AttributeValueMemberN{Value: "1"},
 		}})
 	require.NoError(t, err)
-	w := tablewrite.New(client, tables, tablewrite.Options{})
 	require.Equal(t, tablewrite.Duplicate, w.Write(ctx, build(b, nil), 10).Outcome)
 	hashes, err := w.MarkerHashes(ctx, []string{b.BatchID, "absent"})
 	require.NoError(t, err)
@@ -104,11 +108,8 @@ func TestMarkerWithoutHashAnswersDuplicate(t *testing.T) {
 }
 
 func TestWaveWritesQualityScoresAndReportsEachBatch(t *testing.T) {
-	local := dynamotest.Shared(t)
-	tables := local.NewTables(t)
-	client := local.Client(t)
+	client, tables, w := localWriter(t)
 	ctx := context.Background()
-	w := tablewrite.New(client, tables, tablewrite.Options{})
 	first := testBatch("EE:00:00:00:15:04", 0, 3, 20)
 	require.Equal(t, tablewrite.Delivered, w.Write(ctx, build(first, nil), 10).Outcome)
 	wave := []*tablewrite.Items{
@@ -139,10 +140,7 @@ func TestValidationRefusalIsRejected(t *testing.T) {
 }
 
 func TestARefusedBatchLeavesNoneOfItsReadings(t *testing.T) {
-	local := dynamotest.Shared(t)
-	tables := local.NewTables(t)
-	client := local.Client(t)
-	w := tablewrite.New(client, tables, tablewrite.Options{})
+	client, tables, w := localWriter(t)
 	ctx := context.Background()
 	// 30 readings, the 28th beyond DynamoDB's number range: its first 25
 	// are written before DynamoDB refuses the rest.
