@@ -109,10 +109,20 @@ func (w *Writer) call(ctx context.Context, op string, f func(context.Context) er
 }
 
 // Write writes one batch: in one transaction when its readings and marker
-// fit txLimit actions, readings first and marker last otherwise.
+// fit txLimit actions, readings first and marker last otherwise. Before
+// readings that go ahead of the marker, the marker is looked up, so that
+// another payload under a batch_id already delivered (Conflict) does not
+// overwrite the readings the table holds.
 func (w *Writer) Write(ctx context.Context, it *Items, txLimit int) Result {
 	if len(it.readings)+1 <= txLimit {
 		return w.writeTransaction(ctx, it)
+	}
+	stored, err := w.MarkerHashes(ctx, []string{it.BatchID})
+	if err != nil {
+		return w.classify("BatchGetItem", it.BatchID, err)
+	}
+	if h, ok := stored[it.BatchID]; ok {
+		return compareHash(it, h)
 	}
 	return w.WriteSplit(ctx, it)
 }

@@ -86,6 +86,10 @@ func TestSameBatchIsDuplicateAndAnotherPayloadIsConflict(t *testing.T) {
 			require.ErrorContains(t, r.Err, "another payload")
 			items := readingsOf(t, client, tables.Readings, tt.hw)
 			require.Len(t, items, tt.readings)
+			for _, item := range items {
+				temp := item["sensors"].(*types.AttributeValueMemberM).Value["bme280_temp_c"]
+				require.Equal(t, &types.AttributeValueMemberN{Value: "21.5"}, temp, "the cloud keeps the first payload")
+			}
 		})
 	}
 }
