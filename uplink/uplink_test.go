@@ -3,6 +3,7 @@ package uplink_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -577,6 +578,75 @@ func TestBatchModeLeaseLargerThanTheWriterKeepsAheadExactlyOnce(t *testing.T) {
 	e.requireStored(t, want)
 	require.Equal(t, 1, e.count("dead_lettered"))
 	require.Equal(t, len(all)-1, e.count("delivered"))
+	require.Zero(t, metricValue(e.reg, "gateway_uplink_retried_rounds_total", ""),
+		"a refused batch, dead-lettered, is no round failure: its device's later batches go next round")
+}
+
+// deadLetterFailsOnce fails the first dead-lettering, and notes the
+// batches recorded delivered while the batch it failed to move is still
+// pending.
+type deadLetterFailsOnce struct {
+	*buffer.Buffer
+	mu     sync.Mutex
+	failed bool
+	stuck  string          // the batch the failed dead-lettering left pending
+	watch  map[string]bool // batches not to be recorded while stuck is
+	early  []string
+}
+
+func (s *deadLetterFailsOnce) DeadLetter(p buffer.Pending, reason string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.failed {
+		s.failed, s.stuck = true, p.BatchID
+		return errors.New("writing the dead letter: no space left on device")
+	}
+	s.stuck = ""
+	return s.Buffer.DeadLetter(p, reason)
+}
+
+func (s *deadLetterFailsOnce) MarkDelivered(ps []buffer.Pending) error {
+	s.mu.Lock()
+	for _, p := range ps {
+		if s.stuck != "" && s.watch[p.BatchID] {
+			s.early = append(s.early, p.BatchID)
+		}
+	}
+	s.mu.Unlock()
+	return s.Buffer.MarkDelivered(ps)
+}
+
+func TestBatchModeRecordsNothingOfADeviceAfterABatchLeftPending(t *testing.T) {
+	e := newEnv(t, dynamotest.Shared(t), uplink.Config{WriteMode: "batch", MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	st := &deadLetterFailsOnce{Buffer: e.buf, watch: map[string]bool{}}
+	up, err := uplink.New(uplink.Config{WriteMode: "batch", MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond},
+		st, nil, nil, e.local.Client(t, cloud.WithRetryMaxAttempts(1)), nil, e.tables, nil, prometheus.NewRegistry())
+	require.NoError(t, err)
+	e.up = up
+	hw := "DF:00:00:00:00:01"
+	a, b, c := testBatch(t, hw, 0, 3), testBatch(t, hw, 1, 3), testBatch(t, hw, 2, 3)
+	// a's batch_id is in the cloud with another payload: a conflict, to
+	// dead-letter.
+	_, err = e.client.PutItem(context.Background(), &dynamodb.PutItemInput{
+		TableName: aws.String(e.tables.ProcessedBatches),
+		Item: map[string]types.AttributeValue{
+			"batch_id": &types.AttributeValueMemberS{Value: a.BatchID}, "hardware_id": &types.AttributeValueMemberS{Value: hw},
+			"received_at": &types.AttributeValueMemberS{Value: "2024-01-15T14:22:00Z"}, "expiration_time": &types.AttributeValueMemberN{Value: "1"},
+			"payload_hash": &types.AttributeValueMemberS{Value: "00"},
+		},
+	})
+	require.NoError(t, err)
+	st.watch[b.BatchID], st.watch[c.BatchID] = true, true
+	store(t, e.buf, a, b, c)
+	e.run(t)
+
+	require.True(t, st.failed)
+	require.Empty(t, st.early, "a device's later batches recorded delivered while its earlier one stayed pending")
+	require.Len(t, e.readings(t, hw), 6, "b and c, once")
+	dead, n, err := e.buf.DeadLetters(10)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, a.BatchID, dead[0].BatchID)
 }
 
 // spoil makes DynamoDB refuse b (a number beyond its range) and takes b's

@@ -93,7 +93,15 @@ func (u *Uplink) forwardBulk(ctx context.Context, order []string, byDevice map[s
 	}
 	u.metrics.waveBatches.Observe(float64(len(batches)))
 	var delivered []buffer.Pending
+	// pending holds the devices with a batch left pending although the
+	// cloud decided it (it could not be dead-lettered): their later
+	// batches are not recorded before it, and are found in the cloud
+	// next round.
+	pending := map[string]bool{}
 	for i, cb := range batches {
+		if pending[cb.pending.HardwareID] {
+			continue
+		}
 		var perm *permanentError
 		switch err := u.outcome(results[i], cb); {
 		case err == nil:
@@ -101,11 +109,16 @@ func (u *Uplink) forwardBulk(ctx context.Context, order []string, byDevice map[s
 		case errors.As(err, &perm):
 			if dlErr := u.deadLetter(cb.pending, perm.Error()); dlErr != nil {
 				firstErr = cmp.Or(firstErr, dlErr)
+				pending[cb.pending.HardwareID] = true
 				continue
 			}
 			u.metrics.batches.WithLabelValues("dead_lettered").Inc()
 			u.logger.Error("cloud refused a batch permanently; moved to the dead-letter area",
 				"batch_id", cb.pending.BatchID, "hardware_id", cb.pending.HardwareID, "err", perm.err)
+		case errors.Is(err, tablewrite.ErrHeldBack):
+			// Waiting for an earlier batch of its device, whose own
+			// result is the round's error if it has one (a refused
+			// batch, dead-lettered, is none): tried again next round.
 		default:
 			firstErr = cmp.Or(firstErr, err)
 		}

@@ -2,6 +2,7 @@ package tablewrite
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -26,7 +27,11 @@ import (
 //  3. The markers of one device's batches go in the order given: a marker
 //     is sent only after the one before it was written, or in the same
 //     request. A batch whose write fails holds the device's later batches
-//     back (Failed), so they are not recorded as delivered before it.
+//     back (Failed, ErrHeldBack), so they are not recorded as delivered
+//     before it. A batch whose marker the lookup finds is decided
+//     (Duplicate) only once the device's batches before it are, and held
+//     back with them: DynamoDB may apply the later of two markers in one
+//     request and leave the earlier unprocessed.
 //
 // The marker write is unconditional: the lookup decided it. WriteBulk is
 // exact when the caller is the only writer of these batch_ids while it
@@ -56,7 +61,8 @@ type Bulk struct{ b *bulk }
 
 // StartBulk starts a WriteBulk with no batch yet.
 func (w *Writer) StartBulk(ctx context.Context, concurrency int) *Bulk {
-	b := &bulk{w: w, ctx: ctx, concurrency: max(concurrency, 1), last: map[string]int{}, stopped: map[string]int{}, done: make(chan struct{})}
+	b := &bulk{w: w, ctx: ctx, concurrency: max(concurrency, 1), last: map[string]int{}, stopped: map[string]int{},
+		found: map[int]Result{}, done: make(chan struct{})}
 	b.cond = sync.NewCond(&b.mu)
 	b.lookupSem = make(chan struct{}, b.concurrency)
 	go b.run()
@@ -96,8 +102,8 @@ func (bk *Bulk) Add(batches ...*Items) {
 	}
 }
 
-// WaitBelow waits until fewer than n of the batches added are undecided,
-// or ctx is done. A caller that builds batches faster than they are
+// WaitBelow waits until fewer than n (at least 1) of the batches added
+// are undecided, or ctx is done. A caller that builds batches faster than they are
 // written holds only about n batches' items at a time by calling it
 // before it builds more.
 func (bk *Bulk) WaitBelow(ctx context.Context, n int) error {
@@ -108,6 +114,7 @@ func (bk *Bulk) WaitBelow(ctx context.Context, n int) error {
 		b.cond.Broadcast()
 	})
 	defer stop()
+	n = max(n, 1)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for b.left >= n && ctx.Err() == nil {
@@ -175,6 +182,9 @@ type bulk struct {
 	results []Result
 	decided []bool
 	checked []bool // the marker lookup answered
+	// found holds the result of a batch whose marker the lookup found,
+	// until the device's batches before it are decided.
+	found map[int]Result
 	// prev and next link each device's batches, in the order added; last
 	// is each device's last batch; stopped is each device's first failed
 	// batch, which holds back the device's batches added later too.
@@ -220,15 +230,9 @@ func (b *bulk) lookup(from, to int) {
 			}
 			switch h, ok := found[it.BatchID]; {
 			case err != nil:
-				r := b.w.classify("BatchGetItem", it.BatchID, err)
-				if r.Outcome == Rejected {
-					// A refused lookup of 100 keys is not one batch's
-					// content being refused.
-					r.Outcome = Failed
-				}
-				b.fail(idx, r)
+				b.fail(idx, b.w.lookupFailed(it.BatchID, err))
 			case ok:
-				b.decide(idx, compareHash(it, h))
+				b.found[idx] = compareHash(it, h) // decided by promote
 			default:
 				b.checked[idx] = true
 				b.queueReadings(idx)
@@ -410,6 +414,16 @@ func (b *bulk) promote(i int) {
 		if b.decided[i] {
 			continue
 		}
+		if r, ok := b.found[i]; ok {
+			// Its marker is in the table: decided once the device's
+			// batches before it are.
+			if b.before(i) >= 0 {
+				return
+			}
+			delete(b.found, i)
+			b.decide(i, r)
+			continue
+		}
 		if !b.checked[i] || b.marker[i] != markerWaiting || b.unwritten[i] > 0 {
 			return
 		}
@@ -444,11 +458,16 @@ func (b *bulk) fail(i int, r Result) {
 	}
 }
 
+// ErrHeldBack is the error of a batch not written because an earlier batch
+// of its device failed or was refused (WriteBulk): it is tried again after
+// that one.
+var ErrHeldBack = errors.New("held back")
+
 // heldBack is the result of batch n, held back by the failure of batch i
 // of the same device.
 func (b *bulk) heldBack(n, i int) Result {
-	return Result{Outcome: Failed, Err: fmt.Errorf("batch_id %s waits for batch_id %s of the same device: %w",
-		b.batches[n].BatchID, b.batches[i].BatchID, b.results[i].Err)}
+	return Result{Outcome: Failed, Err: fmt.Errorf("%w: batch_id %s waits for batch_id %s of the same device (%w)",
+		ErrHeldBack, b.batches[n].BatchID, b.batches[i].BatchID, b.results[i].Err)}
 }
 
 // decide records batch i's result and lets go of its items: nothing of a
@@ -459,6 +478,7 @@ func (b *bulk) decide(i int, r Result) {
 		return
 	}
 	b.decided[i], b.results[i] = true, r
+	delete(b.found, i)
 	b.left--
 	b.batches[i].marker = nil
 	if r.Outcome != Rejected {

@@ -39,8 +39,11 @@ type bulkDB struct {
 	// unprocessed once, any request writing an item of that batch_id
 	// (reject: or the reading of that ts_batch).
 	reject, fail, unprocessed string
-	gets                      int
-	refuseGets                bool // every BatchGetItem is refused
+	// neverProcessed is the name of an item (as in applied) left
+	// unprocessed by every request that holds it.
+	neverProcessed string
+	gets           int
+	refuseGets     bool // every BatchGetItem is refused
 }
 
 func newBulkDB() *bulkDB {
@@ -107,7 +110,7 @@ func (f *bulkDB) BatchWriteItem(_ context.Context, in *dynamodb.BatchWriteItemIn
 	for table, reqs := range in.RequestItems {
 		for _, r := range reqs {
 			name := requestName(table, r, f.tables)
-			if f.unprocessed != "" && strings.Contains(name, " "+f.unprocessed) {
+			if (f.unprocessed != "" && strings.Contains(name, " "+f.unprocessed)) || name == f.neverProcessed {
 				out.UnprocessedItems[table] = append(out.UnprocessedItems[table], r)
 				continue
 			}
@@ -127,7 +130,7 @@ func (f *bulkDB) BatchWriteItem(_ context.Context, in *dynamodb.BatchWriteItemIn
 			}
 		}
 	}
-	if len(out.UnprocessedItems) > 0 {
+	if f.unprocessed != "" && len(out.UnprocessedItems) > 0 {
 		f.unprocessed = "" // once
 	}
 	return out, nil
@@ -454,4 +457,32 @@ func TestARefusedMarkerLookupFailsItsBatchesWithoutRejectingThem(t *testing.T) {
 		"a lookup of 100 keys refused is no batch's content refused: none is dead-lettered")
 	require.ErrorContains(t, results[0].Err, "BatchGetItem")
 	require.Empty(t, f.applied)
+}
+
+func TestAMarkerFoundWaitsForTheDevicesEarlierBatches(t *testing.T) {
+	f := newBulkDB()
+	items := bulkFleet(1, 2, 3) // batches a and b of one device
+	a, b := items[0], items[1]
+	// Their markers go in one request, and DynamoDB applies b's but
+	// never a's.
+	f.neverProcessed = "m " + a.BatchID
+	w := tablewrite.New(f, f.tables, tablewrite.Options{})
+	results := w.WriteBulk(context.Background(), items, 1)
+	require.Equal(t, tablewrite.Throttled, results[0].Outcome)
+	require.ErrorIs(t, results[1].Err, tablewrite.ErrHeldBack)
+	require.Contains(t, f.markers, b.BatchID, "b's marker was applied")
+	require.NotContains(t, f.markers, a.BatchID)
+
+	// The next round finds b's marker, but a fails again: b is held
+	// back, not recorded before a.
+	results = w.WriteBulk(context.Background(), items, 1)
+	require.Equal(t, tablewrite.Throttled, results[0].Outcome)
+	require.Equal(t, tablewrite.Failed, results[1].Outcome)
+	require.ErrorIs(t, results[1].Err, tablewrite.ErrHeldBack)
+
+	f.mu.Lock()
+	f.neverProcessed = ""
+	f.mu.Unlock()
+	results = w.WriteBulk(context.Background(), items, 1)
+	require.Equal(t, []tablewrite.Outcome{tablewrite.Delivered, tablewrite.Duplicate}, []tablewrite.Outcome{results[0].Outcome, results[1].Outcome})
 }

@@ -119,7 +119,7 @@ func (w *Writer) Write(ctx context.Context, it *Items, txLimit int) Result {
 	}
 	stored, err := w.MarkerHashes(ctx, []string{it.BatchID})
 	if err != nil {
-		return w.classify("BatchGetItem", it.BatchID, err)
+		return w.lookupFailed(it.BatchID, err)
 	}
 	if h, ok := stored[it.BatchID]; ok {
 		return compareHash(it, h)
@@ -273,7 +273,7 @@ func (w *Writer) existing(ctx context.Context, it *Items) Result {
 	}
 	stored, err := w.MarkerHashes(ctx, []string{it.BatchID})
 	if err != nil {
-		return w.classify("BatchGetItem", it.BatchID, err)
+		return w.lookupFailed(it.BatchID, err)
 	}
 	return compareHash(it, stored[it.BatchID])
 }
