@@ -171,9 +171,9 @@ func bulkFleet(devices, perDevice, readings int) []*tablewrite.Items {
 	return out
 }
 
-// checkBulkOrder asserts the write plan's two rules on what f applied:
-// a batch's marker after all of its readings, and each device's markers in
-// the order of items.
+// checkBulkOrder asserts the write plan's rules on what f applied: a
+// batch's marker after all of its readings, each device's markers in the
+// order of items, and none after a batch of its device without one.
 func checkBulkOrder(t *testing.T, f *bulkDB, items []*tablewrite.Items) {
 	t.Helper()
 	pos := map[string]int{}
@@ -181,10 +181,17 @@ func checkBulkOrder(t *testing.T, f *bulkDB, items []*tablewrite.Items) {
 		pos[name] = i
 	}
 	lastMarker := map[string]int{}
+	gap := map[string]string{} // each device's first batch without a marker
 	for _, it := range items {
 		m, ok := pos["m "+it.BatchID]
 		if !ok {
+			if _, seen := gap[it.HardwareID]; !seen {
+				gap[it.HardwareID] = it.BatchID
+			}
 			continue
+		}
+		if g, ok := gap[it.HardwareID]; ok {
+			require.Failf(t, "a device's marker after a gap", "marker of %s written, of %s before it not", it.BatchID, g)
 		}
 		for _, r := range it.ReadingItems() {
 			rp, ok := pos[itemName(f.tables.Readings, r, f.tables)]
