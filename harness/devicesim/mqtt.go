@@ -22,14 +22,13 @@ import (
 const (
 	mqttConnectTimeout = 10 * time.Second
 	mqttKeepAlive      = 30 * time.Second
-	mqttMaxReconnect   = 10 * time.Second // paho's reconnect backoff cap; also bounds Close
-	mqttQuiesceMS      = 250              // time given to a DISCONNECT on close, in milliseconds
+	mqttQuiesceMS      = 250 // time given to a DISCONNECT on close, in milliseconds
 	ackQoS             = 1
 )
 
 // mqttDialer returns the dialFunc of the MQTT transport: one client per device, with client
 // ID and username the hardware id and password the API key it is dialled with (the fleet key
-// or the device key), auto-reconnecting. The ack topic
+// or the device key), reconnecting after a lost connection. The ack topic
 // is subscribed at QoS 1 on every (re)connect, before the device may publish. A reboot dials
 // a new client.
 //
@@ -58,9 +57,12 @@ func mqttDialer(cfg *Config, logger *slog.Logger) dialFunc {
 			SetPassword(apiKey).
 			SetCleanSession(true).
 			SetResumeSubs(false).
-			SetAutoReconnect(true).
+			// The link reconnects itself (onConnectionLost): paho's own reconnect re-sends
+			// the publishes in flight, and in v1.5.1 that races with the old connection's
+			// writer and can close a completed token twice (a panic). A device resends
+			// unacknowledged batches itself.
+			SetAutoReconnect(false).
 			SetConnectRetry(false).
-			SetMaxReconnectInterval(min(cfg.RetryMax, mqttMaxReconnect)).
 			SetConnectTimeout(mqttConnectTimeout).
 			SetKeepAlive(mqttKeepAlive).
 			SetOrderMatters(false).
@@ -124,7 +126,7 @@ func (l *mqttLink) enter() bool {
 	return true
 }
 
-// connectLoop makes the first connection, retrying with backoff; paho reconnects after that.
+// connectLoop connects, first and after a lost connection, retrying with backoff.
 // A key the broker refuses (CONNACK not authorized) is a configuration problem that retrying
 // soon does not fix: it is logged as an error and retried every RetryMax.
 func (l *mqttLink) connectLoop() {
@@ -202,12 +204,14 @@ func (l *mqttLink) onConnect(c mqtt.Client) {
 	}
 }
 
+// onConnectionLost tells the device and connects again. paho has completed the publishes in
+// flight with an error by then (a clean session); the device resends what is unacknowledged.
 func (l *mqttLink) onConnectionLost(_ mqtt.Client, err error) {
 	if !l.enter() {
 		return
 	}
-	defer l.wg.Done()
 	deliver(l.ctx, l.events, event{kind: evDisconnected, err: err})
+	l.connectLoop() // it calls l.wg.Done
 }
 
 func (l *mqttLink) onMessage(_ mqtt.Client, m mqtt.Message) {
