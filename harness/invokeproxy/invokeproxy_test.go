@@ -21,7 +21,9 @@ import (
 // were ever at it at once.
 func TestOneInvocationAtATimeEvenWhenCallersGoAway(t *testing.T) {
 	var inside, overlaps, served atomic.Int32
+	entered := make(chan struct{}, 8) // one per invocation the emulator starts
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
 		if inside.Add(1) > 1 {
 			overlaps.Add(1)
 		}
@@ -42,21 +44,26 @@ func TestOneInvocationAtATimeEvenWhenCallersGoAway(t *testing.T) {
 	go func() { done <- p.Run(ctx) }()
 
 	path := "/2015-03-31/functions/function/invocations"
-	invoke := func(i int, timeout time.Duration) (*http.Response, error) {
-		rctx, rcancel := context.WithTimeout(context.Background(), timeout)
-		t.Cleanup(rcancel)
+	invoke := func(rctx context.Context, i int) (*http.Response, error) {
 		req, err := http.NewRequestWithContext(rctx, http.MethodPost, p.URL()+path, strings.NewReader(fmt.Sprint(i)))
 		require.NoError(t, err)
 		return http.DefaultClient.Do(req)
 	}
-	// The first caller gives up while the emulator runs its invocation;
+	// The first caller gives up once the emulator runs its invocation;
 	// the next one must wait for that invocation all the same.
-	_, err = invoke(0, 5*time.Millisecond)
-	require.Error(t, err)
+	first, giveUp := context.WithCancel(context.Background())
+	go func() {
+		<-entered
+		giveUp()
+	}()
+	_, err = invoke(first, 0)
+	require.ErrorIs(t, err, context.Canceled)
 	var wg sync.WaitGroup
 	for i := 1; i < 8; i++ {
 		wg.Go(func() {
-			resp, err := invoke(i, 30*time.Second)
+			rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer rcancel()
+			resp, err := invoke(rctx, i)
 			require.NoError(t, err)
 			defer resp.Body.Close()
 			body, err := io.ReadAll(resp.Body)
