@@ -204,13 +204,19 @@ func (l *mqttLink) onConnect(c mqtt.Client) {
 	}
 }
 
-// onConnectionLost tells the device and connects again. paho has completed the publishes in
-// flight with an error by then (a clean session); the device resends what is unacknowledged.
+// onConnectionLost tells the device and, after RetryMin (so that a connection the broker
+// keeps dropping, such as a session another client with the same id takes over, is not
+// reopened in a tight loop), connects again. paho has completed the publishes in flight with
+// an error by then (a clean session); the device resends what is unacknowledged.
 func (l *mqttLink) onConnectionLost(_ mqtt.Client, err error) {
 	if !l.enter() {
 		return
 	}
 	deliver(l.ctx, l.events, event{kind: evDisconnected, err: err})
+	if !sleep(l.ctx, l.cfg.RetryMin) {
+		l.wg.Done()
+		return
+	}
 	l.connectLoop() // it calls l.wg.Done
 }
 

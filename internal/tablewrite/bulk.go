@@ -103,9 +103,9 @@ func (bk *Bulk) Add(batches ...*Items) {
 }
 
 // WaitBelow waits until fewer than n (at least 1) of the batches added
-// are undecided, or ctx is done. A caller that builds batches faster than they are
-// written holds only about n batches' items at a time by calling it
-// before it builds more.
+// are undecided, or ctx is done. A caller that builds batches faster
+// than they are written holds only about n batches' items at a time by
+// calling it before it builds more.
 func (bk *Bulk) WaitBelow(ctx context.Context, n int) error {
 	b := bk.b
 	stop := context.AfterFunc(ctx, func() {
