@@ -389,11 +389,18 @@ func TestBatchWhoseMarkerExistsIsNotWrittenAgainAfterARestart(t *testing.T) {
 				require.NoError(t, err)
 				markers = nil
 			}
-			for _, b := range batches[:120] {
-				markers = append(markers, types.WriteRequest{PutRequest: &types.PutRequest{Item: map[string]types.AttributeValue{
+			// One of them, though, is in the cloud with another payload:
+			// a conflict, not a delivery.
+			const conflict = 5
+			for i, b := range batches[:120] {
+				m := map[string]types.AttributeValue{
 					"batch_id": &types.AttributeValueMemberS{Value: b.BatchID}, "hardware_id": &types.AttributeValueMemberS{Value: hw},
 					"received_at": &types.AttributeValueMemberS{Value: "2026-01-15T14:22:00Z"}, "expiration_time": &types.AttributeValueMemberN{Value: "1"},
-				}}})
+				}
+				if i == conflict {
+					m["payload_hash"] = &types.AttributeValueMemberS{Value: "00"}
+				}
+				markers = append(markers, types.WriteRequest{PutRequest: &types.PutRequest{Item: m}})
 				if len(markers) == 25 {
 					flush()
 				}
@@ -414,13 +421,17 @@ func TestBatchWhoseMarkerExistsIsNotWrittenAgainAfterARestart(t *testing.T) {
 				want += len(b.Readings)
 			}
 			require.Len(t, e.readings(t, hw), want, "only the 30 batches without a marker were written")
-			require.Equal(t, 120.0, metricValue(reg, "gateway_uplink_batches_total", "already_delivered"))
+			require.Equal(t, 119.0, metricValue(reg, "gateway_uplink_batches_total", "already_delivered"))
 			require.Equal(t, 30.0, metricValue(reg, "gateway_uplink_batches_total", "delivered"))
+			require.Equal(t, 1.0, metricValue(reg, "gateway_uplink_batches_total", "dead_lettered"))
 			db.mu.Lock()
-			require.Equal(t, 2, db.writes["BatchGetItem"], "150 markers looked up in requests of at most 100")
 			if mode == "transaction" {
-				require.Equal(t, 30, db.writes["TransactWriteItems"])
+				// The conflicting batch's transaction is cancelled by its
+				// marker, which is then read for its payload hash.
+				require.Equal(t, 3, db.writes["BatchGetItem"], "150 markers looked up in requests of at most 100, and the conflict's")
+				require.Equal(t, 31, db.writes["TransactWriteItems"])
 			} else {
+				require.Equal(t, 2, db.writes["BatchGetItem"], "150 markers looked up in requests of at most 100")
 				require.Zero(t, db.writes["PutItem"], "markers go in BatchWriteItem requests")
 				require.Zero(t, db.writes["TransactWriteItems"])
 			}
@@ -430,10 +441,14 @@ func TestBatchWhoseMarkerExistsIsNotWrittenAgainAfterARestart(t *testing.T) {
 				require.NotEmpty(t, m, "marker of %s", b.BatchID)
 				require.Equal(t, hex.EncodeToString(func() []byte { h := b.IdentityHash(); return h[:] }()), str(t, m, "payload_hash"))
 			}
-			for _, b := range batches[:120] {
+			for i, b := range batches[:120] {
 				require.Equal(t, "2026-01-15T14:22:00Z", str(t, e.marker(t, b.BatchID), "received_at"))
 				state, err := buf.Lookup(b.BatchID)
 				require.NoError(t, err)
+				if i == conflict {
+					require.Equal(t, "dead", state, "another payload under its batch_id")
+					continue
+				}
 				require.Equal(t, "delivered", state)
 			}
 		})

@@ -2,8 +2,10 @@ package uplink
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/tablewrite"
@@ -15,8 +17,8 @@ const batchGetMax = tablewrite.BatchGetMax
 // An uncertain batch may be in the cloud already: it was leased by the
 // round a crash interrupted, or its write failed with an ambiguous error (a
 // timeout, a lost answer, a 5xx). Before it is written again its
-// processed_batches marker is looked up; a batch whose marker exists is
-// recorded as delivered without a write. The interrupted round's lease was
+// processed_batches marker is looked up; a batch whose marker exists with
+// its payload hash (or none) is recorded as delivered without a write. The interrupted round's lease was
 // the oldest batches, which the first lease after a start takes again,
 // and devices' oldest batches, which later rounds take as fresh batches:
 // so the whole first lease is checked, and a fresh batch queued before the
@@ -49,7 +51,7 @@ func (u *Uplink) checkUncertain(ctx context.Context, leased []buffer.Pending, fr
 		u.settle(leased)
 		return leased, nil
 	}
-	found := map[string]bool{}
+	found := map[string]string{}
 	for start := 0; start < len(check); start += batchGetMax {
 		part := check[start:min(start+batchGetMax, len(check))]
 		if err := u.lookupMarkers(ctx, part, found); err != nil {
@@ -58,9 +60,11 @@ func (u *Uplink) checkUncertain(ctx context.Context, leased []buffer.Pending, fr
 	}
 	var rest, delivered []buffer.Pending
 	for _, p := range leased {
-		if found[p.BatchID] {
+		if h, ok := found[p.BatchID]; ok && samePayload(p, h) {
 			delivered = append(delivered, p)
 		} else {
+			// Not in the cloud, or another payload under its batch_id:
+			// forwarded, its write finds the conflict.
 			rest = append(rest, p)
 		}
 	}
@@ -101,17 +105,29 @@ func (u *Uplink) settle(leased []buffer.Pending) {
 }
 
 // lookupMarkers reads up to 100 markers and adds the batch_ids found to
-// found.
-func (u *Uplink) lookupMarkers(ctx context.Context, batches []buffer.Pending, found map[string]bool) error {
+// found, with their payload hashes ("" for a marker without one).
+func (u *Uplink) lookupMarkers(ctx context.Context, batches []buffer.Pending, found map[string]string) error {
 	ids := make([]string, 0, len(batches))
 	for _, p := range batches {
 		ids = append(ids, p.BatchID)
 	}
 	stored, err := u.newWriter().MarkerHashes(ctx, ids)
-	for id := range stored {
-		found[id] = true
-	}
+	maps.Copy(found, stored)
 	return err
+}
+
+// samePayload reports whether a marker with payload hash h (hex; "" for a
+// marker written without one) stands for p's payload.
+func samePayload(p buffer.Pending, h string) bool {
+	if h == "" {
+		return true
+	}
+	b, _, err := decodeBuffered(p)
+	if err != nil {
+		return false // damaged on disk: forwarding it dead-letters it
+	}
+	id := b.IdentityHash()
+	return hex.EncodeToString(id[:]) == h
 }
 
 // readingCount is the number of readings in a buffered payload (0 when it
