@@ -23,6 +23,9 @@ type job struct {
 	outcome tablewrite.Outcome
 	err     error
 	quality []float64
+	// first is the earlier job of the same request with this batch_id,
+	// if any: only that one is written, and this one follows its outcome.
+	first *job
 }
 
 // settle gives the job its outcome, once.
@@ -49,6 +52,12 @@ func newJob(b *contract.Batch, err error) *job {
 // newest readings, then are written in waves, each device's batches in
 // order, a device stopping at its first batch to retry.
 func (f *Function) store(ctx context.Context, jobs []*job) {
+	followers := repeats(jobs)
+	defer func() {
+		for _, j := range followers {
+			j.follow()
+		}
+	}()
 	f.checkMarkers(ctx, jobs)
 	order, byDevice := groupJobs(jobs)
 	f.prepareDevices(ctx, order, byDevice)
@@ -75,6 +84,48 @@ func (f *Function) store(ctx context.Context, jobs []*job) {
 	}
 }
 
+// repeats links each unsettled job that repeats the batch_id of an earlier
+// one of the request to that one and returns them: one payload per
+// batch_id reaches the tables (a second would write over the first's
+// readings before its marker said conflict), and a marker lookup may not
+// name a batch_id twice.
+func repeats(jobs []*job) []*job {
+	var out []*job
+	firsts := map[string]*job{}
+	for _, j := range jobs {
+		if j.settled {
+			continue
+		}
+		if first, ok := firsts[j.batch.BatchID]; ok {
+			j.first = first
+			out = append(out, j)
+			continue
+		}
+		firsts[j.batch.BatchID] = j
+	}
+	return out
+}
+
+// follow settles a repeated batch_id by the outcome of its first job: the
+// same payload shares it (duplicate once that one is in the cloud);
+// another payload is a conflict once the first is in the cloud, and
+// otherwise waits for it (not attempted, sent again alone).
+func (j *job) follow() {
+	first := j.first
+	inCloud := first.outcome == tablewrite.Delivered || first.outcome == tablewrite.Duplicate
+	switch {
+	case j.hash == first.hash && inCloud:
+		j.settle(tablewrite.Duplicate, nil)
+	case j.hash == first.hash:
+		j.settle(first.outcome, first.err)
+	case inCloud:
+		j.settle(tablewrite.Conflict, errConflict)
+	default:
+		j.settle(tablewrite.Failed, fmt.Errorf("%w: batch_id %s is earlier in this request with another payload, which must be settled first",
+			errHeldBack, j.batch.BatchID))
+	}
+}
+
 // errHeldBack is a batch not attempted because an earlier batch of its
 // device failed in the same invocation.
 var errHeldBack = errors.New("not attempted")
@@ -93,7 +144,7 @@ func groupJobs(jobs []*job) ([]string, map[string][]*job) {
 	var order []string
 	byDevice := map[string][]*job{}
 	for _, j := range jobs {
-		if j.settled {
+		if j.settled || j.first != nil {
 			continue
 		}
 		hw := j.batch.HardwareID
@@ -110,7 +161,7 @@ func groupJobs(jobs []*job) ([]string, map[string][]*job) {
 func (f *Function) checkMarkers(ctx context.Context, jobs []*job) {
 	var pending []*job
 	for _, j := range jobs {
-		if !j.settled {
+		if !j.settled && j.first == nil {
 			pending = append(pending, j)
 		}
 	}

@@ -493,3 +493,33 @@ func TestAMarkerFoundWaitsForTheDevicesEarlierBatches(t *testing.T) {
 	results = w.WriteBulk(context.Background(), items, 1)
 	require.Equal(t, []tablewrite.Outcome{tablewrite.Delivered, tablewrite.Duplicate}, []tablewrite.Outcome{results[0].Outcome, results[1].Outcome})
 }
+
+func TestNothingIsDeletedOfABatchIDDeliveredMeanwhile(t *testing.T) {
+	f := newBulkDB()
+	items := bulkFleet(2, 1, 3)
+	refused := items[1]
+	f.reject = refused.BatchID
+	w := tablewrite.New(&markerAppearsDB{bulkDB: f, id: refused.BatchID}, f.tables, tablewrite.Options{})
+	results := w.WriteBulk(context.Background(), items, 1)
+	require.Equal(t, tablewrite.Duplicate, results[1].Outcome, "the marker found decides")
+	for _, name := range f.applied {
+		require.False(t, strings.HasPrefix(name, "d "), "deleted %s", name)
+	}
+}
+
+// markerAppearsDB answers a batch's marker from its second lookup on, as
+// if another writer had delivered it meanwhile.
+type markerAppearsDB struct {
+	*bulkDB
+	id      string
+	lookups atomic.Int32
+}
+
+func (m *markerAppearsDB) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	if m.lookups.Add(1) >= 2 {
+		m.mu.Lock()
+		m.markers[m.id] = ""
+		m.mu.Unlock()
+	}
+	return m.bulkDB.BatchGetItem(ctx, in, opts...)
+}

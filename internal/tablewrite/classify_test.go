@@ -12,7 +12,8 @@ import (
 	"greenhouse-gateway/internal/tablewrite"
 )
 
-// refusingDB answers every transaction with one API error.
+// refusingDB answers every transaction with one API error; it holds no
+// marker, and takes the deletes of a refused batch's readings.
 type refusingDB struct {
 	tablewrite.DB
 	err error
@@ -20,6 +21,14 @@ type refusingDB struct {
 
 func (r refusingDB) TransactWriteItems(context.Context, *dynamodb.TransactWriteItemsInput, ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error) {
 	return nil, r.err
+}
+
+func (r refusingDB) BatchGetItem(context.Context, *dynamodb.BatchGetItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	return &dynamodb.BatchGetItemOutput{}, nil
+}
+
+func (r refusingDB) BatchWriteItem(context.Context, *dynamodb.BatchWriteItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error) {
+	return &dynamodb.BatchWriteItemOutput{}, nil
 }
 
 func TestErrorsAreClassified(t *testing.T) {

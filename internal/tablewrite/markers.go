@@ -16,11 +16,16 @@ const BatchGetMax = 100
 // MarkerHashes reads the markers of up to BatchGetMax batch_ids with a
 // consistent read, resending unprocessed keys a few times. The map holds
 // an entry for every marker found: its payload_hash, or "" for a marker
-// without one.
+// without one. A batch_id given twice is looked up once (BatchGetItem
+// refuses a key named twice).
 func (w *Writer) MarkerHashes(ctx context.Context, batchIDs []string) (map[string]string, error) {
 	keys := make([]map[string]types.AttributeValue, 0, len(batchIDs))
+	seen := make(map[string]bool, len(batchIDs))
 	for _, id := range batchIDs {
-		keys = append(keys, map[string]types.AttributeValue{"batch_id": s(id)})
+		if !seen[id] {
+			seen[id] = true
+			keys = append(keys, map[string]types.AttributeValue{"batch_id": s(id)})
+		}
 	}
 	found := make(map[string]string, len(batchIDs))
 	wait := 50 * time.Millisecond

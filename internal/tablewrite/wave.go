@@ -44,7 +44,11 @@ func chunkWave(wave []*Items) ([]*waveChunk, []int) {
 // up to concurrency requests in flight, and each batch's marker as soon as
 // the last request carrying its readings is answered. A request DynamoDB
 // refuses for its content has its batches sent again one by one, to find
-// which is refused. It returns each batch's result, in wave order.
+// which is refused. The readings go before the conditional marker: the
+// caller looks the markers up first (MarkerHashes) and sends each
+// batch_id once, or another payload under a batch_id already delivered
+// would write over its readings before the marker says Conflict. It
+// returns each batch's result, in wave order.
 func (w *Writer) WriteWave(ctx context.Context, wave []*Items, concurrency int) []Result {
 	results := make([]Result, len(wave))
 	failed := make([]bool, len(wave))

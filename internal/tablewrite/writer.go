@@ -152,7 +152,13 @@ func (w *Writer) writeTransaction(ctx context.Context, it *Items) Result {
 	if errors.As(err, &tce) && markerAlreadyExists(tce, len(items)-1) {
 		return w.existing(ctx, it)
 	}
-	return w.classify("TransactWriteItems", it.BatchID, err)
+	r := w.classify("TransactWriteItems", it.BatchID, err)
+	if r.Outcome == Rejected {
+		// An earlier attempt that went another way (a wave, a split
+		// write) may have left some of its readings.
+		return w.unwrite(ctx, it, r)
+	}
+	return r
 }
 
 // markerAlreadyExists reports whether a cancelled transaction failed only
@@ -214,13 +220,24 @@ func (w *Writer) writeSplit(ctx context.Context, it *Items, written bool) Result
 }
 
 // unwrite deletes the readings of it, a batch DynamoDB refused (r) after
-// requests it accepted may have written some of them: a refused batch
-// leaves none of its readings in the table, as a refused transaction
-// does. A reading's key holds its batch_id, so no other batch's reading
-// is touched. When the deletes fail, the batch is Failed rather than
-// Rejected: it is tried again, refused again, and its readings deleted
-// then.
+// requests it accepted, now or in an earlier attempt, may have written
+// some of them: a refused batch leaves none of its readings in the table.
+// A reading's key holds its batch_id, so no other batch's reading is
+// touched; and when a marker of the batch_id is found first (another
+// writer delivered it meanwhile), nothing is deleted and the marker
+// decides (Duplicate or Conflict). When the lookup or the deletes fail,
+// the batch is Failed rather than Rejected: it is tried again, refused
+// again, and its readings deleted then.
 func (w *Writer) unwrite(ctx context.Context, it *Items, r Result) Result {
+	stored, err := w.MarkerHashes(ctx, []string{it.BatchID})
+	if err != nil {
+		res := w.lookupFailed(it.BatchID, err)
+		res.Err = fmt.Errorf("%w; looking up its marker before deleting its readings: %w", r.Err, res.Err)
+		return res
+	}
+	if h, ok := stored[it.BatchID]; ok {
+		return compareHash(it, h)
+	}
 	for start := 0; start < len(it.readings); start += BatchWriteMax {
 		reqs := make([]types.WriteRequest, 0, BatchWriteMax)
 		for _, item := range it.readings[start:min(start+BatchWriteMax, len(it.readings))] {

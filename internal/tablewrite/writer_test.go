@@ -2,7 +2,9 @@ package tablewrite_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,7 +108,7 @@ func TestMarkerWithoutHashAnswersDuplicate(t *testing.T) {
 		}})
 	require.NoError(t, err)
 	require.Equal(t, tablewrite.Duplicate, w.Write(ctx, build(b, nil), 10).Outcome)
-	hashes, err := w.MarkerHashes(ctx, []string{b.BatchID, "absent"})
+	hashes, err := w.MarkerHashes(ctx, []string{b.BatchID, "absent", b.BatchID})
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{b.BatchID: ""}, hashes)
 }
@@ -179,4 +181,38 @@ func TestARefusedBatchLeavesNoneOfItsReadings(t *testing.T) {
 	}
 	require.Len(t, readingsOf(t, client, tables.Readings, "EE:00:00:00:16:12"), 5, "the wave's other batch")
 	require.Len(t, readingsOf(t, client, tables.Readings, "EE:00:00:00:16:13"), 5, "the bulk's other batch")
+}
+
+// failingNth fails its nth BatchWriteItem (from 1) as a lost connection.
+type failingNth struct {
+	*dynamodb.Client
+	calls, nth atomic.Int32
+}
+
+func (f *failingNth) BatchWriteItem(ctx context.Context, in *dynamodb.BatchWriteItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error) {
+	if f.calls.Add(1) == f.nth.Load() {
+		return nil, errors.New("connection reset by peer")
+	}
+	return f.Client.BatchWriteItem(ctx, in, opts...)
+}
+
+func TestARefusedTransactionDeletesTheReadingsOfAnEarlierAttempt(t *testing.T) {
+	client, tables, _ := localWriter(t)
+	ctx := context.Background()
+	hw := "EE:00:00:00:17:01"
+	b := testBatch(hw, 0, 30, 20)
+	b.Readings[27].Sensors["bme280_temp_c"] = 1e200
+	// A wave: its first request (5 readings of another batch and readings
+	// 0-19 of b) is written, its second (readings 20-29) refused, and b's
+	// first request alone then fails: b is Failed with 20 readings written.
+	f := &failingNth{Client: client}
+	f.nth.Store(3)
+	w := tablewrite.New(f, tables, tablewrite.Options{})
+	r := w.WriteWave(ctx, []*tablewrite.Items{build(testBatch("EE:00:00:00:17:11", 0, 5, 20), nil), build(b, nil)}, 1)[1]
+	require.Equal(t, tablewrite.Failed, r.Outcome, "%v", r.Err)
+	require.Equal(t, 20, len(readingsOf(t, client, tables.Readings, hw)))
+	// Tried again alone, it fits a transaction, which DynamoDB refuses.
+	r = w.Write(ctx, build(b, nil), 100)
+	require.Equal(t, tablewrite.Rejected, r.Outcome, "%v", r.Err)
+	require.Zero(t, len(readingsOf(t, client, tables.Readings, hw)), "readings of a batch reported Rejected")
 }
