@@ -134,7 +134,15 @@ func (l *mqttLink) connectLoop() {
 	rng := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	refusals := 0
 	for failures := 0; ; failures++ {
+		// Started under mu, after the closed check: a Close that comes
+		// later disconnects it; one that came first is seen here.
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return
+		}
 		tok := l.client.Connect() // bounded by the connect timeout
+		l.mu.Unlock()
 		select {
 		case <-tok.Done():
 		case <-l.ctx.Done():
