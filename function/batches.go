@@ -2,8 +2,6 @@ package function
 
 import (
 	"context"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -122,19 +120,15 @@ func (j *job) follow() {
 		j.settle(tablewrite.Conflict, errConflict)
 	default:
 		j.settle(tablewrite.Failed, fmt.Errorf("%w: batch_id %s is earlier in this request with another payload, which must be settled first",
-			errHeldBack, j.batch.BatchID))
+			tablewrite.ErrHeldBack, j.batch.BatchID))
 	}
 }
-
-// errHeldBack is a batch not attempted because an earlier batch of its
-// device failed in the same invocation.
-var errHeldBack = errors.New("not attempted")
 
 // holdBack settles the later batches of a device whose batch failed: they
 // must not overtake it.
 func (f *Function) holdBack(later []*job, failed *job) {
 	for _, j := range later {
-		j.settle(tablewrite.Failed, fmt.Errorf("%w: batch %s of this device must be retried first", errHeldBack, failed.batch.BatchID))
+		j.settle(tablewrite.Failed, fmt.Errorf("%w: batch %s of this device must be retried first", tablewrite.ErrHeldBack, failed.batch.BatchID))
 	}
 }
 
@@ -177,7 +171,7 @@ func (f *Function) checkMarkers(ctx context.Context, jobs []*job) {
 			switch {
 			case err != nil:
 				j.settle(cloudFailure(err), fmt.Errorf("looking up the batch's marker: %w", err))
-			case found && h != "" && h != hex.EncodeToString(j.hash[:]):
+			case found && !tablewrite.SamePayload(h, j.hash):
 				j.settle(tablewrite.Conflict, errConflict)
 			case found:
 				j.settle(tablewrite.Duplicate, nil)

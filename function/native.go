@@ -68,7 +68,7 @@ func itemResult(id string, j *job) ItemResult {
 		r.Reason, r.Message = "throttled", j.err.Error()
 	case tablewrite.Failed:
 		r.Reason, r.Message = "dynamodb", j.err.Error()
-		if errors.Is(j.err, errHeldBack) {
+		if errors.Is(j.err, tablewrite.ErrHeldBack) {
 			r.Reason = "not_attempted"
 		}
 	}

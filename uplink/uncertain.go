@@ -2,7 +2,6 @@ package uplink
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -18,12 +17,13 @@ const batchGetMax = tablewrite.BatchGetMax
 // round a crash interrupted, or its write failed with an ambiguous error (a
 // timeout, a lost answer, a 5xx). Before it is written again its
 // processed_batches marker is looked up; a batch whose marker exists with
-// its payload hash (or none) is recorded as delivered without a write. The interrupted round's lease was
-// the oldest batches, which the first lease after a start takes again,
-// and devices' oldest batches, which later rounds take as fresh batches:
-// so the whole first lease is checked, and a fresh batch queued before the
-// start while it is still its device's oldest batch of before the start,
-// that is until a lease held one of the device's batches. (A later batch
+// its payload hash (or none) is recorded as delivered without a write.
+// The interrupted round's lease was the oldest batches, which the first
+// lease after a start takes again, and devices' oldest batches, which
+// later rounds take as fresh batches: so the whole first lease is
+// checked, and a fresh batch queued before the start while it is still
+// its device's oldest batch of before the start, that is until a lease
+// held one of the device's batches. (A later batch
 // cannot have been written: the interrupted round took at most the
 // device's oldest pending batch out of queue order.)
 
@@ -126,8 +126,7 @@ func samePayload(p buffer.Pending, h string) bool {
 	if err != nil {
 		return false // damaged on disk: forwarding it dead-letters it
 	}
-	id := b.IdentityHash()
-	return hex.EncodeToString(id[:]) == h
+	return tablewrite.SamePayload(h, b.IdentityHash())
 }
 
 // readingCount is the number of readings in a buffered payload (0 when it

@@ -230,7 +230,7 @@ func (b *bulk) lookup(from, to int) {
 			}
 			switch h, ok := found[it.BatchID]; {
 			case err != nil:
-				b.fail(idx, b.w.lookupFailed(it.BatchID, err))
+				b.fail(idx, b.w.notRefused("BatchGetItem", it.BatchID, err))
 			case ok:
 				b.found[idx] = compareHash(it, h) // decided by promote
 			default:
@@ -420,7 +420,6 @@ func (b *bulk) promote(i int) {
 			if b.before(i) >= 0 {
 				return
 			}
-			delete(b.found, i)
 			b.decide(i, r)
 			continue
 		}
@@ -459,8 +458,8 @@ func (b *bulk) fail(i int, r Result) {
 }
 
 // ErrHeldBack is the error of a batch not written because an earlier batch
-// of its device failed or was refused (WriteBulk): it is tried again after
-// that one.
+// of its device failed or was refused (WriteBulk, and the readings
+// function's waves): it is tried again after that one.
 var ErrHeldBack = errors.New("held back")
 
 // heldBack is the result of batch n, held back by the failure of batch i

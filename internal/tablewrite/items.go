@@ -99,6 +99,13 @@ func Build(b Batch, retention time.Duration, now time.Time) *Items {
 	return it
 }
 
+// SamePayload reports whether a marker whose payload_hash is stored (hex;
+// "" for a marker written without one) stands for a batch of identity
+// hash h.
+func SamePayload(stored string, h [32]byte) bool {
+	return stored == "" || stored == hex.EncodeToString(h[:])
+}
+
 // TSBatch is the device_readings sort key: the 13-digit zero-padded
 // timestamp, '#', and the batch_id.
 func TSBatch(timestampMS int64, batchID string) string {

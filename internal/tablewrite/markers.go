@@ -73,14 +73,3 @@ func (w *Writer) MarkerHashes(ctx context.Context, batchIDs []string) (map[strin
 		wait *= 2
 	}
 }
-
-// lookupFailed is the result of a batch whose marker could not be looked
-// up (err): Throttled or Failed, never Rejected, since a refused lookup
-// is no refusal of the batch's content.
-func (w *Writer) lookupFailed(batchID string, err error) Result {
-	r := w.classify("BatchGetItem", batchID, err)
-	if r.Outcome == Rejected {
-		r.Outcome = Failed
-	}
-	return r
-}

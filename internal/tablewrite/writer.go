@@ -117,12 +117,8 @@ func (w *Writer) Write(ctx context.Context, it *Items, txLimit int) Result {
 	if len(it.readings)+1 <= txLimit {
 		return w.writeTransaction(ctx, it)
 	}
-	stored, err := w.MarkerHashes(ctx, []string{it.BatchID})
-	if err != nil {
-		return w.lookupFailed(it.BatchID, err)
-	}
-	if h, ok := stored[it.BatchID]; ok {
-		return compareHash(it, h)
+	if r, decided := w.markerDecides(ctx, it); decided {
+		return r
 	}
 	return w.WriteSplit(ctx, it)
 }
@@ -199,24 +195,34 @@ func (w *Writer) WriteSplit(ctx context.Context, it *Items) Result {
 // writeSplit is WriteSplit; written tells that requests before it may
 // have written some of the batch's readings already.
 func (w *Writer) writeSplit(ctx context.Context, it *Items, written bool) Result {
-	r := Result{Outcome: Delivered}
-	for start := 0; start < len(it.readings) && r.Outcome == Delivered; start += BatchWriteMax {
-		reqs := make([]types.WriteRequest, 0, BatchWriteMax)
-		for _, item := range it.readings[start:min(start+BatchWriteMax, len(it.readings))] {
-			reqs = append(reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: item}})
-		}
-		if err := w.batchWrite(ctx, reqs); err != nil {
-			r = w.classify("BatchWriteItem", it.BatchID, err)
-			written = written || start > 0
-		}
-	}
-	if r.Outcome == Delivered {
+	var r Result
+	if failedAt, err := w.readingRequests(ctx, it, func(item map[string]types.AttributeValue) types.WriteRequest {
+		return types.WriteRequest{PutRequest: &types.PutRequest{Item: item}}
+	}); err != nil {
+		r, written = w.classify("BatchWriteItem", it.BatchID, err), written || failedAt > 0
+	} else {
 		r, written = w.putMarker(ctx, it), true
 	}
 	if r.Outcome == Rejected && written {
 		return w.unwrite(ctx, it, r)
 	}
 	return r
+}
+
+// readingRequests sends it's readings BatchWriteMax to a BatchWriteItem,
+// each as req makes it, and stops at the first request that fails: it
+// returns that request's first reading and its error.
+func (w *Writer) readingRequests(ctx context.Context, it *Items, req func(map[string]types.AttributeValue) types.WriteRequest) (int, error) {
+	for start := 0; start < len(it.readings); start += BatchWriteMax {
+		reqs := make([]types.WriteRequest, 0, BatchWriteMax)
+		for _, item := range it.readings[start:min(start+BatchWriteMax, len(it.readings))] {
+			reqs = append(reqs, req(item))
+		}
+		if err := w.batchWrite(ctx, reqs); err != nil {
+			return start, err
+		}
+	}
+	return 0, nil
 }
 
 // unwrite deletes the readings of it, a batch DynamoDB refused (r) after
@@ -229,29 +235,19 @@ func (w *Writer) writeSplit(ctx context.Context, it *Items, written bool) Result
 // the batch is Failed rather than Rejected: it is tried again, refused
 // again, and its readings deleted then.
 func (w *Writer) unwrite(ctx context.Context, it *Items, r Result) Result {
-	stored, err := w.MarkerHashes(ctx, []string{it.BatchID})
-	if err != nil {
-		res := w.lookupFailed(it.BatchID, err)
-		res.Err = fmt.Errorf("%w; looking up its marker before deleting its readings: %w", r.Err, res.Err)
+	if found, decided := w.markerDecides(ctx, it); decided {
+		if found.Outcome == Throttled || found.Outcome == Failed { // the lookup failed
+			found.Err = fmt.Errorf("%w; looking up its marker before deleting its readings: %w", r.Err, found.Err)
+		}
+		return found
+	}
+	if _, err := w.readingRequests(ctx, it, func(item map[string]types.AttributeValue) types.WriteRequest {
+		return types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: map[string]types.AttributeValue{
+			"hardware_id": item["hardware_id"], "ts_batch": item["ts_batch"]}}}
+	}); err != nil {
+		res := w.notRefused("BatchWriteItem", it.BatchID, err)
+		res.Err = fmt.Errorf("%w; deleting its readings that were written: %w", r.Err, res.Err)
 		return res
-	}
-	if h, ok := stored[it.BatchID]; ok {
-		return compareHash(it, h)
-	}
-	for start := 0; start < len(it.readings); start += BatchWriteMax {
-		reqs := make([]types.WriteRequest, 0, BatchWriteMax)
-		for _, item := range it.readings[start:min(start+BatchWriteMax, len(it.readings))] {
-			reqs = append(reqs, types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: map[string]types.AttributeValue{
-				"hardware_id": item["hardware_id"], "ts_batch": item["ts_batch"]}}})
-		}
-		if err := w.batchWrite(ctx, reqs); err != nil {
-			res := w.classify("BatchWriteItem", it.BatchID, err)
-			if res.Outcome == Rejected {
-				res.Outcome = Failed
-			}
-			res.Err = fmt.Errorf("%w; deleting its readings that were written: %w", r.Err, res.Err)
-			return res
-		}
 	}
 	return r
 }
@@ -288,11 +284,26 @@ func (w *Writer) existing(ctx context.Context, it *Items) Result {
 	if it.hash == "" {
 		return Result{Outcome: Duplicate}
 	}
+	if r, decided := w.markerDecides(ctx, it); decided {
+		return r
+	}
+	return compareHash(it, "") // gone since (its TTL): no payload to compare
+}
+
+// markerDecides looks batch it's marker up. A marker found decides the
+// batch (Duplicate or Conflict, compareHash), and so does a failed lookup
+// (Throttled or Failed, notRefused); decided is false when there is no
+// marker.
+func (w *Writer) markerDecides(ctx context.Context, it *Items) (r Result, decided bool) {
 	stored, err := w.MarkerHashes(ctx, []string{it.BatchID})
 	if err != nil {
-		return w.lookupFailed(it.BatchID, err)
+		return w.notRefused("BatchGetItem", it.BatchID, err), true
 	}
-	return compareHash(it, stored[it.BatchID])
+	h, ok := stored[it.BatchID]
+	if !ok {
+		return Result{}, false
+	}
+	return compareHash(it, h), true
 }
 
 // batchWrite writes up to 25 readings, resending unprocessed ones a few
@@ -328,6 +339,17 @@ func (w *Writer) classify(op, batchID string, err error) Result {
 		return Result{Outcome: Throttled, Err: err}
 	}
 	return Result{Outcome: Failed, Err: err}
+}
+
+// notRefused is classify for a request whose refusal is no refusal of the
+// batch's content (a marker lookup, the deletes of its readings):
+// Throttled or Failed, never Rejected.
+func (w *Writer) notRefused(op, batchID string, err error) Result {
+	r := w.classify(op, batchID, err)
+	if r.Outcome == Rejected {
+		r.Outcome = Failed
+	}
+	return r
 }
 
 // Jitter returns a duration between d/2 and d.
