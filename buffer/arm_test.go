@@ -16,11 +16,12 @@ import (
 )
 
 // armTests are the tests run on 32-bit ARM: open, commit, restart, pending,
-// delivery, concurrent and split groups, usage, and the integrity check of
-// healthy directories.
+// delivery, concurrent and split groups, usage, the integrity check of
+// healthy directories, and memtables flushed into tables and compacted.
 const armTests = "^(TestCommitOutcomes|TestPendingSurvivesRestartInOrder|TestDeliveredMarkersAnswerDuplicateUntilCollected|" +
 	"TestConcurrentCommitsStoreEachBatchOnce|TestSplitGroupBeyondOneTransaction|TestUsageIsKeptAcrossEveryWriteAndRestart|" +
-	"TestHealthyBuffersOpen|TestGroupWaitCommits|TestBadgerOptionsFitTheAddressSpace)$"
+	"TestHealthyBuffersOpen|TestGroupWaitCommits|TestBadgerOptionsFitTheAddressSpace|" +
+	"TestBatchesBeyondTheMemtablesReachTables)$"
 
 // TestOn32BitARM cross-compiles this package's tests for 32-bit ARM
 // (GOARCH=arm GOARM=7, the armhf release) and runs armTests under qemu-arm

@@ -287,7 +287,11 @@ func (a *Allocator) Allocate(sz int) []byte {
 				continue
 			}
 			a.addBufferAt(bufIdx+1, sz)
-			atomic.StoreUint64(&a.compIdx, uint64((bufIdx+1)<<32))
+			// The shift on the uint64: on a 32-bit int, (bufIdx+1)<<32 is 0,
+			// which sent every allocation back to the start of the first
+			// buffer, over what it held (greenhouse-gateway: see
+			// third_party/README.md).
+			atomic.StoreUint64(&a.compIdx, uint64(bufIdx+1)<<32)
 			a.Unlock()
 			// We added a new buffer. Let's acquire slice the right way by going back to the top.
 			continue
