@@ -139,6 +139,9 @@ type DB struct {
 	blockCache *ristretto.Cache[[]byte, *table.Block]
 	indexCache *ristretto.Cache[uint64, *fb.TableIndex]
 	allocPool  *z.AllocatorPool
+	// flushPool holds the allocator of the memtable flushes, which run
+	// one at a time (greenhouse-gateway: see third_party/README.md).
+	flushPool *z.AllocatorPool
 }
 
 const (
@@ -264,6 +267,7 @@ func Open(opt Options) (*DB, error) {
 		orc:              newOracle(opt),
 		pub:              newPublisher(),
 		allocPool:        z.NewAllocatorPool(8),
+		flushPool:        z.NewAllocatorPool(1),
 		bannedNamespaces: &lockedKeys{keys: make(map[uint64]struct{})},
 		threshold:        initVlogThreshold(&opt),
 	}
@@ -555,6 +559,7 @@ func (db *DB) IsClosed() bool {
 
 func (db *DB) close() (err error) {
 	defer db.allocPool.Release()
+	defer db.flushPool.Release()
 
 	db.opt.Debugf("Closing database")
 	db.opt.Infof("Lifetime L0 stalled for: %s\n", time.Duration(db.lc.l0stallsMs.Load()))
@@ -1145,6 +1150,14 @@ func buildL0Table(iter y.Iterator, dropPrefixes [][]byte, bopts table.Options) *
 // handleMemTableFlush must be run serially.
 func (db *DB) handleMemTableFlush(mt *memTable, dropPrefixes [][]byte) error {
 	bopts := buildTableOptions(db)
+	// The flush builds one table holding the whole memtable. Its
+	// allocator, sized for it (its blocks and their compressed copies),
+	// is kept for the next flush: from the compactions' pool, sized for
+	// TableSize and doubling from there, it took up to four times as
+	// much, which then stayed pooled for the compactions.
+	// (greenhouse-gateway: see third_party/README.md.)
+	bopts.AllocPool = db.flushPool
+	bopts.AllocSize = int(mt.sl.MemSize()) * 3 / 2
 	itr := mt.sl.NewUniIterator(false)
 	builder := buildL0Table(itr, nil, bopts)
 	defer builder.Close()

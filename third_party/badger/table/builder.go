@@ -116,6 +116,9 @@ const maxAllocatorInitialSz = 256 << 20
 // NewTableBuilder makes a new TableBuilder.
 func NewTableBuilder(opts Options) *Builder {
 	sz := 2 * int(opts.TableSize)
+	if opts.AllocSize > 0 {
+		sz = opts.AllocSize
+	}
 	if sz > maxAllocatorInitialSz {
 		sz = maxAllocatorInitialSz
 	}
@@ -159,12 +162,13 @@ func (b *Builder) handleBlock() {
 	defer b.wg.Done()
 
 	doCompress := b.opts.Compression != options.None
+	var scratch []byte
 	for item := range b.blockChan {
 		// Extract the block.
 		blockBuf := item.data[:item.end]
 		// Compress the block.
 		if doCompress {
-			out, err := b.compressData(blockBuf)
+			out, err := b.compressData(blockBuf, &scratch)
 			y.Check(err)
 			blockBuf = out
 		}
@@ -506,21 +510,35 @@ func (b *Builder) shouldEncrypt() bool {
 	return b.opts.DataKey != nil
 }
 
-// compressData compresses the given data.
-func (b *Builder) compressData(data []byte) ([]byte, error) {
+// compressData compresses the given data into scratch (grown to the
+// compression's bound) and returns a copy of the result in the builder's
+// allocator: the allocator keeps the compressed size, not the bound.
+// (greenhouse-gateway: see third_party/README.md.)
+func (b *Builder) compressData(data []byte, scratch *[]byte) ([]byte, error) {
+	var out []byte
 	switch b.opts.Compression {
 	case options.None:
 		return data, nil
 	case options.Snappy:
-		sz := s2.MaxEncodedLen(len(data))
-		dst := b.alloc.Allocate(sz)
-		return s2.EncodeSnappy(dst, data), nil
+		out = s2.EncodeSnappy(grow(scratch, s2.MaxEncodedLen(len(data))), data)
 	case options.ZSTD:
-		sz := y.ZSTDCompressBound(len(data))
-		dst := b.alloc.Allocate(sz)
-		return y.ZSTDCompress(dst, data, b.opts.ZSTDCompressionLevel)
+		var err error
+		out, err = y.ZSTDCompress(grow(scratch, y.ZSTDCompressBound(len(data))), data, b.opts.ZSTDCompressionLevel)
+		if err != nil {
+			return nil, err
+		}
+	default:
+		return nil, errors.New("Unsupported compression type")
 	}
-	return nil, errors.New("Unsupported compression type")
+	return b.alloc.Copy(out), nil
+}
+
+// grow returns *buf with length sz, reallocated if its capacity is short.
+func grow(buf *[]byte, sz int) []byte {
+	if cap(*buf) < sz {
+		*buf = make([]byte, sz)
+	}
+	return (*buf)[:sz]
 }
 
 func (b *Builder) buildIndex(bloom []byte) ([]byte, uint32) {

@@ -70,6 +70,11 @@ type Options struct {
 	IndexCache *ristretto.Cache[uint64, *fb.TableIndex]
 
 	AllocPool *z.AllocatorPool
+	// AllocSize, when set, is the size of the builder's first allocation
+	// instead of twice TableSize: a memtable's flush builds one table of
+	// the memtable's size, whatever TableSize says.
+	// (greenhouse-gateway: see third_party/README.md.)
+	AllocSize int
 
 	// ZSTDCompressionLevel is the ZSTD compression level used for compressing blocks.
 	ZSTDCompressionLevel int
