@@ -265,10 +265,12 @@
 // compactions; the block cache (buffer.block_cache_size); and the index
 // and bloom filter of every table (a few KiB per table, no index cache).
 // A table builder keeps every block of its table twice, as written and
-// compressed, each in an allocation of at least the block size, in
-// buffers that double as they fill (2, 4, 8, ... MiB), and a compaction
-// runs several builders at once: under sustained ingest the builders are
-// most of the heap. Hence the settings:
+// compressed, in buffers that double as they fill (2, 4, 8, ... MiB);
+// Badger pools up to eight of them for its compactions, which run several
+// builders at once, and a memtable flush builds its table in one buffer
+// sized for the memtable, kept for the next flush (third_party/README.md):
+// under sustained ingest the builders are most of the heap. Hence the
+// settings:
 //
 //   - 16 KiB blocks, not Badger's 4 KiB: a batch of ten readings (about
 //     2.4 KB) would fill a 4 KiB block alone, and the builders would hold
@@ -299,8 +301,11 @@
 // 3 GiB or less: the memtable logs (twice the memtable each), the tables
 // (about the data held) and the value log files, which are twice the
 // memtable (16 MiB, each mapped at 32 MiB, with the default). Badger
-// itself works on 32-bit ARM; TestOn32BitARM cross-compiles this package's
-// tests with GOARCH=arm GOARM=7 and runs the core ones under qemu-arm.
+// itself works on 32-bit ARM once the vendored ristretto's allocator moves
+// to its next buffer correctly there (third_party/README.md);
+// TestOn32BitARM cross-compiles this package's tests with GOARCH=arm
+// GOARM=7 and runs the core ones under qemu-arm, memtable flushes and
+// compactions included.
 // The default budget (1 GiB) fits there; a much larger
 // buffer.max_pending_bytes would not.
 //
