@@ -21,7 +21,7 @@ import (
 const armTests = "^(TestCommitOutcomes|TestPendingSurvivesRestartInOrder|TestDeliveredMarkersAnswerDuplicateUntilCollected|" +
 	"TestConcurrentCommitsStoreEachBatchOnce|TestSplitGroupBeyondOneTransaction|TestUsageIsKeptAcrossEveryWriteAndRestart|" +
 	"TestHealthyBuffersOpen|TestGroupWaitCommits|TestBadgerOptionsFitTheAddressSpace|" +
-	"TestBatchesBeyondTheMemtablesReachTables)$"
+	"TestBatchesBeyondTheMemtablesReachTables|TestAllocatorGrowsPastItsFirstBuffer)$"
 
 // TestOn32BitARM cross-compiles this package's tests for 32-bit ARM
 // (GOARCH=arm GOARM=7, the armhf release) and runs armTests under qemu-arm

@@ -268,7 +268,7 @@
 // compressed, in buffers that double as they fill (2, 4, 8, ... MiB);
 // Badger pools up to eight of them for its compactions, which run several
 // builders at once, and a memtable flush builds its table in one buffer
-// sized for the memtable, kept for the next flush (third_party/README.md):
+// sized for the memtable, pooled for the next one (third_party/README.md):
 // under sustained ingest the builders are most of the heap. Hence the
 // settings:
 //

@@ -1,6 +1,7 @@
 package buffer
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dgraph-io/ristretto/v2/z"
 	"github.com/stretchr/testify/require"
 )
 
@@ -66,5 +68,25 @@ func TestBatchesBeyondTheMemtablesReachTables(t *testing.T) {
 			i++
 			after = p.Seq
 		}
+	}
+}
+
+// TestAllocatorGrowsPastItsFirstBuffer fills the allocator Badger's table
+// builders use well past its first buffer and checks that every
+// allocation kept its bytes. On 32-bit ARM (TestOn32BitARM) the vendored
+// allocator once went back to the start of its first buffer instead.
+func TestAllocatorGrowsPastItsFirstBuffer(t *testing.T) {
+	a := z.NewAllocator(1024, "test")
+	defer a.Release()
+	var got [][]byte
+	for i := range 200 {
+		b := a.Allocate(1000)
+		for k := range b {
+			b[k] = byte(i)
+		}
+		got = append(got, b)
+	}
+	for i, b := range got {
+		require.Equal(t, bytes.Repeat([]byte{byte(i)}, 1000), b, "allocation %d", i)
 	}
 }

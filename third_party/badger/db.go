@@ -520,6 +520,10 @@ func (db *DB) cleanup() {
 	}
 
 	db.orc.Stop()
+	// The allocator pools' goroutines too, once no flush or compaction
+	// runs (greenhouse-gateway: see third_party/README.md).
+	db.allocPool.Release()
+	db.flushPool.Release()
 
 	// Do not use vlog.Close() here. vlog.Close truncates the files. We don't
 	// want to truncate files unless the user has specified the truncate flag.
@@ -1152,9 +1156,10 @@ func (db *DB) handleMemTableFlush(mt *memTable, dropPrefixes [][]byte) error {
 	bopts := buildTableOptions(db)
 	// The flush builds one table holding the whole memtable. Its
 	// allocator, sized for it (its blocks and their compressed copies),
-	// is kept for the next flush: from the compactions' pool, sized for
-	// TableSize and doubling from there, it took up to four times as
-	// much, which then stayed pooled for the compactions.
+	// is pooled for the next flush (the pool lets it go after two idle
+	// seconds): from the compactions' pool, sized for TableSize and
+	// doubling from there, it took up to four times as much, which then
+	// stayed pooled for the compactions.
 	// (greenhouse-gateway: see third_party/README.md.)
 	bopts.AllocPool = db.flushPool
 	bopts.AllocSize = int(mt.sl.MemSize()) * 3 / 2

@@ -23,11 +23,16 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/dgraph-io/badger/v4/options"
 	"github.com/dgraph-io/badger/v4/pb"
 	"github.com/dgraph-io/badger/v4/table"
 	"github.com/dgraph-io/badger/v4/y"
 	"github.com/dgraph-io/ristretto/v2/z"
 )
+
+// compactionAllocFactor sizes a compressing compaction builder's first
+// allocation: TableSize times this, rounded up to a power of two.
+var compactionAllocFactor = 6
 
 type levelsController struct {
 	nextFileID atomic.Uint64
@@ -874,6 +879,12 @@ func (s *levelsController) subcompact(it y.Iterator, kr keyRange, cd compactDef,
 		bopts := buildTableOptions(s.kv)
 		// Set TableSize to the target file size for that level.
 		bopts.TableSize = uint64(cd.t.fileSz[cd.nextLevel.level])
+		if bopts.Compression != options.None {
+			// A table is full at TableSize compressed: its blocks as
+			// written take several times that (greenhouse-gateway: see
+			// third_party/README.md).
+			bopts.AllocSize = compactionAllocFactor * int(bopts.TableSize)
+		}
 		builder := table.NewTableBuilder(bopts)
 
 		// This would do the iteration and add keys to builder.
