@@ -31,8 +31,9 @@ import (
 )
 
 // compactionAllocFactor sizes a compressing compaction builder's first
-// allocation: TableSize times this, rounded up to a power of two.
-var compactionAllocFactor = 6
+// allocation: TableSize times this, rounded up to a power of two
+// (greenhouse-gateway: see third_party/README.md).
+const compactionAllocFactor = 6
 
 type levelsController struct {
 	nextFileID atomic.Uint64
