@@ -72,7 +72,8 @@ type Options struct {
 	AllocPool *z.AllocatorPool
 	// AllocSize, when set, is the size of the builder's first allocation
 	// instead of twice TableSize: a memtable's flush builds one table of
-	// the memtable's size, whatever TableSize says.
+	// the memtable's size, whatever TableSize says, and a compressing
+	// compaction fills TableSize with compressed blocks.
 	// (greenhouse-gateway: see third_party/README.md.)
 	AllocSize int
 
