@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
+	"github.com/eclipse/paho.mqtt.golang/packets"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
@@ -370,6 +371,7 @@ func (e *External) connect(ctx context.Context) (*extConn, bool, error) {
 		SetProtocolVersion(4). // MQTT 3.1.1, no fallback to 3.1
 		SetCleanSession(false).
 		SetAutoReconnect(false). // Run reconnects, with a new client each time
+		SetStore(noResumeStore{}).
 		SetConnectRetry(false).
 		SetConnectTimeout(e.cfg.ConnectTimeout).
 		SetDialer(&net.Dialer{Timeout: e.cfg.ConnectTimeout}).
@@ -421,6 +423,29 @@ func (e *External) connect(ctx context.Context) (*extConn, bool, error) {
 	}
 	return c, sessionPresent, nil
 }
+
+// noResumeStore is the paho store of a client that lives for one
+// connection: it keeps nothing, so the client has nothing to resend.
+//
+// With a persistent session paho "resumes" its store once a connection is
+// up, resending every publish in it with the DUP flag set. But messages the
+// broker held arrive as soon as the connection is up, and their acks are
+// published (and stored) before that resume runs: it would send them a
+// second time, and set DUP on a packet the connection's writer is encoding
+// (a data race). A new client's store holds nothing from an earlier
+// connection, and paho reads a store only to resume, so keeping nothing
+// loses nothing: a publish refused for want of a connection fails (paho
+// does not queue it without ConnectRetry or AutoReconnect), and the broker
+// keeps the device's message until its PUBACK.
+type noResumeStore struct{}
+
+func (noResumeStore) Open()                             {}
+func (noResumeStore) Put(string, packets.ControlPacket) {}
+func (noResumeStore) Get(string) packets.ControlPacket  { return nil }
+func (noResumeStore) All() []string                     { return nil }
+func (noResumeStore) Del(string)                        {}
+func (noResumeStore) Close()                            {}
+func (noResumeStore) Reset()                            {}
 
 // await waits for tok, at most timeout, and less when ctx ends.
 func (e *External) await(ctx context.Context, tok paho.Token, timeout time.Duration, what string) error {
