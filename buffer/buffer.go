@@ -594,8 +594,22 @@ func (b *Buffer) recount() {
 // means none of the entries may be acknowledged: the commit failed, or the
 // buffer is closed.
 func (b *Buffer) Commit(ctx context.Context, entries []Entry) ([]Outcome, error) {
+	wait, err := b.Submit(ctx, entries)
+	if err != nil {
+		return nil, err
+	}
+	return wait()
+}
+
+// Submit queues entries for the next group commit and returns at once;
+// wait then answers what Commit would, once the group is synced (or
+// failed). Requests are committed in the order Submit queued them, so a
+// caller that submits one device's batches in order stores them in that
+// order without waiting for each. An error from Submit itself means
+// nothing was queued.
+func (b *Buffer) Submit(ctx context.Context, entries []Entry) (wait func() ([]Outcome, error), err error) {
 	if len(entries) == 0 {
-		return nil, nil
+		return func() ([]Outcome, error) { return nil, nil }, nil
 	}
 	if err := b.failure.failed(); err != nil {
 		return nil, err
@@ -616,10 +630,12 @@ func (b *Buffer) Commit(ctx context.Context, entries []Entry) ([]Outcome, error)
 	// Once queued, the request is committed or failed by the committer, so
 	// wait for it whatever ctx does: answering early could report "not
 	// stored" for a batch that is on disk.
-	if err := <-req.done; err != nil {
-		return nil, err
-	}
-	return req.out, nil
+	return func() ([]Outcome, error) {
+		if err := <-req.done; err != nil {
+			return nil, err
+		}
+		return req.out, nil
+	}, nil
 }
 
 // Notify returns a channel that receives a value after batches are stored.

@@ -27,6 +27,14 @@ type Committer interface {
 	Commit(ctx context.Context, entries []buffer.Entry) ([]buffer.Outcome, error)
 }
 
+// submitter is a Committer that can also queue a commit and wait for it
+// later (buffer.Buffer's Submit): commits queued in order are stored in
+// that order. The embedded broker uses it to read a device's next message
+// while the previous one commits.
+type submitter interface {
+	Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error)
+}
+
 // Config holds the contract's configurable limits and the ordering
 // rule.
 type Config struct {
@@ -235,20 +243,10 @@ func (in *Ingest) enter() bool {
 // (the commit failed, the buffer is full, the gateway is stopping), so that
 // a QoS 1 device or broker keeps the message and delivers it again.
 func (in *Ingest) MQTTMessage(ctx context.Context, hw, kind string, payload []byte) (*contract.Ack, bool) {
-	switch kind {
-	case contract.KindReadings:
-		results, err := in.Readings(ctx, contract.TransportMQTT, hw, [][]byte{payload})
-		if errors.Is(err, ErrShuttingDown) {
-			return nil, false
-		}
-		r := results[0]
-		ack := contract.Ack{Type: contract.AckTypeReadings, BatchID: r.BatchID, Status: r.Status, Reason: r.Reason, Message: r.Message}
-		if err != nil {
-			in.logger.Error("commit failed; MQTT acknowledgement withheld", "hardware_id", hw, "batch_id", r.BatchID, "err", err)
-			return &ack, false
-		}
-		return &ack, r.Reason == nil || *r.Reason != contract.ReasonBufferFull
-	case contract.KindRegister:
+	if kind == contract.KindReadings {
+		return in.startMQTTReadings(ctx, hw, payload)()
+	}
+	if kind == contract.KindRegister {
 		ack, _, err := in.Register(ctx, hw, payload)
 		if errors.Is(err, ErrShuttingDown) {
 			return nil, false
@@ -256,6 +254,28 @@ func (in *Ingest) MQTTMessage(ctx context.Context, hw, kind string, payload []by
 		return &ack, err == nil || contract.AsError(err).Reason != contract.ReasonBufferFull
 	}
 	return nil, true
+}
+
+// startMQTTReadings does the part of MQTTMessage for a readings message
+// that must follow the device's earlier messages (decoding, validation,
+// the registry's rules) and queues its commit; the function it returns
+// waits for the commit and answers as MQTTMessage does. It must be called
+// exactly once.
+func (in *Ingest) startMQTTReadings(ctx context.Context, hw string, payload []byte) func() (*contract.Ack, bool) {
+	call, err := in.startReadings(ctx, contract.TransportMQTT, hw, [][]byte{payload})
+	if err != nil { // ErrShuttingDown
+		return func() (*contract.Ack, bool) { return nil, false }
+	}
+	return func() (*contract.Ack, bool) {
+		results, err := call.finish()
+		r := results[0]
+		ack := contract.Ack{Type: contract.AckTypeReadings, BatchID: r.BatchID, Status: r.Status, Reason: r.Reason, Message: r.Message}
+		if err != nil {
+			in.logger.Error("commit failed; MQTT acknowledgement withheld", "hardware_id", hw, "batch_id", r.BatchID, "err", err)
+			return &ack, false
+		}
+		return &ack, r.Reason == nil || *r.Reason != contract.ReasonBufferFull
+	}
 }
 
 // Register handles a registration from sender (the MQTT topic's
@@ -315,69 +335,115 @@ func transportOf(sender string) string {
 // rejected with reason buffer_full and the returned error is non-nil, so
 // the transport withholds its acknowledgement.
 func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloads [][]byte) ([]contract.Result, error) {
+	call, err := in.startReadings(ctx, transport, sender, payloads)
+	if err != nil {
+		return nil, err
+	}
+	return call.finish()
+}
+
+// readingsCall is a Readings call whose batches are decoded, validated and
+// queued for their commit; finish waits for the commit and reports.
+type readingsCall struct {
+	in        *Ingest
+	ctx       context.Context
+	transport string
+	start     time.Time
+	results   []contract.Result
+	sent      []committed
+	// wait answers the commit of the batches in sent (nil: none to
+	// commit); submitErr is why they could not be queued.
+	wait      func() ([]buffer.Outcome, error)
+	submitErr error
+}
+
+// committed is a batch sent to the commit: the payload it came from (i)
+// and what the registry is told about it.
+type committed struct {
+	i     int
+	batch *contract.Batch
+	fixed bool
+}
+
+// startReadings does Readings up to its commit, which it queues (or, with
+// a store that cannot queue, leaves to finish). Unless it returns an error
+// (ErrShuttingDown), its finish must be called, once.
+func (in *Ingest) startReadings(ctx context.Context, transport, sender string, payloads [][]byte) (*readingsCall, error) {
 	if !in.enter() {
 		return nil, ErrShuttingDown
 	}
-	defer in.inflight.Done()
-	start := time.Now()
-	if k := transportIndex(transport); k >= 0 {
-		defer func() { in.took[k].Observe(time.Since(start).Seconds()) }()
-	}
+	c := &readingsCall{in: in, ctx: ctx, transport: transport, start: time.Now(),
+		results: make([]contract.Result, len(payloads))}
 	now := in.clock.Now()
-	results := make([]contract.Result, len(payloads))
-	// What the commit answers is matched back to the payload (i) and the
-	// registry told about the batch.
-	type committed struct {
-		i     int
-		batch *contract.Batch
-		fixed bool
-	}
 	var entries []buffer.Entry
-	var sent []committed
 	if len(payloads) == 1 { // MQTT: one message, one batch
 		entries = make([]buffer.Entry, 0, 1)
-		sent = make([]committed, 0, 1)
+		c.sent = make([]committed, 0, 1)
 	}
 	for i, p := range payloads {
 		b, fixed, err := in.prepare(ctx, transport, p, sender, now)
 		if err != nil {
-			results[i] = rejected(batchIDOf(b, p, err), err)
-			in.auditBatch(ctx, transport, hardwareIDOf(sender, b), p, results[i], err)
+			c.results[i] = rejected(batchIDOf(b, p, err), err)
+			in.auditBatch(ctx, transport, hardwareIDOf(sender, b), p, c.results[i], err)
 			continue
 		}
 		entries = append(entries, buffer.Entry{
 			BatchID: b.BatchID, HardwareID: b.HardwareID,
 			Hash: b.hash, Payload: b.canonical, ReceivedAt: now,
 		})
-		sent = append(sent, committed{i: i, batch: b.Batch, fixed: fixed})
-		results[i].BatchID = b.BatchID
+		c.sent = append(c.sent, committed{i: i, batch: b.Batch, fixed: fixed})
+		c.results[i].BatchID = b.BatchID
 	}
+	if len(entries) == 0 {
+		return c, nil
+	}
+	if s, ok := in.store.(submitter); ok {
+		c.wait, c.submitErr = s.Submit(ctx, entries)
+	} else {
+		c.wait = func() ([]buffer.Outcome, error) { return in.store.Commit(ctx, entries) }
+	}
+	return c, nil
+}
+
+// finish waits for the commit startReadings queued and returns one result
+// per payload, in order, and the commit's error.
+func (c *readingsCall) finish() ([]contract.Result, error) {
+	in := c.in
+	defer in.inflight.Done()
+	if k := transportIndex(c.transport); k >= 0 {
+		defer func() { in.took[k].Observe(time.Since(c.start).Seconds()) }()
+	}
+	results := c.results
 	var commitErr error
-	if len(entries) > 0 {
-		outcomes, err := in.store.Commit(ctx, entries)
+	if len(c.sent) > 0 {
+		var outcomes []buffer.Outcome
+		err := c.submitErr
+		if err == nil {
+			outcomes, err = c.wait()
+		}
 		if err != nil {
-			commitErr = fmt.Errorf("committing %d batches: %w", len(entries), err)
-			for _, c := range sent {
-				results[c.i] = fullResult(results[c.i].BatchID, "the gateway could not store the batch; nothing was stored, retry later")
+			commitErr = fmt.Errorf("committing %d batches: %w", len(c.sent), err)
+			for _, b := range c.sent {
+				results[b.i] = fullResult(results[b.i].BatchID, "the gateway could not store the batch; nothing was stored, retry later")
 			}
 		} else {
-			for k, c := range sent {
-				results[c.i] = outcomeResult(results[c.i].BatchID, outcomes[k])
+			for k, b := range c.sent {
+				results[b.i] = outcomeResult(results[b.i].BatchID, outcomes[k])
 				if in.devices != nil && (outcomes[k] == buffer.Stored || outcomes[k] == buffer.Duplicate) {
-					in.devices.Observe(c.batch, c.fixed, outcomes[k] == buffer.Stored)
+					in.devices.Observe(b.batch, b.fixed, outcomes[k] == buffer.Stored)
 				}
 			}
 		}
 	}
 	if in.audit != nil {
-		for _, c := range sent {
-			in.auditBatch(ctx, transport, c.batch.HardwareID, nil, results[c.i], nil)
+		for _, b := range c.sent {
+			in.auditBatch(c.ctx, c.transport, b.batch.HardwareID, nil, results[b.i], nil)
 		}
 	}
 	for _, r := range results {
-		in.count(transport, r)
+		in.count(c.transport, r)
 		if r.Status == contract.StatusRejected {
-			in.logger.Debug("batch rejected", "transport", transport, "batch_id", r.BatchID,
+			in.logger.Debug("batch rejected", "transport", c.transport, "batch_id", r.BatchID,
 				"reason", *r.Reason, "message", *r.Message)
 		}
 	}

@@ -533,7 +533,9 @@ func aclAllows(hw, topic string, write bool) bool {
 // the PUBACK (QoS 1) or PUBREC (QoS 2). Only packets.ErrRejectPacket
 // withholds them, so every message that was not stored maps to it;
 // otherwise CodeSuccessIgnore acknowledges without fanning the message out
-// to subscribers.
+// to subscribers. Readings at QoS 1 and 2 are deferred (ackPipe): the hook
+// returns once the batch is queued for its commit, and the answer follows
+// the commit through mochi's AckDeferred.
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	if cl.Net.Inline {
 		return pk, nil // our own acks
@@ -543,8 +545,23 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		return pk, packets.CodeSuccessIgnore // unreachable: the ACL admits only device topics
 	}
 	ctx := h.b.ingest.withRemoteAddr(context.Background(), cl.Net.Remote)
-	if g, ok := cl.Net.Conn.(*guardConn); ok {
+	g, _ := cl.Net.Conn.(*guardConn)
+	if g != nil {
 		ctx = withPrincipal(ctx, g.principal)
+		if kind == contract.KindReadings && pk.FixedHeader.Qos > 0 {
+			payload := pk.Payload
+			pk.Payload = nil // not kept while the commit is under way
+			g.acks.add(func() func() (*contract.Ack, bool) {
+				return h.b.ingest.startMQTTReadings(ctx, hw, payload)
+			}, func(ack *contract.Ack, ok bool) {
+				if ack != nil {
+					h.b.publishAck(hw, *ack)
+				}
+				_ = h.b.server.AckDeferred(cl, pk, ok) // fails only for a connection gone
+			})
+			return pk, mqtt.ErrPublishDeferred
+		}
+		g.acks.idle()
 	}
 	ack, ackMQTT := h.b.ingest.MQTTMessage(ctx, hw, kind, pk.Payload)
 	if ack != nil {

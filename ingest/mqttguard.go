@@ -196,6 +196,9 @@ type guardConn struct {
 	// hook's OnConnect, read by its OnPublish: both on the connection's
 	// own goroutine).
 	principal Principal
+	// acks answers the connection's deferred readings (the gateway
+	// hook's OnPublish, on the connection's goroutine).
+	acks ackPipe
 
 	mu     sync.Mutex
 	closed bool

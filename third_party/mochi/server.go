@@ -877,6 +877,53 @@ func (s *Server) InjectPacket(cl *Client, pk packets.Packet) error {
 }
 
 // processPublish processes a Publish packet.
+// ErrPublishDeferred, returned by an OnPublish hook for a QoS 1 or 2
+// PUBLISH, leaves its answer to a later AckDeferred: the client's next
+// packets are read meanwhile. The message is not sent to subscribers.
+var ErrPublishDeferred = errors.New("publish answer deferred")
+
+// AckDeferred answers a PUBLISH whose OnPublish hook returned
+// ErrPublishDeferred. With ok it sends the PUBACK or PUBREC processPublish
+// would have sent; without, nothing (as packets.ErrRejectPacket: the client
+// keeps the message and sends it again). Call it once per deferred packet,
+// in the order the client sent them (PUBACKs and PUBRECs go out in that
+// order, [MQTT-4.6.0-2] [MQTT-4.6.0-3]); it is safe from any goroutine. A
+// client already closed is sent nothing and keeps no QoS 2 state.
+func (s *Server) AckDeferred(cl *Client, pk packets.Packet, ok bool) error {
+	if pk.FixedHeader.Qos == 0 || cl.Net.Inline {
+		return nil
+	}
+	if !ok || cl.Closed() {
+		cl.State.Inflight.IncreaseReceiveQuota()
+		if !ok {
+			return nil
+		}
+		return ErrConnectionClosed
+	}
+	ack := s.buildAck(pk.PacketID, packets.Puback, 0, pk.Properties, packets.QosCodes[pk.FixedHeader.Qos]) // [MQTT-4.3.2-4]
+	if pk.FixedHeader.Qos == 2 {
+		ack = s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, packets.CodeSuccess) // [MQTT-3.3.4-1] [MQTT-4.3.3-8]
+	}
+	if ok := cl.State.Inflight.Set(ack); ok {
+		atomic.AddInt64(&s.Info.Inflight, 1)
+		s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
+	}
+	err := cl.WritePacket(ack)
+	if pk.FixedHeader.Qos == 1 {
+		if ok := cl.State.Inflight.Delete(ack.PacketID); ok {
+			atomic.AddInt64(&s.Info.Inflight, -1)
+		}
+		cl.State.Inflight.IncreaseReceiveQuota()
+		s.hooks.OnQosComplete(cl, ack)
+	}
+	if err != nil {
+		return err
+	}
+	pk.Ignore = true
+	s.hooks.OnPublished(cl, pk)
+	return nil
+}
+
 func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	if !cl.Net.Inline && !IsValidFilter(pk.TopicName, true) {
 		return nil
@@ -936,6 +983,11 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	if err == nil {
 		pk = pkx
 	} else if errors.Is(err, packets.ErrRejectPacket) {
+		return nil
+	} else if errors.Is(err, ErrPublishDeferred) {
+		if pk.FixedHeader.Qos > 0 && !cl.Net.Inline {
+			cl.State.Inflight.DecreaseReceiveQuota() // until AckDeferred
+		}
 		return nil
 	} else if errors.Is(err, packets.CodeSuccessIgnore) {
 		pk.Ignore = true

@@ -1,0 +1,224 @@
+package ingest_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	paho "github.com/eclipse/paho.mqtt.golang"
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/gatewaytest"
+)
+
+// heldStore queues commits like the buffer's Submit, but holds each one
+// until the test releases it (then commits it to the real buffer, or fails
+// it).
+type heldStore struct {
+	buf *buffer.Buffer
+
+	mu    sync.Mutex
+	calls []*heldCommit
+}
+
+type heldCommit struct {
+	batchID string
+	release chan error
+}
+
+func (s *heldStore) Commit(ctx context.Context, entries []buffer.Entry) ([]buffer.Outcome, error) {
+	wait, err := s.Submit(ctx, entries)
+	if err != nil {
+		return nil, err
+	}
+	return wait()
+}
+
+func (s *heldStore) Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
+	c := &heldCommit{batchID: entries[0].BatchID, release: make(chan error, 1)}
+	s.mu.Lock()
+	s.calls = append(s.calls, c)
+	s.mu.Unlock()
+	return func() ([]buffer.Outcome, error) {
+		if err := <-c.release; err != nil {
+			return nil, err
+		}
+		return s.buf.Commit(ctx, entries)
+	}, nil
+}
+
+// submitted returns the batch IDs queued so far, in order.
+func (s *heldStore) submitted() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make([]string, len(s.calls))
+	for i, c := range s.calls {
+		ids[i] = c.batchID
+	}
+	return ids
+}
+
+// release lets the i-th queued commit go on (err: it fails).
+func (s *heldStore) release(i int, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[i].release <- err
+}
+
+// releaseAll fails every commit not released yet.
+func (s *heldStore) releaseAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.calls {
+		select {
+		case c.release <- errors.New("test over"):
+		default:
+		}
+	}
+}
+
+func startHeld(t *testing.T) (*heldStore, *gatewaytest.Device) {
+	t.Helper()
+	store := &heldStore{}
+	h := gatewaytest.Start(t, store)
+	store.buf = h.Buf
+	t.Cleanup(store.releaseAll) // nothing left held when the gateway stops
+	d, err := gatewaytest.ConnectDevice(t, h, hwA, gatewaytest.GoodKey)
+	require.NoError(t, err)
+	return store, d
+}
+
+func tokenDone(tok paho.Token) bool {
+	select {
+	case <-tok.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+func assertNoAckYet(t *testing.T, d *gatewaytest.Device, tokens []paho.Token, wait time.Duration) {
+	t.Helper()
+	select {
+	case a := <-d.Acks:
+		t.Fatalf("ack before its turn: %+v", a)
+	case <-time.After(wait):
+	}
+	for i, tok := range tokens {
+		require.False(t, tokenDone(tok), "PUBACK %d before its turn", i)
+	}
+}
+
+// A device's next messages are read and queued for the group commit while
+// the first one's commit is under way; every answer still waits for its
+// own commit, and they go out in the order the messages came.
+func TestMQTTMessagesQueueBehindACommitAndAreAnsweredInOrder(t *testing.T) {
+	store, d := startHeld(t)
+	boot := gatewaytest.NewBoot()
+	var ids []string
+	var tokens []paho.Token
+	for i := range 3 {
+		payload := gatewaytest.BatchJSON(hwA, boot, i, 2)
+		ids = append(ids, batchIDOf(t, payload))
+		tokens = append(tokens, d.Publish(payload))
+	}
+	waitFor(t, 10*time.Second, "all three queued", func() bool { return len(store.submitted()) == 3 })
+	require.Equal(t, ids, store.submitted(), "queued in the order published")
+	assertNoAckYet(t, d, tokens, 200*time.Millisecond)
+
+	// The later commits finish first: still nothing is answered.
+	store.release(2, nil)
+	store.release(1, nil)
+	assertNoAckYet(t, d, tokens, 300*time.Millisecond)
+
+	store.release(0, nil)
+	for i, id := range ids {
+		a := d.NextAck(t)
+		require.Equal(t, id, a.BatchID, "ack %d in order", i)
+		require.Equal(t, contract.StatusAccepted, a.Status)
+		require.True(t, tokens[i].WaitTimeout(10*time.Second), "PUBACK %d", i)
+		require.NoError(t, tokens[i].Error())
+	}
+	require.EqualValues(t, 3, store.buf.Stats().PendingBatches)
+}
+
+// A commit that fails withholds only its own PUBACK; the messages behind
+// it are answered.
+func TestMQTTFailedCommitWithholdsOnlyItsPUBACK(t *testing.T) {
+	store, d := startHeld(t)
+	boot := gatewaytest.NewBoot()
+	first := gatewaytest.BatchJSON(hwA, boot, 0, 2)
+	second := gatewaytest.BatchJSON(hwA, boot, 1, 2)
+	t1, t2 := d.Publish(first), d.Publish(second)
+	waitFor(t, 10*time.Second, "both queued", func() bool { return len(store.submitted()) == 2 })
+	store.release(0, errors.New("injected: input/output error"))
+	store.release(1, nil)
+
+	a := d.NextAck(t)
+	require.Equal(t, batchIDOf(t, first), a.BatchID)
+	require.Equal(t, contract.StatusRejected, a.Status)
+	require.Equal(t, contract.ReasonBufferFull, *a.Reason, "the device is told to keep it")
+	a = d.NextAck(t)
+	require.Equal(t, batchIDOf(t, second), a.BatchID)
+	require.Equal(t, contract.StatusAccepted, a.Status)
+	require.True(t, t2.WaitTimeout(10*time.Second))
+	require.NoError(t, t2.Error())
+	require.False(t, tokenDone(t1), "no PUBACK for the batch that was not stored")
+	_, err := store.buf.Lookup(batchIDOf(t, first))
+	require.ErrorIs(t, err, buffer.ErrNotFound, "not stored")
+}
+
+// A connection has at most a bounded number of messages waiting for their
+// commit; mochi reads no more of it until one is answered.
+func TestMQTTDeferredMessagesPerConnectionAreBounded(t *testing.T) {
+	store, d := startHeld(t)
+	boot := gatewaytest.NewBoot()
+	const n = 12 // more than ingest's bound of 8
+	var tokens []paho.Token
+	for i := range n {
+		tokens = append(tokens, d.Publish(gatewaytest.BatchJSON(hwA, boot, i, 1)))
+	}
+	waitFor(t, 10*time.Second, "the first 8 queued", func() bool { return len(store.submitted()) == 8 })
+	time.Sleep(300 * time.Millisecond)
+	require.Len(t, store.submitted(), 8, "no more read while 8 wait")
+
+	store.release(0, nil)
+	waitFor(t, 10*time.Second, "one more queued once one is answered", func() bool { return len(store.submitted()) == 9 })
+	for i := 1; i < n; i++ {
+		waitFor(t, 10*time.Second, "queued", func() bool { return len(store.submitted()) > i })
+		store.release(i, nil)
+	}
+	for i, tok := range tokens {
+		require.True(t, tok.WaitTimeout(10*time.Second), "PUBACK %d", i)
+		require.NoError(t, tok.Error())
+	}
+	require.EqualValues(t, n, store.buf.Stats().PendingBatches)
+}
+
+// A registration (answered without deferral) waits for the readings before
+// it: its answer comes after theirs.
+func TestMQTTRegistrationIsAnsweredAfterTheReadingsBeforeIt(t *testing.T) {
+	store, d := startHeld(t)
+	boot := gatewaytest.NewBoot()
+	reading := gatewaytest.BatchJSON(hwA, boot, 0, 2)
+	tr := d.Publish(reading)
+	waitFor(t, 10*time.Second, "the reading queued", func() bool { return len(store.submitted()) == 1 })
+	treg := d.Client.Publish(contract.RegisterTopic(hwA), 1, false, gatewaytest.Registration(hwA, boot))
+	assertNoAckYet(t, d, []paho.Token{tr, treg}, 300*time.Millisecond)
+
+	store.release(0, nil)
+	a := d.NextAck(t)
+	require.Equal(t, contract.AckTypeReadings, a.Type)
+	require.Equal(t, batchIDOf(t, reading), a.BatchID)
+	a = d.NextAck(t)
+	require.Equal(t, contract.AckTypeRegister, a.Type)
+	require.Equal(t, contract.StatusRegistered, a.Status)
+	for _, tok := range []paho.Token{tr, treg} {
+		require.True(t, tok.WaitTimeout(10*time.Second))
+		require.NoError(t, tok.Error())
+	}
+}
