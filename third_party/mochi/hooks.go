@@ -405,7 +405,7 @@ func (h *Hooks) OnPublish(cl *Client, pk packets.Packet) (pkx packets.Packet, er
 						"hook", hook.ID(),
 						"packet", pkx)
 					return pk, err
-				} else if errors.Is(err, packets.CodeSuccessIgnore) {
+				} else if errors.Is(err, packets.CodeSuccessIgnore) || errors.Is(err, ErrPublishDeferred) {
 					return pk, err
 				}
 				h.Log.Error("publish packet error",
