@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -178,6 +179,9 @@ type Broker struct {
 	// served is set once Run starts mochi's server, which then closes the
 	// listener.
 	served atomic.Bool
+	// answer answers the readings whose answer waits for their commit
+	// (mqttpipe.go), while Run serves.
+	answer *answerers
 }
 
 // NewBroker returns a broker; it does not listen yet.
@@ -196,8 +200,9 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 	server := newMochi(cfg, logger)
 	b := &Broker{
 		cfg: cfg, server: server, ingest: ingest, auth: auth, logger: logger,
-		adm:   newMQTTAdmission(cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerAddress),
-		slots: newSessionSlots(cfg.MaxSessionsPerDevice, cfg.MaxClients, cfg.MaxClientsPerKeyPercent),
+		adm:    newMQTTAdmission(cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerAddress),
+		slots:  newSessionSlots(cfg.MaxSessionsPerDevice, cfg.MaxClients, cfg.MaxClientsPerKeyPercent),
+		answer: newAnswerers(max(2, runtime.GOMAXPROCS(0))),
 	}
 	b.registerMetrics(reg)
 	if err := b.addHooks(reg); err != nil {
@@ -366,6 +371,8 @@ func (b *Broker) Run(ctx context.Context) error {
 		}
 	}
 	b.served.Store(true)
+	b.answer.start()
+	defer b.answer.stop()                    // after mochi's Close: what its clients left deferred is answered
 	if err := b.server.Serve(); err != nil { // does not block
 		return fmt.Errorf("serving MQTT: %w", err)
 	}
@@ -551,7 +558,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		if kind == contract.KindReadings && pk.FixedHeader.Qos > 0 {
 			payload := pk.Payload
 			pk.Payload = nil // not kept while the commit is under way
-			g.acks.add(func() func() (*contract.Ack, bool) {
+			g.acks.add(h.b.answer, func() func() (*contract.Ack, bool) {
 				return h.b.ingest.startMQTTReadings(ctx, hw, payload)
 			}, func(ack *contract.Ack, ok bool) {
 				if ack != nil {

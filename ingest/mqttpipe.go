@@ -1,6 +1,11 @@
 package ingest
 
-import "greenhouse-gateway/firmware-contract"
+import (
+	"sync"
+	"sync/atomic"
+
+	"greenhouse-gateway/firmware-contract"
+)
 
 // maxDeferredPerConn bounds the QoS 1 and 2 readings of one connection
 // whose commit is under way: while that many wait, mochi reads nothing
@@ -10,49 +15,133 @@ import "greenhouse-gateway/firmware-contract"
 // never exhausts mochi's receive quota.
 const maxDeferredPerConn = 8
 
+// maxDeferred bounds the deferred readings of all connections together:
+// a full group commit's worth (buffer.max_group_batches' default). More
+// would not make the groups larger, only hold more decoded batches and
+// goroutines in memory; beyond it, as beyond maxDeferredPerConn, a
+// connection is read once a deferred message is answered.
+const maxDeferred = 1024
+
 // ackPipe answers one connection's deferred readings in the order they
 // arrived. A message is decoded, validated and queued for the group
 // commit on the connection's goroutine, in order; the wait for the commit
-// and the answer (the ack-topic message, then the PUBACK or PUBREC) run
-// on a goroutine of their own, each answer after the previous one. So the
-// connection's next message can join the group being formed while the
-// previous one's group is written and synced, and every acknowledgement
-// still follows the sync of what it acknowledges.
+// and the answer (the ack-topic message, then the PUBACK or PUBREC) run on
+// one of the broker's answerers, which takes a connection's messages one
+// after the other. So the connection's next message can join the group
+// being formed while the previous one's group is written and synced, and
+// every acknowledgement still follows the sync of what it acknowledges.
 //
 // add and idle are called only from the connection's goroutine.
 type ackPipe struct {
+	// slots holds one value per message added and not yet answered.
 	slots chan struct{}
-	// last is closed once the newest deferred message was answered (nil:
-	// none yet).
-	last chan struct{}
+	// queue is the answerer's queue of the connection (nil: none yet).
+	queue chan pipeItem
 }
 
-// add defers one message: start runs now (on the connection's goroutine)
-// and returns what waits for the commit; answer then sends its result,
-// once every message added before it was answered.
-func (p *ackPipe) add(start func() func() (*contract.Ack, bool), answer func(*contract.Ack, bool)) {
+type pipeItem struct {
+	finish func() (*contract.Ack, bool)
+	answer func(*contract.Ack, bool)
+	slots  chan struct{}
+}
+
+// add defers one message, once it has a slot of the connection's and one
+// of all of a's: start runs now (on the connection's goroutine) and
+// returns what waits for the commit; answer then sends its result, after
+// every message added before it was answered. Once a is stopped, add
+// answers on the caller's goroutine.
+func (p *ackPipe) add(a *answerers, start func() func() (*contract.Ack, bool), answer func(*contract.Ack, bool)) {
 	if p.slots == nil {
 		p.slots = make(chan struct{}, maxDeferredPerConn)
 	}
 	p.slots <- struct{}{}
-	finish := start()
-	prev, done := p.last, make(chan struct{})
-	p.last = done
-	go func() {
-		ack, ok := finish()
-		if prev != nil {
-			<-prev
-		}
-		answer(ack, ok)
-		close(done)
-		<-p.slots
-	}()
+	a.slots <- struct{}{}
+	it := pipeItem{finish: start(), answer: answer, slots: p.slots}
+	a.mu.RLock()
+	if a.stopped {
+		a.mu.RUnlock()
+		a.answer(it)
+		return
+	}
+	if p.queue == nil {
+		p.queue = a.queues[a.next.Add(1)%uint32(len(a.queues))]
+	}
+	p.queue <- it // never blocks: a queue holds as many as a has slots
+	a.mu.RUnlock()
 }
 
 // idle returns once every message added so far was answered: a message
 // handled without deferral is answered after them.
 func (p *ackPipe) idle() {
-	if p.last != nil {
-		<-p.last
+	if p.slots == nil {
+		return
 	}
+	for range cap(p.slots) {
+		p.slots <- struct{}{}
+	}
+	for range cap(p.slots) {
+		<-p.slots
+	}
+}
+
+// answerers are the goroutines that wait for deferred readings' commits
+// and answer them, a few for all connections (a goroutine per message
+// would grow a new stack for each answer). A connection's messages all go
+// to one answerer's queue; commits complete in the order they were
+// queued, so a message never waits behind a later one.
+type answerers struct {
+	queues []chan pipeItem
+	next   atomic.Uint32
+	// slots holds one value per deferred message not yet answered, at most
+	// maxDeferred.
+	slots chan struct{}
+
+	mu      sync.RWMutex
+	stopped bool
+	wg      sync.WaitGroup
+}
+
+func newAnswerers(n int) *answerers {
+	a := &answerers{queues: make([]chan pipeItem, n), slots: make(chan struct{}, maxDeferred)}
+	for i := range a.queues {
+		a.queues[i] = make(chan pipeItem, maxDeferred)
+	}
+	return a
+}
+
+// start runs the answerers until stop.
+func (a *answerers) start() {
+	for _, q := range a.queues {
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			for it := range q {
+				a.answer(it)
+			}
+		}()
+	}
+}
+
+// answer waits for one message's commit and answers it.
+func (a *answerers) answer(it pipeItem) {
+	ack, ok := it.finish()
+	it.answer(ack, ok)
+	<-a.slots
+	<-it.slots
+}
+
+// stop answers what is queued and ends the answerers; a message deferred
+// later is answered by the connection's goroutine.
+func (a *answerers) stop() {
+	a.mu.Lock()
+	if a.stopped {
+		a.mu.Unlock()
+		return
+	}
+	a.stopped = true
+	for _, q := range a.queues {
+		close(q)
+	}
+	a.mu.Unlock()
+	a.wg.Wait()
 }
