@@ -215,9 +215,10 @@ func NewBroker(cfg MQTTConfig, ingest *Ingest, auth *Authenticator, logger *slog
 func newMochi(cfg MQTTConfig, logger *slog.Logger) *mqtt.Server {
 	caps := mqtt.NewDefaultServerCapabilities()
 	caps.MaximumPacketSize = cfg.MaxPacketSize
-	// QoS 2: mochi sends PUBREC after the OnPublish hook, which stores the
-	// batch first (or withholds the PUBREC), and keeps the message's state
-	// until PUBREL, at most receiveMaximum messages a client.
+	// QoS 2: mochi sends PUBREC once the batch is stored (AckDeferred, or
+	// after the OnPublish hook; withheld when it is not), and keeps the
+	// message's state until PUBREL, at most receiveMaximum messages a
+	// client.
 	caps.MaximumQos = 2
 	caps.ReceiveMaximum = receiveMaximum
 	// Acks (PUBACK, PUBREC, PUBCOMP) carry no copy of the PUBLISH's

@@ -13,15 +13,14 @@ import (
 )
 
 // receiveMaximum is the broker's MQTT 5 Receive Maximum: the QoS 1 and 2
-// messages a client may have unanswered at once. mochi answers a client's
-// PUBLISH packets one at a time, so a QoS 1 message holds a slot only while
-// it is handled; a QoS 2 message holds its slot (a packet of about 800 bytes
-// in mochi's in-flight map) from its PUBREC until the client's PUBREL.
-// A device publishes one batch at a time; 16 slots bound the QoS 2 state of
-// one client to about 13 KiB (a resumed session does not keep it:
-// conformHook.OnSessionEstablish). A client that exceeds them is disconnected
-// (DISCONNECT 0x93 in MQTT 5), resends after reconnecting and is answered
-// duplicate.
+// messages a client may have unanswered at once. A QoS 1 reading holds a
+// slot until its commit answers it (at most maxDeferredPerConn of them
+// wait, mqttpipe.go); a QoS 2 message holds its slot (a packet of about
+// 800 bytes in mochi's in-flight map) from its PUBREC until the client's
+// PUBREL. 16 slots bound the QoS 2 state of one client to about 13 KiB (a
+// resumed session does not keep it: conformHook.OnSessionEstablish). A
+// client that exceeds them is disconnected (DISCONNECT 0x93 in MQTT 5),
+// resends after reconnecting and is answered duplicate.
 const receiveMaximum = 16
 
 // Reasons in gateway_mqtt_connections_refused_total for the rules of this
