@@ -69,6 +69,34 @@ func TestCommitOutcomes(t *testing.T) {
 	}
 }
 
+// Submit queues without waiting, and what is queued in order is stored in
+// that order, whenever its waits are called.
+func TestSubmitStoresInTheOrderQueued(t *testing.T) {
+	b := open(t, t.TempDir(), Options{})
+	const n = 200
+	waits := make([]func() ([]Outcome, error), n)
+	for i := range n {
+		w, err := b.Submit(context.Background(), []Entry{entry(fmt.Sprintf("s%03d", i), fmt.Sprint(i))})
+		require.NoError(t, err)
+		waits[i] = w
+	}
+	for i := n - 1; i >= 0; i-- { // answered whatever the order of the waits
+		out, err := waits[i]()
+		require.NoError(t, err)
+		require.Equal(t, []Outcome{Stored}, out)
+	}
+	p, err := b.Pending(0, n+1)
+	require.NoError(t, err)
+	require.Len(t, p, n)
+	for i, q := range p {
+		require.Equal(t, fmt.Sprintf("s%03d", i), q.BatchID)
+	}
+
+	require.NoError(t, b.Close())
+	_, err = b.Submit(context.Background(), []Entry{entry("late", "x")})
+	require.ErrorIs(t, err, ErrClosed, "nothing queued after Close")
+}
+
 func TestPendingSurvivesRestartInOrder(t *testing.T) {
 	dir := t.TempDir()
 	b, err := Open(dir, Options{}, nil, nil)

@@ -26,6 +26,10 @@ func (storeAll) Commit(_ context.Context, entries []buffer.Entry) ([]buffer.Outc
 	return out, nil
 }
 
+func (st storeAll) Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
+	return ingest.CommitFunc(st.Commit).Submit(ctx, entries)
+}
+
 // BenchmarkIngestAudit compares the ingest path with and without the audit
 // trail, for batches that are stored (nothing to record) and rejected.
 func BenchmarkIngestAudit(b *testing.B) {

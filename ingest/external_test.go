@@ -457,6 +457,10 @@ func (s *switchStore) Commit(ctx context.Context, entries []buffer.Entry) ([]buf
 	return s.buf.Commit(ctx, entries)
 }
 
+func (s *switchStore) Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
+	return ingest.CommitFunc(s.Commit).Submit(ctx, entries)
+}
+
 func (s *switchStore) setFailing(fail bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

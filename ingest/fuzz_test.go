@@ -91,6 +91,10 @@ func (m *memStore) Commit(_ context.Context, entries []buffer.Entry) ([]buffer.O
 	return out, nil
 }
 
+func (m *memStore) Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
+	return ingest.CommitFunc(m.Commit).Submit(ctx, entries)
+}
+
 // fuzzAPI is the HTTP API's handler over a memStore, served without a
 // listener so that a panic fails the fuzz target.
 type fuzzAPI struct {

@@ -24,15 +24,23 @@ var ErrShuttingDown = errors.New("gateway: shutting down")
 
 // Committer stores batches durably (the buffer).
 type Committer interface {
-	Commit(ctx context.Context, entries []buffer.Entry) ([]buffer.Outcome, error)
+	// Submit queues entries for a durable commit and returns what waits
+	// for it: the outcome of each entry, or an error when none may be
+	// acknowledged. Commits queued in order are stored in that order
+	// (buffer.Buffer's Submit), so a device's next message can be queued
+	// while the previous one commits. An error from Submit itself means
+	// nothing was queued.
+	Submit(ctx context.Context, entries []buffer.Entry) (wait func() ([]buffer.Outcome, error), err error)
 }
 
-// submitter is a Committer that can also queue a commit and wait for it
-// later (buffer.Buffer's Submit): commits queued in order are stored in
-// that order. The embedded broker uses it to read a device's next message
-// while the previous one commits.
-type submitter interface {
-	Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error)
+// CommitFunc is a Committer that commits synchronously, in Submit: a
+// store without a queue of its own (a test's, say).
+type CommitFunc func(ctx context.Context, entries []buffer.Entry) ([]buffer.Outcome, error)
+
+// Submit commits entries and returns their result.
+func (f CommitFunc) Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
+	out, err := f(ctx, entries)
+	return func() ([]buffer.Outcome, error) { return out, err }, nil
 }
 
 // Config holds the contract's configurable limits and the ordering
@@ -365,9 +373,8 @@ type committed struct {
 	fixed bool
 }
 
-// startReadings does Readings up to its commit, which it queues (or, with
-// a store that cannot queue, leaves to finish). Unless it returns an error
-// (ErrShuttingDown), its finish must be called, once.
+// startReadings does Readings up to its commit, which it queues. Unless it
+// returns an error (ErrShuttingDown), its finish must be called, once.
 func (in *Ingest) startReadings(ctx context.Context, transport, sender string, payloads [][]byte) (*readingsCall, error) {
 	if !in.enter() {
 		return nil, ErrShuttingDown
@@ -397,11 +404,7 @@ func (in *Ingest) startReadings(ctx context.Context, transport, sender string, p
 	if len(entries) == 0 {
 		return c, nil
 	}
-	if s, ok := in.store.(submitter); ok {
-		c.wait, c.submitErr = s.Submit(ctx, entries)
-	} else {
-		c.wait = func() ([]buffer.Outcome, error) { return in.store.Commit(ctx, entries) }
-	}
+	c.wait, c.submitErr = in.store.Submit(ctx, entries)
 	return c, nil
 }
 

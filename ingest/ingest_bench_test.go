@@ -60,6 +60,10 @@ func (m *memStore) Commit(_ context.Context, entries []buffer.Entry) ([]buffer.O
 	return out, nil
 }
 
+func (m *memStore) Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
+	return CommitFunc(m.Commit).Submit(ctx, entries)
+}
+
 func benchIngest(b *testing.B, store Committer) (*Ingest, *buffer.Buffer) {
 	b.Helper()
 	buf, err := buffer.Open(b.TempDir(), buffer.Options{}, nil, nil)

@@ -23,6 +23,10 @@ func (s slowStore) Commit(ctx context.Context, entries []buffer.Entry) ([]buffer
 	return storeAll{}.Commit(ctx, entries)
 }
 
+func (s slowStore) Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
+	return ingest.CommitFunc(s.Commit).Submit(ctx, entries)
+}
+
 // TestIngestDurationIncludesTheCommit checks gateway_ingest_duration_seconds:
 // one observation per message or request, by transport, and the time spent
 // committing (the fsync) counted in it.

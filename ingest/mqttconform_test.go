@@ -26,7 +26,7 @@ type gateStore struct {
 	entered chan struct{}
 	release chan struct{}
 	mu      sync.Mutex
-	next    ingest.Committer
+	next    *buffer.Buffer
 	commits int
 }
 
@@ -40,7 +40,7 @@ func (s *gateStore) open() *gateStore {
 	return s
 }
 
-func (s *gateStore) use(next ingest.Committer) {
+func (s *gateStore) use(next *buffer.Buffer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.next = next
@@ -53,6 +53,10 @@ func (s *gateStore) Commit(ctx context.Context, entries []buffer.Entry) ([]buffe
 	defer s.mu.Unlock()
 	s.commits++
 	return s.next.Commit(ctx, entries)
+}
+
+func (s *gateStore) Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
+	return ingest.CommitFunc(s.Commit).Submit(ctx, entries)
 }
 
 func (s *gateStore) count() int {

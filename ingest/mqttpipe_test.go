@@ -30,14 +30,6 @@ type heldCommit struct {
 	release chan error
 }
 
-func (s *heldStore) Commit(ctx context.Context, entries []buffer.Entry) ([]buffer.Outcome, error) {
-	wait, err := s.Submit(ctx, entries)
-	if err != nil {
-		return nil, err
-	}
-	return wait()
-}
-
 func (s *heldStore) Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
 	c := &heldCommit{batchID: entries[0].BatchID, release: make(chan error, 1)}
 	s.mu.Lock()

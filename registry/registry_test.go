@@ -157,15 +157,15 @@ func unsyncedBatch(hw, boot string, sentUptime int64) []byte {
 
 // toggleStore fails commits while failing is set.
 type toggleStore struct {
-	*buffer.Buffer
+	buf     *buffer.Buffer
 	failing bool
 }
 
-func (s *toggleStore) Commit(ctx context.Context, e []buffer.Entry) ([]buffer.Outcome, error) {
+func (s *toggleStore) Submit(ctx context.Context, e []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
 	if s.failing {
-		return gatewaytest.FailingStore{}.Commit(ctx, e)
+		return gatewaytest.FailingStore{}.Submit(ctx, e)
 	}
-	return s.Buffer.Commit(ctx, e)
+	return s.buf.Submit(ctx, e)
 }
 
 func TestClockRepairIsIdenticalOnResend(t *testing.T) {
@@ -174,7 +174,7 @@ func TestClockRepairIsIdenticalOnResend(t *testing.T) {
 	defer buf.Close()
 	reg, err := registry.New(registry.Config{}, buf, nil, nil, nil)
 	require.NoError(t, err)
-	store := &toggleStore{Buffer: buf, failing: true}
+	store := &toggleStore{buf: buf, failing: true}
 	in, err := ingest.New(ingest.Config{}, store, reg, nil, nil, nil)
 	require.NoError(t, err)
 	hw, boot := "AA:BB:CC:DD:EE:25", gatewaytest.NewBoot()

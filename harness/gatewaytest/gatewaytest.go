@@ -123,6 +123,11 @@ func (FailingStore) Commit(context.Context, []buffer.Entry) ([]buffer.Outcome, e
 	return nil, errors.New("injected: input/output error")
 }
 
+// Submit fails.
+func (f FailingStore) Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
+	return ingest.CommitFunc(f.Commit).Submit(ctx, entries)
+}
+
 // Gateway is a running in-process gateway.
 type Gateway struct {
 	Buf        *buffer.Buffer
