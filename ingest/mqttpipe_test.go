@@ -1,13 +1,20 @@
 package ingest_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
+	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
@@ -213,4 +220,100 @@ func TestMQTTRegistrationIsAnsweredAfterTheReadingsBeforeIt(t *testing.T) {
 		require.True(t, tok.WaitTimeout(10*time.Second))
 		require.NoError(t, tok.Error())
 	}
+}
+
+// A device that publishes and never reads its socket ends up blocked in
+// its own answers (the ack-topic messages and PUBACKs fill its socket);
+// every other device is still answered, whatever answerer it shares with
+// it, and the gateway still stops.
+func TestMQTTADeviceThatDoesNotReadHoldsOnlyItsOwnAnswers(t *testing.T) {
+	h := gatewaytest.Start(t, nil)
+	stuckHW := "AA:BB:CC:DE:00:01"
+	d := net.Dialer{Timeout: 10 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) { // a small window, so that it fills soon
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		})
+		return errors.Join(err, serr)
+	}}
+	c, err := d.Dial("tcp", strings.TrimPrefix(h.MQTTAddr, "tcp://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() }) // after the gateway stopped: it did not wait for this device
+	write := func(pk packets.Packet) error {
+		var b bytes.Buffer
+		var err error
+		switch pk.FixedHeader.Type {
+		case packets.Connect:
+			err = pk.ConnectEncode(&b)
+		case packets.Subscribe:
+			err = pk.SubscribeEncode(&b)
+		default:
+			err = pk.PublishEncode(&b)
+		}
+		if err == nil {
+			_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+			_, err = c.Write(b.Bytes())
+		}
+		return err
+	}
+	require.NoError(t, write(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, ProtocolVersion: 4,
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 600, ClientIdentifier: stuckHW,
+			UsernameFlag: true, Username: []byte(stuckHW), PasswordFlag: true, Password: []byte(gatewaytest.GoodKey)}}))
+	require.NoError(t, write(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, PacketID: 1,
+		Filters: packets.Subscriptions{{Filter: contract.AckTopic(stuckHW), Qos: 0}}}))
+	// From here on it only writes: QoS 1 readings, at most 100,000, until
+	// the gateway stops reading it.
+	boot := gatewaytest.NewBoot()
+	go func() {
+		for i := range 100_000 {
+			err := write(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}, PacketID: uint16(i%60_000 + 2),
+				TopicName: contract.ReadingsTopic(stuckHW), Payload: gatewaytest.BatchJSON(stuckHW, boot, i, 1)})
+			if err != nil {
+				return
+			}
+		}
+	}()
+	stored, still := int64(-1), 0
+	for deadline := time.Now().Add(60 * time.Second); still < 3; {
+		require.True(t, time.Now().Before(deadline), "the device that does not read was never held")
+		time.Sleep(500 * time.Millisecond)
+		if n := h.Buf.Stats().PendingBatches; n == stored {
+			still++
+		} else {
+			stored, still = n, 0
+		}
+	}
+	t.Logf("the device that does not read is held after %d batches stored", stored)
+	require.Positive(t, stored)
+
+	// Connections are spread over the answerers in turn: these cover all.
+	for i := range max(2, runtime.GOMAXPROCS(0)) + 2 {
+		hw := fmt.Sprintf("AA:BB:CC:DE:01:%02X", i)
+		dev, err := gatewaytest.ConnectDevice(t, h, hw, gatewaytest.GoodKey)
+		require.NoError(t, err)
+		payload := gatewaytest.BatchJSON(hw, gatewaytest.NewBoot(), 0, 1)
+		tok := dev.Publish(payload)
+		require.True(t, tok.WaitTimeout(10*time.Second), "%s answered", hw)
+		require.NoError(t, tok.Error())
+		a := dev.NextAck(t)
+		require.Equal(t, batchIDOf(t, payload), a.BatchID)
+		require.Equal(t, contract.StatusAccepted, a.Status)
+	}
+}
+
+// At QoS 2 the PUBREC waits for the commit too, and the flow completes
+// (PUBREL, PUBCOMP) once it is sent.
+func TestMQTTQoS2ReadingIsAnsweredAfterItsCommit(t *testing.T) {
+	store, d := startHeld(t)
+	payload := gatewaytest.BatchJSON(hwA, gatewaytest.NewBoot(), 0, 2)
+	tok := d.Client.Publish(contract.ReadingsTopic(hwA), 2, false, payload)
+	waitFor(t, 10*time.Second, "queued", func() bool { return len(store.submitted()) == 1 })
+	assertNoAckYet(t, d, []paho.Token{tok}, 300*time.Millisecond)
+	store.release(0, nil)
+	require.True(t, tok.WaitTimeout(10*time.Second), "PUBCOMP")
+	require.NoError(t, tok.Error())
+	a := d.NextAck(t)
+	require.Equal(t, batchIDOf(t, payload), a.BatchID)
+	require.Equal(t, contract.StatusAccepted, a.Status)
+	require.EqualValues(t, 1, store.buf.Stats().PendingBatches)
 }

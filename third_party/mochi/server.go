@@ -887,8 +887,14 @@ var ErrPublishDeferred = errors.New("publish answer deferred")
 // would have sent; without, nothing (as packets.ErrRejectPacket: the client
 // keeps the message and sends it again). Call it once per deferred packet,
 // in the order the client sent them (PUBACKs and PUBRECs go out in that
-// order, [MQTT-4.6.0-2] [MQTT-4.6.0-3]); it is safe from any goroutine. A
+// order, [MQTT-4.6.0-2] [MQTT-4.6.0-3]); it is safe from any goroutine,
+// and it blocks while the client's connection takes no more bytes. A
 // client already closed is sent nothing and keeps no QoS 2 state.
+//
+// A PUBACK is written without passing through the client's in-flight map:
+// the inbound packet ID is not reserved there while its answer is
+// deferred, so an outbound message may hold the same ID, and its entry
+// must not be replaced or deleted by the PUBACK.
 func (s *Server) AckDeferred(cl *Client, pk packets.Packet, ok bool) error {
 	if pk.FixedHeader.Qos == 0 || cl.Net.Inline {
 		return nil
@@ -900,24 +906,21 @@ func (s *Server) AckDeferred(cl *Client, pk packets.Packet, ok bool) error {
 		}
 		return ErrConnectionClosed
 	}
-	ack := s.buildAck(pk.PacketID, packets.Puback, 0, pk.Properties, packets.QosCodes[pk.FixedHeader.Qos]) // [MQTT-4.3.2-4]
-	if pk.FixedHeader.Qos == 2 {
-		ack = s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, packets.CodeSuccess) // [MQTT-3.3.4-1] [MQTT-4.3.3-8]
-	}
-	if ok := cl.State.Inflight.Set(ack); ok {
-		atomic.AddInt64(&s.Info.Inflight, 1)
-		s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
-	}
-	err := cl.WritePacket(ack)
 	if pk.FixedHeader.Qos == 1 {
-		if ok := cl.State.Inflight.Delete(ack.PacketID); ok {
-			atomic.AddInt64(&s.Info.Inflight, -1)
-		}
+		err := cl.WritePacket(s.buildAck(pk.PacketID, packets.Puback, 0, pk.Properties, packets.QosCodes[1])) // [MQTT-4.3.2-4]
 		cl.State.Inflight.IncreaseReceiveQuota()
-		s.hooks.OnQosComplete(cl, ack)
-	}
-	if err != nil {
-		return err
+		if err != nil {
+			return err
+		}
+	} else {
+		ack := s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, packets.CodeSuccess) // [MQTT-3.3.4-1] [MQTT-4.3.3-8]
+		if ok := cl.State.Inflight.Set(ack); ok {
+			atomic.AddInt64(&s.Info.Inflight, 1)
+			s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
+		}
+		if err := cl.WritePacket(ack); err != nil {
+			return err
+		}
 	}
 	pk.Ignore = true
 	s.hooks.OnPublished(cl, pk)
@@ -979,15 +982,22 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 		pk.FixedHeader.Qos = s.Options.Capabilities.MaximumQos // [MQTT-3.2.2-9] Reduce qos based on server max qos capability
 	}
 
+	// The quota is taken before the hooks: one that defers the answer may
+	// have AckDeferred give it back before OnPublish returns.
+	deferrable := pk.FixedHeader.Qos > 0 && !cl.Net.Inline
+	if deferrable {
+		cl.State.Inflight.DecreaseReceiveQuota()
+	}
 	pkx, err := s.hooks.OnPublish(cl, pk)
+	if errors.Is(err, ErrPublishDeferred) {
+		return nil // the quota stays taken until AckDeferred
+	}
+	if deferrable {
+		cl.State.Inflight.IncreaseReceiveQuota()
+	}
 	if err == nil {
 		pk = pkx
 	} else if errors.Is(err, packets.ErrRejectPacket) {
-		return nil
-	} else if errors.Is(err, ErrPublishDeferred) {
-		if pk.FixedHeader.Qos > 0 && !cl.Net.Inline {
-			cl.State.Inflight.DecreaseReceiveQuota() // until AckDeferred
-		}
 		return nil
 	} else if errors.Is(err, packets.CodeSuccessIgnore) {
 		pk.Ignore = true
