@@ -538,12 +538,13 @@ func aclAllows(hw, topic string, write bool) bool {
 }
 
 // OnPublish hands a device's message to the ingest path before mochi sends
-// the PUBACK (QoS 1) or PUBREC (QoS 2). Only packets.ErrRejectPacket
-// withholds them, so every message that was not stored maps to it;
-// otherwise CodeSuccessIgnore acknowledges without fanning the message out
-// to subscribers. Readings at QoS 1 and 2 are deferred (ackPipe): the hook
-// returns once the batch is queued for its commit, and the answer follows
-// the commit through mochi's AckDeferred.
+// the PUBACK (QoS 1) or PUBREC (QoS 2), which it withholds when the
+// message was not stored. A QoS 1 or 2 message is deferred (ackPipe): the
+// hook returns once a batch is queued for its commit (a registration once
+// it is saved), and the answer follows through mochi's AckDeferred. A QoS
+// 0 message is answered (its ack-topic message) after them, and
+// CodeSuccessIgnore keeps every message from being fanned out to
+// subscribers.
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	if cl.Net.Inline {
 		return pk, nil // our own acks
@@ -556,16 +557,20 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	g, _ := cl.Net.Conn.(*guardConn)
 	if g != nil {
 		ctx = withPrincipal(ctx, g.principal)
-		if kind == contract.KindReadings && pk.FixedHeader.Qos > 0 {
+		if pk.FixedHeader.Qos > 0 {
 			payload := pk.Payload
 			pk.Payload = nil // not kept while the commit is under way
 			g.acks.add(h.b.answer, func() func() (*contract.Ack, bool) {
-				return h.b.ingest.startMQTTReadings(ctx, hw, payload)
+				if kind == contract.KindReadings {
+					return h.b.ingest.startMQTTReadings(ctx, hw, payload)
+				}
+				ack, ok := h.b.ingest.MQTTMessage(ctx, hw, kind, payload) // before the next message: it may admit the device
+				return func() (*contract.Ack, bool) { return ack, ok }
 			}, func(ack *contract.Ack, ok bool) {
 				if ack != nil {
 					h.b.publishAck(hw, *ack)
 				}
-				_ = h.b.server.AckDeferred(cl, pk, ok) // fails only for a connection gone
+				_ = h.b.server.AckDeferred(cl, pk, ok) // fails only for a connection gone or not reading
 			})
 			return pk, mqtt.ErrPublishDeferred
 		}

@@ -3,12 +3,11 @@ package ingest
 import (
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"greenhouse-gateway/firmware-contract"
 )
 
-// maxDeferredPerConn bounds the QoS 1 and 2 readings of one connection
+// maxDeferredPerConn bounds the QoS 1 and 2 messages of one connection
 // not answered yet: while that many wait, mochi reads nothing more from
 // the connection (the device waits in its TCP stream, as it did when each
 // message was answered before the next was read). It stays below
@@ -16,30 +15,25 @@ import (
 // exhausts mochi's receive quota.
 const maxDeferredPerConn = 8
 
-// maxDeferred bounds the deferred readings of all connections together
-// whose commit is under way: a full group commit's worth
-// (buffer.max_group_batches' default). More would not make the groups
-// larger, only hold more decoded batches in memory; beyond it, a
-// connection is read once a deferred message's commit is answered.
+// maxDeferred bounds the deferred messages of all connections together: a
+// full group commit's worth (buffer.max_group_batches' default). More
+// would not make the groups larger, only hold more decoded batches in
+// memory; beyond it, a connection is read once a deferred message is
+// answered.
 const maxDeferred = 1024
 
-// answerLinger is how long a connection's answering goroutine waits for
-// more answers before it ends: under load it lives on (a new goroutine
-// per answer would grow a new stack each time), and an idle device holds
-// none.
-const answerLinger = 2 * time.Second
-
-// ackPipe answers one connection's deferred readings in the order they
+// ackPipe answers one connection's deferred messages in the order they
 // arrived. A message is decoded, validated and queued for the group
-// commit on the connection's goroutine, in order. One of the broker's
-// answerers waits for the commit and finishes the ingest call (the
-// registry, the audit trail, the metrics); a goroutine of the
-// connection's own then sends the answer (the ack-topic message, then the
-// PUBACK or PUBREC), one message after the other. So the connection's next
-// message can join the group being formed while the previous one's group
-// is written and synced; every acknowledgement follows the sync of what it
-// acknowledges; and a device that stops reading its socket blocks only its
-// own answers (and, after maxDeferredPerConn of them, its own reads).
+// commit on the connection's goroutine, in order; one of the broker's
+// answerers waits for the commit, finishes the ingest call (the registry,
+// the audit trail, the metrics) and queues the answer (the ack-topic
+// message, then the PUBACK or PUBREC) on the client's outbound queue,
+// which the client's own writer sends. So the connection's next message
+// can join the group being formed while the previous one's group is
+// written and synced; every acknowledgement follows the sync of what it
+// acknowledges; and an answerer never waits for a client's socket (a
+// client that does not read is disconnected once its outbound queue is
+// full: mochi's AckDeferred).
 //
 // add and idle are called only from the connection's goroutine.
 type ackPipe struct {
@@ -47,43 +41,30 @@ type ackPipe struct {
 	slots chan struct{}
 	// queue is the answerer's queue of the connection (nil: none yet).
 	queue chan pipeItem
-
-	mu      sync.Mutex
-	ready   []answer // finished, to be sent in this order
-	running bool     // a goroutine sends ready
-	wake    chan struct{}
 }
 
 type pipeItem struct {
 	finish func() (*contract.Ack, bool)
 	send   func(*contract.Ack, bool)
-	pipe   *ackPipe
-}
-
-// answer is a finished message's answer, to be sent.
-type answer struct {
-	ack  *contract.Ack
-	ok   bool
-	send func(*contract.Ack, bool)
+	slots  chan struct{}
 }
 
 // add defers one message, once it has a slot of the connection's and one
 // of all of a's: start runs now (on the connection's goroutine) and
-// returns what waits for the commit; send then sends its answer, after
+// returns what waits for the commit; send then queues its answer, after
 // every message added before it was answered. Once a is stopped, add
-// waits for the commit on the caller's goroutine.
+// answers on the caller's goroutine.
 func (p *ackPipe) add(a *answerers, start func() func() (*contract.Ack, bool), send func(*contract.Ack, bool)) {
 	if p.slots == nil {
 		p.slots = make(chan struct{}, maxDeferredPerConn)
-		p.wake = make(chan struct{}, 1)
 	}
 	p.slots <- struct{}{}
 	a.slots <- struct{}{}
-	it := pipeItem{finish: start(), send: send, pipe: p}
+	it := pipeItem{finish: start(), send: send, slots: p.slots}
 	a.mu.RLock()
 	if a.stopped {
 		a.mu.RUnlock()
-		a.finish(it)
+		a.answer(it)
 		return
 	}
 	if p.queue == nil {
@@ -91,53 +72,6 @@ func (p *ackPipe) add(a *answerers, start func() func() (*contract.Ack, bool), s
 	}
 	p.queue <- it // never blocks: a queue holds as many as a has slots
 	a.mu.RUnlock()
-}
-
-// deliver queues a finished message's answer for the connection's sender.
-func (p *ackPipe) deliver(x answer) {
-	p.mu.Lock()
-	p.ready = append(p.ready, x)
-	if !p.running {
-		p.running = true
-		go p.sender()
-	} else {
-		select {
-		case p.wake <- struct{}{}:
-		default:
-		}
-	}
-	p.mu.Unlock()
-}
-
-// sender sends the answers delivered, in order, and ends once none came
-// for answerLinger.
-func (p *ackPipe) sender() {
-	timer := time.NewTimer(answerLinger)
-	defer timer.Stop()
-	for {
-		p.mu.Lock()
-		if len(p.ready) == 0 {
-			p.mu.Unlock()
-			timer.Reset(answerLinger)
-			select {
-			case <-p.wake:
-				continue
-			case <-timer.C:
-			}
-			p.mu.Lock()
-			if len(p.ready) == 0 {
-				p.running = false
-				p.mu.Unlock()
-				return
-			}
-		}
-		x := p.ready[0]
-		p.ready[0] = answer{}
-		p.ready = p.ready[1:]
-		p.mu.Unlock()
-		x.send(x.ack, x.ok)
-		<-p.slots
-	}
 }
 
 // idle returns once every message added so far was answered: a message
@@ -154,17 +88,17 @@ func (p *ackPipe) idle() {
 	}
 }
 
-// answerers are the goroutines that wait for deferred readings' commits
-// and finish their ingest calls, a few for all connections. A
-// connection's messages all go to one answerer's queue; commits complete
+// answerers are the goroutines that wait for deferred messages' commits
+// and answer them, a few for all connections (a goroutine per message or
+// per connection would grow a new stack for its answers again and again).
+// A connection's messages all go to one answerer's queue; commits complete
 // in the order they were queued, so a message never waits behind a later
-// one. They do no I/O on a client's connection (ackPipe.sender does), so
-// a client that does not read cannot hold them.
+// one, and answers never wait for a client.
 type answerers struct {
 	queues []chan pipeItem
 	next   atomic.Uint32
-	// slots holds one value per deferred message not yet finished, at
-	// most maxDeferred.
+	// slots holds one value per deferred message not yet answered, at most
+	// maxDeferred.
 	slots chan struct{}
 
 	mu      sync.RWMutex
@@ -187,22 +121,22 @@ func (a *answerers) start() {
 		go func() {
 			defer a.wg.Done()
 			for it := range q {
-				a.finish(it)
+				a.answer(it)
 			}
 		}()
 	}
 }
 
-// finish waits for one message's commit and hands its answer to its
-// connection's sender.
-func (a *answerers) finish(it pipeItem) {
+// answer waits for one message's commit and answers it.
+func (a *answerers) answer(it pipeItem) {
 	ack, ok := it.finish()
+	it.send(ack, ok)
 	<-a.slots
-	it.pipe.deliver(answer{ack: ack, ok: ok, send: it.send})
+	<-it.slots
 }
 
-// stop finishes what is queued and ends the answerers; a message deferred
-// later is finished on the connection's goroutine.
+// stop answers what is queued and ends the answerers; a message deferred
+// later is answered on the connection's goroutine.
 func (a *answerers) stop() {
 	a.mu.Lock()
 	if a.stopped {

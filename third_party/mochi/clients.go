@@ -122,6 +122,10 @@ type Client struct {
 	ID           string           // the client id.
 	ops          *ops             // ops provides a reference to server ops.
 	sync.RWMutex                  // mutex
+	// idMu serializes NextPacketID, which does not take the client's mutex:
+	// WritePacket holds that one while it writes, so a client that does not
+	// read would block whoever publishes to it.
+	idMu sync.Mutex
 }
 
 // ClientConnection contains the connection transport and metadata for the client.
@@ -297,8 +301,8 @@ func (cl *Client) refreshDeadline(keepalive uint16) {
 // If no unused packet ids are available, an error is returned and the client
 // should be disconnected.
 func (cl *Client) NextPacketID() (i uint32, err error) {
-	cl.Lock()
-	defer cl.Unlock()
+	cl.idMu.Lock()
+	defer cl.idMu.Unlock()
 
 	i = atomic.LoadUint32(&cl.State.packetID)
 	started := i

@@ -883,18 +883,21 @@ func (s *Server) InjectPacket(cl *Client, pk packets.Packet) error {
 var ErrPublishDeferred = errors.New("publish answer deferred")
 
 // AckDeferred answers a PUBLISH whose OnPublish hook returned
-// ErrPublishDeferred. With ok it sends the PUBACK or PUBREC processPublish
-// would have sent; without, nothing (as packets.ErrRejectPacket: the client
-// keeps the message and sends it again). Call it once per deferred packet,
-// in the order the client sent them (PUBACKs and PUBRECs go out in that
-// order, [MQTT-4.6.0-2] [MQTT-4.6.0-3]); it is safe from any goroutine,
-// and it blocks while the client's connection takes no more bytes. A
-// client already closed is sent nothing and keeps no QoS 2 state.
+// ErrPublishDeferred. With ok it queues the PUBACK or PUBREC processPublish
+// would have sent, on the client's outbound queue (after what is queued
+// there already, such as messages published to it); without, it sends
+// nothing (as packets.ErrRejectPacket: the client keeps the message and
+// sends it again). Call it once per deferred packet, in the order the
+// client sent them ([MQTT-4.6.0-2] [MQTT-4.6.0-3]). It is safe from any
+// goroutine and never waits for the client's connection: when the
+// outbound queue is full (the client does not read), the client is
+// disconnected instead, and sends the message again on its next
+// connection. A client already closed is sent nothing and keeps no QoS 2
+// state.
 //
-// A PUBACK is written without passing through the client's in-flight map:
-// the inbound packet ID is not reserved there while its answer is
-// deferred, so an outbound message may hold the same ID, and its entry
-// must not be replaced or deleted by the PUBACK.
+// A PUBACK does not pass through the client's in-flight map: the inbound
+// packet ID is not reserved there while its answer is deferred, so an
+// outbound message may hold the same ID, and its entry must stay.
 func (s *Server) AckDeferred(cl *Client, pk packets.Packet, ok bool) error {
 	if pk.FixedHeader.Qos == 0 || cl.Net.Inline {
 		return nil
@@ -906,21 +909,22 @@ func (s *Server) AckDeferred(cl *Client, pk packets.Packet, ok bool) error {
 		}
 		return ErrConnectionClosed
 	}
-	if pk.FixedHeader.Qos == 1 {
-		err := cl.WritePacket(s.buildAck(pk.PacketID, packets.Puback, 0, pk.Properties, packets.QosCodes[1])) // [MQTT-4.3.2-4]
-		cl.State.Inflight.IncreaseReceiveQuota()
-		if err != nil {
-			return err
-		}
-	} else {
-		ack := s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, packets.CodeSuccess) // [MQTT-3.3.4-1] [MQTT-4.3.3-8]
+	ack := s.buildAck(pk.PacketID, packets.Puback, 0, pk.Properties, packets.QosCodes[1]) // [MQTT-4.3.2-4]
+	if pk.FixedHeader.Qos == 2 {
+		ack = s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, packets.CodeSuccess) // [MQTT-3.3.4-1] [MQTT-4.3.3-8]
 		if ok := cl.State.Inflight.Set(ack); ok {
 			atomic.AddInt64(&s.Info.Inflight, 1)
 			s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
 		}
-		if err := cl.WritePacket(ack); err != nil {
-			return err
-		}
+	} else {
+		cl.State.Inflight.IncreaseReceiveQuota() // a QoS 2 message keeps it until PUBREL
+	}
+	select {
+	case cl.State.outbound <- &ack:
+		atomic.AddInt32(&cl.State.outboundQty, 1)
+	default:
+		cl.Stop(packets.ErrPendingClientWritesExceeded)
+		return packets.ErrPendingClientWritesExceeded
 	}
 	pk.Ignore = true
 	s.hooks.OnPublished(cl, pk)
