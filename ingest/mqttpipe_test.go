@@ -16,11 +16,13 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/harness/gatewaytest"
+	"greenhouse-gateway/ingest"
 )
 
 // heldStore queues commits like the buffer's Submit, but holds each one
@@ -322,4 +324,57 @@ func TestMQTTQoS2ReadingIsAnsweredAfterItsCommit(t *testing.T) {
 	require.Equal(t, batchIDOf(t, payload), a.BatchID)
 	require.Equal(t, contract.StatusAccepted, a.Status)
 	require.EqualValues(t, 1, store.buf.Stats().PendingBatches)
+}
+
+// refusingStore queues nothing: its Submit fails (a buffer closed or
+// failed).
+type refusingStore struct{}
+
+func (refusingStore) Submit(context.Context, []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
+	return nil, buffer.ErrClosed
+}
+
+// A batch that could not even be queued is answered as a failed commit:
+// buffer_full, no acknowledgement, and the ingest call ends (Close does
+// not wait for it).
+func TestReadingsNotQueuedAreNotAcknowledged(t *testing.T) {
+	in, err := ingest.New(ingest.Config{}, refusingStore{}, nil, nil, nil, prometheus.NewRegistry())
+	require.NoError(t, err)
+	payload := gatewaytest.BatchJSON(hwA, gatewaytest.NewBoot(), 0, 2)
+	res, err := in.Readings(context.Background(), contract.TransportHTTP, "", [][]byte{payload})
+	require.ErrorIs(t, err, buffer.ErrClosed)
+	require.Equal(t, contract.StatusRejected, res[0].Status)
+	require.Equal(t, contract.ReasonBufferFull, *res[0].Reason)
+	ack, ok := in.MQTTMessage(context.Background(), hwA, contract.KindReadings, payload)
+	require.False(t, ok, "no MQTT acknowledgement")
+	require.Equal(t, contract.ReasonBufferFull, *ack.Reason)
+	closed := make(chan error, 1)
+	go func() { closed <- in.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waits for a call that ended")
+	}
+}
+
+// A QoS 0 message is answered after the QoS 1 messages before it: its ack
+// comes after theirs.
+func TestMQTTQoS0ReadingIsAnsweredAfterTheOnesBeforeIt(t *testing.T) {
+	store, d := startHeld(t)
+	boot := gatewaytest.NewBoot()
+	first := gatewaytest.BatchJSON(hwA, boot, 0, 2)
+	tok := d.Publish(first)
+	waitFor(t, 10*time.Second, "the first queued", func() bool { return len(store.submitted()) == 1 })
+	second := gatewaytest.BatchJSON(hwA, boot, 1, 2)
+	d.Client.Publish(contract.ReadingsTopic(hwA), 0, false, second)
+	assertNoAckYet(t, d, []paho.Token{tok}, 300*time.Millisecond)
+	require.Len(t, store.submitted(), 1, "the QoS 0 message waits")
+
+	store.release(0, nil)
+	waitFor(t, 10*time.Second, "the second queued", func() bool { return len(store.submitted()) == 2 })
+	store.release(1, nil)
+	require.Equal(t, batchIDOf(t, first), d.NextAck(t).BatchID)
+	require.Equal(t, batchIDOf(t, second), d.NextAck(t).BatchID)
+	require.True(t, tok.WaitTimeout(10*time.Second))
 }
