@@ -567,6 +567,18 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 				ack, ok := h.b.ingest.MQTTMessage(ctx, hw, kind, payload) // before the next message: it may admit the device
 				return func() (*contract.Ack, bool) { return ack, ok }
 			}, func(ack *contract.Ack, ok bool) {
+				if pk.FixedHeader.Qos == 2 {
+					// The PUBREC's state holds its packet ID before the
+					// ack-topic message takes one; the flow completes
+					// (PUBCOMP) after that message anyway.
+					_ = h.b.server.AckDeferred(cl, pk, ok)
+					if ack != nil {
+						h.b.publishAck(hw, *ack)
+					}
+					return
+				}
+				// The ack-topic message first: a device that sleeps once
+				// it has its PUBACK has its ack too.
 				if ack != nil {
 					h.b.publishAck(hw, *ack)
 				}

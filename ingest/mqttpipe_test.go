@@ -378,3 +378,28 @@ func TestMQTTQoS0ReadingIsAnsweredAfterTheOnesBeforeIt(t *testing.T) {
 	require.Equal(t, batchIDOf(t, second), d.NextAck(t).BatchID)
 	require.True(t, tok.WaitTimeout(10*time.Second))
 }
+
+// A device that resumed its session (its ack subscription kept) publishes
+// at QoS 2: its packet IDs and those of the acks the gateway publishes to
+// it count from 1 alike. Each PUBREC's state must keep its ID through the
+// ack-topic message published with it, or the device's PUBREL finds
+// nothing, its receive quota is never given back, and after 16 messages
+// it is disconnected.
+func TestMQTTQoS2ReadingsOfAResumedSessionKeepTheirState(t *testing.T) {
+	h := gatewaytest.Start(t, nil)
+	const clientID = hwA
+	first := connectListener(t, h, clientID, hwA, true)
+	first.leave()
+	l := connectListener(t, h, clientID, hwA, false)
+	require.True(t, l.present, "the session with its subscription resumed")
+	boot := gatewaytest.NewBoot()
+	const n = 40 // more than the receive maximum of 16
+	for i := range n {
+		tok := l.client.Publish(contract.ReadingsTopic(hwA), 2, false, gatewaytest.BatchJSON(hwA, boot, i, 1))
+		require.True(t, tok.WaitTimeout(10*time.Second), "message %d: PUBCOMP", i)
+		require.NoError(t, tok.Error(), "message %d", i)
+	}
+	require.Len(t, l.collect(time.Second), n, "an ack for each")
+	require.True(t, l.client.IsConnectionOpen(), "still connected")
+	require.EqualValues(t, n, h.Buf.Stats().PendingBatches)
+}

@@ -227,8 +227,15 @@ func (cl *Client) WriteLoop() {
 //go:noinline
 func (cl *Client) writeOutbound(pk *packets.Packet) {
 	if err := cl.WritePacket(*pk); err != nil {
-		// TODO : Figure out what to do with error
 		cl.ops.log.Debug("failed publishing packet", "error", err, "client", cl.ID, "packet", pk)
+		// A write that failed (its deadline passed while the reader waited,
+		// say) would otherwise drop the packet, a deferred PUBACK among
+		// them, and leave the connection up: end it, so that the client
+		// sends again. A packet over the client's maximum size is only
+		// dropped, as upstream.
+		if !errors.Is(err, packets.ErrPacketTooLarge) {
+			cl.Stop(err)
+		}
 	}
 	atomic.AddInt32(&cl.State.outboundQty, -1)
 }

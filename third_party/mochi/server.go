@@ -895,9 +895,12 @@ var ErrPublishDeferred = errors.New("publish answer deferred")
 // connection. A client already closed is sent nothing and keeps no QoS 2
 // state.
 //
-// A PUBACK does not pass through the client's in-flight map: the inbound
-// packet ID is not reserved there while its answer is deferred, so an
-// outbound message may hold the same ID, and its entry must stay.
+// The inbound packet ID is not reserved in the client's in-flight map
+// while its answer is deferred, so an outbound message may hold the same
+// ID: a PUBACK does not pass through the map, and leaves its entry. A
+// PUBREC must be kept there until PUBREL: call AckDeferred for a QoS 2
+// message before publishing anything to the client that could take the
+// same ID.
 func (s *Server) AckDeferred(cl *Client, pk packets.Packet, ok bool) error {
 	if pk.FixedHeader.Qos == 0 || cl.Net.Inline {
 		return nil
@@ -923,7 +926,9 @@ func (s *Server) AckDeferred(cl *Client, pk packets.Packet, ok bool) error {
 	case cl.State.outbound <- &ack:
 		atomic.AddInt32(&cl.State.outboundQty, 1)
 	default:
-		cl.Stop(packets.ErrPendingClientWritesExceeded)
+		// Closing a TLS connection may write (close_notify): not on the
+		// caller's goroutine.
+		go cl.Stop(packets.ErrPendingClientWritesExceeded)
 		return packets.ErrPendingClientWritesExceeded
 	}
 	pk.Ignore = true
