@@ -8,7 +8,6 @@ package ingest_test
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -51,20 +50,9 @@ func dialRawDevice(t *testing.T, addr, hw string) *rawDevice {
 
 func (d *rawDevice) send(pk packets.Packet) {
 	d.t.Helper()
-	var b bytes.Buffer
-	var err error
-	switch pk.FixedHeader.Type {
-	case packets.Connect:
-		err = pk.ConnectEncode(&b)
-	case packets.Subscribe:
-		err = pk.SubscribeEncode(&b)
-	case packets.Publish:
-		err = pk.PublishEncode(&b)
-	case packets.Puback:
-		err = pk.PubackEncode(&b)
-	}
+	b, err := encodePacket(pk)
 	require.NoError(d.t, err)
-	_, err = d.c.Write(b.Bytes())
+	_, err = d.c.Write(b)
 	require.NoError(d.t, err)
 }
 

@@ -243,19 +243,10 @@ func TestMQTTADeviceThatDoesNotReadHoldsNoOtherDevice(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() }) // after the gateway stopped: it did not wait for this device
 	write := func(pk packets.Packet) error {
-		var b bytes.Buffer
-		var err error
-		switch pk.FixedHeader.Type {
-		case packets.Connect:
-			err = pk.ConnectEncode(&b)
-		case packets.Subscribe:
-			err = pk.SubscribeEncode(&b)
-		default:
-			err = pk.PublishEncode(&b)
-		}
+		b, err := encodePacket(pk)
 		if err == nil {
 			_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
-			_, err = c.Write(b.Bytes())
+			_, err = c.Write(b)
 		}
 		return err
 	}
@@ -381,10 +372,11 @@ func TestMQTTQoS0ReadingIsAnsweredAfterTheOnesBeforeIt(t *testing.T) {
 
 // A device that resumed its session (its ack subscription kept) publishes
 // at QoS 2: its packet IDs and those of the acks the gateway publishes to
-// it count from 1 alike. Each PUBREC's state must keep its ID through the
-// ack-topic message published with it, or the device's PUBREL finds
-// nothing, its receive quota is never given back, and after 16 messages
-// it is disconnected.
+// it count from 1 alike, and more messages than the receive maximum all
+// complete. (Had the ack-topic message taken a PUBREC's ID, the PUBREC's
+// state could be gone before the PUBREL and its receive quota never given
+// back; whether that happens depends on the order in which the client
+// answers the two, so this test may pass without the fix.)
 func TestMQTTQoS2ReadingsOfAResumedSessionKeepTheirState(t *testing.T) {
 	h := gatewaytest.Start(t, nil)
 	const clientID = hwA
@@ -402,4 +394,23 @@ func TestMQTTQoS2ReadingsOfAResumedSessionKeepTheirState(t *testing.T) {
 	require.Len(t, l.collect(time.Second), n, "an ack for each")
 	require.True(t, l.client.IsConnectionOpen(), "still connected")
 	require.EqualValues(t, n, h.Buf.Stats().PendingBatches)
+}
+
+// encodePacket encodes a packet a raw test client sends.
+func encodePacket(pk packets.Packet) ([]byte, error) {
+	var b bytes.Buffer
+	var err error
+	switch pk.FixedHeader.Type {
+	case packets.Connect:
+		err = pk.ConnectEncode(&b)
+	case packets.Subscribe:
+		err = pk.SubscribeEncode(&b)
+	case packets.Publish:
+		err = pk.PublishEncode(&b)
+	case packets.Puback:
+		err = pk.PubackEncode(&b)
+	default:
+		err = fmt.Errorf("no encoder for packet type %d", pk.FixedHeader.Type)
+	}
+	return b.Bytes(), err
 }
