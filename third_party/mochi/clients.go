@@ -230,11 +230,13 @@ func (cl *Client) writeOutbound(pk *packets.Packet) {
 		cl.ops.log.Debug("failed publishing packet", "error", err, "client", cl.ID, "packet", pk)
 		// A write that failed (its deadline passed while the reader waited,
 		// say) would otherwise drop the packet, a deferred PUBACK among
-		// them, and leave the connection up: end it, so that the client
-		// sends again. A packet over the client's maximum size is only
-		// dropped, as upstream.
-		if !errors.Is(err, packets.ErrPacketTooLarge) {
-			cl.Stop(err)
+		// them, and leave the connection up: close it, so that the client
+		// sends again. Closing the socket, not Stop: the reader then ends
+		// with an error, as for any broken connection (Stop would make it
+		// a clean disconnect, its will dropped). A packet over the client's
+		// maximum size is only dropped, as upstream.
+		if !errors.Is(err, packets.ErrPacketTooLarge) && cl.Net.Conn != nil {
+			_ = cl.Net.Conn.Close()
 		}
 	}
 	atomic.AddInt32(&cl.State.outboundQty, -1)

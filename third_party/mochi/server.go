@@ -926,9 +926,13 @@ func (s *Server) AckDeferred(cl *Client, pk packets.Packet, ok bool) error {
 	case cl.State.outbound <- &ack:
 		atomic.AddInt32(&cl.State.outboundQty, 1)
 	default:
-		// Closing a TLS connection may write (close_notify): not on the
-		// caller's goroutine.
-		go cl.Stop(packets.ErrPendingClientWritesExceeded)
+		// The socket is closed, so that the reader ends with an error, as
+		// for any broken connection (Stop would make it a clean
+		// disconnect); not on the caller's goroutine, as closing a TLS
+		// connection may write (close_notify).
+		if conn := cl.Net.Conn; conn != nil {
+			go func() { _ = conn.Close() }()
+		}
 		return packets.ErrPendingClientWritesExceeded
 	}
 	pk.Ignore = true
