@@ -179,8 +179,8 @@ type Broker struct {
 	// served is set once Run starts mochi's server, which then closes the
 	// listener.
 	served atomic.Bool
-	// answer answers the readings whose answer waits for their commit
-	// (mqttpipe.go), while Run serves.
+	// answer answers the QoS 1 and 2 messages whose answer waits for
+	// their commit (mqttpipe.go), while Run serves.
 	answer *answerers
 }
 
@@ -567,22 +567,21 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 				ack, ok := h.b.ingest.MQTTMessage(ctx, hw, kind, payload) // before the next message: it may admit the device
 				return func() (*contract.Ack, bool) { return ack, ok }
 			}, func(ack *contract.Ack, ok bool) {
+				// At QoS 1 the ack-topic message goes first: a device that
+				// sleeps once it has its PUBACK has its ack too. At QoS 2
+				// the PUBREC's state must hold its packet ID before that
+				// message takes one; the flow ends (PUBCOMP) after it
+				// anyway. AckDeferred fails only for a connection gone or
+				// not reading.
 				if pk.FixedHeader.Qos == 2 {
-					// The PUBREC's state holds its packet ID before the
-					// ack-topic message takes one; the flow completes
-					// (PUBCOMP) after that message anyway.
 					_ = h.b.server.AckDeferred(cl, pk, ok)
-					if ack != nil {
-						h.b.publishAck(hw, *ack)
-					}
-					return
 				}
-				// The ack-topic message first: a device that sleeps once
-				// it has its PUBACK has its ack too.
 				if ack != nil {
 					h.b.publishAck(hw, *ack)
 				}
-				_ = h.b.server.AckDeferred(cl, pk, ok) // fails only for a connection gone or not reading
+				if pk.FixedHeader.Qos == 1 {
+					_ = h.b.server.AckDeferred(cl, pk, ok)
+				}
 			})
 			return pk, mqtt.ErrPublishDeferred
 		}

@@ -13,7 +13,7 @@ import (
 )
 
 // receiveMaximum is the broker's MQTT 5 Receive Maximum: the QoS 1 and 2
-// messages a client may have unanswered at once. A QoS 1 reading holds a
+// messages a client may have unanswered at once. A QoS 1 message holds a
 // slot until its commit answers it (at most maxDeferredPerConn of them
 // wait, mqttpipe.go); a QoS 2 message holds its slot (a packet of about
 // 800 bytes in mochi's in-flight map) from its PUBREC until the client's

@@ -196,7 +196,7 @@ type guardConn struct {
 	// hook's OnConnect, read by its OnPublish: both on the connection's
 	// own goroutine).
 	principal Principal
-	// acks answers the connection's deferred readings (the gateway
+	// acks answers the connection's deferred messages (the gateway
 	// hook's OnPublish, on the connection's goroutine).
 	acks ackPipe
 

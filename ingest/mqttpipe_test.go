@@ -201,8 +201,8 @@ func TestMQTTDeferredMessagesPerConnectionAreBounded(t *testing.T) {
 	require.EqualValues(t, n, store.buf.Stats().PendingBatches)
 }
 
-// A registration (answered without deferral) waits for the readings before
-// it: its answer comes after theirs.
+// A registration is saved before the next message is read, but answered
+// after the readings before it.
 func TestMQTTRegistrationIsAnsweredAfterTheReadingsBeforeIt(t *testing.T) {
 	store, d := startHeld(t)
 	boot := gatewaytest.NewBoot()

@@ -876,7 +876,6 @@ func (s *Server) InjectPacket(cl *Client, pk packets.Packet) error {
 	return nil
 }
 
-// processPublish processes a Publish packet.
 // ErrPublishDeferred, returned by an OnPublish hook for a QoS 1 or 2
 // PUBLISH, leaves its answer to a later AckDeferred: the client's next
 // packets are read meanwhile. The message is not sent to subscribers.
@@ -940,6 +939,7 @@ func (s *Server) AckDeferred(cl *Client, pk packets.Packet, ok bool) error {
 	return nil
 }
 
+// processPublish processes a Publish packet.
 func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	if !cl.Net.Inline && !IsValidFilter(pk.TopicName, true) {
 		return nil
