@@ -24,29 +24,8 @@ func TestBatchesBeyondTheMemtablesReachTables(t *testing.T) {
 	dir := t.TempDir()
 	opts := Options{MemTableSize: 1 << 20}
 	b := open(t, dir, opts)
-	const groups, perGroup, size = 60, 50, 2000
-	payload := func(i int) []byte {
-		p := make([]byte, size)
-		r := rand.New(rand.NewPCG(uint64(i), 7))
-		for k := range p {
-			p[k] = byte(r.Uint32())
-		}
-		return p
-	}
-	for g := range groups {
-		entries := make([]Entry, perGroup)
-		for k := range entries {
-			i := g*perGroup + k
-			p := payload(i)
-			entries[k] = Entry{BatchID: fmt.Sprintf("batch-%05d", i), HardwareID: "AA:BB:CC:DD:EE:FF",
-				Hash: sha256.Sum256(p), Payload: p, ReceivedAt: time.UnixMilli(1_700_000_000_000)}
-		}
-		out, err := b.Commit(context.Background(), entries)
-		require.NoError(t, err)
-		for k, o := range out {
-			require.Equal(t, Stored, o, "batch %d", g*perGroup+k)
-		}
-	}
+	const n = 3000
+	commitIncompressible(t, b, n)
 	// The flushes run in the background; the tables show they happened.
 	require.Eventually(t, func() bool {
 		tables, err := filepath.Glob(filepath.Join(dir, "*.sst"))
@@ -54,16 +33,54 @@ func TestBatchesBeyondTheMemtablesReachTables(t *testing.T) {
 	}, 2*time.Minute, 50*time.Millisecond, "memtables flushed to tables")
 	require.NoError(t, b.Close())
 
-	b = open(t, dir, opts)
-	require.EqualValues(t, groups*perGroup, b.Stats().PendingBatches)
+	requireIncompressible(t, open(t, dir, opts), n)
+}
+
+// incompressible is the payload of batch i: 2,000 bytes that do not
+// compress, so that a few thousand batches fill several memtables.
+func incompressible(i int) []byte {
+	p := make([]byte, 2000)
+	r := rand.New(rand.NewPCG(uint64(i), 7))
+	for k := range p {
+		p[k] = byte(r.Uint32())
+	}
+	return p
+}
+
+// commitIncompressible stores batches batch-00000 to batch-<n-1>, 50 to a
+// commit, each with its incompressible payload.
+func commitIncompressible(t *testing.T, b *Buffer, n int) {
+	t.Helper()
+	const perGroup = 50
+	for first := 0; first < n; first += perGroup {
+		entries := make([]Entry, min(perGroup, n-first))
+		for k := range entries {
+			i := first + k
+			p := incompressible(i)
+			entries[k] = Entry{BatchID: fmt.Sprintf("batch-%05d", i), HardwareID: "AA:BB:CC:DD:EE:FF",
+				Hash: sha256.Sum256(p), Payload: p, ReceivedAt: time.UnixMilli(1_700_000_000_000)}
+		}
+		out, err := b.Commit(context.Background(), entries)
+		require.NoError(t, err)
+		for k, o := range out {
+			require.Equal(t, Stored, o, "batch %d", first+k)
+		}
+	}
+}
+
+// requireIncompressible reads back, in order, the n batches
+// commitIncompressible stored, each with its payload.
+func requireIncompressible(t *testing.T, b *Buffer, n int) {
+	t.Helper()
+	require.EqualValues(t, n, b.Stats().PendingBatches)
 	var after uint64
-	for i := 0; i < groups*perGroup; {
+	for i := 0; i < n; {
 		got, err := b.Pending(after, 500)
 		require.NoError(t, err)
 		require.NotEmpty(t, got, "pending batches from %d on", i)
 		for _, p := range got {
 			require.Equal(t, fmt.Sprintf("batch-%05d", i), p.BatchID)
-			require.Equal(t, payload(i), p.Payload, "batch %d", i)
+			require.Equal(t, incompressible(i), p.Payload, "batch %d", i)
 			i++
 			after = p.Seq
 		}

@@ -902,11 +902,19 @@ func (s *levelsController) subcompact(it y.Iterator, kr keyRange, cd compactDef,
 		numBuilds++
 		if err := inflightBuilders.Do(); err != nil {
 			// Can't return from here, until I decrRef all the tables that I built so far.
+			// greenhouse-gateway: the builder's goroutines are
+			// stopped and its memory returned (upstream leaked them).
+			builder.Done()
+			builder.Close()
 			break
 		}
 		go func(builder *table.Builder, fileID uint64) {
 			var err error
-			defer inflightBuilders.Done(err)
+			// greenhouse-gateway: Done gets err as it is when the
+			// goroutine returns; upstream deferred Done(err) with
+			// err still nil, and a compaction whose table could not
+			// be written was committed without it.
+			defer func() { inflightBuilders.Done(err) }()
 			defer builder.Close()
 
 			var tbl *table.Table
@@ -977,8 +985,11 @@ func (s *levelsController) compactBuildTables(
 	for _, kr := range cd.splits {
 		// Initiate Do here so we can register the goroutines for buildTables too.
 		if err := inflightBuilders.Do(); err != nil {
+			// greenhouse-gateway: Finish below waits for the
+			// subcompactions already started and returns the error;
+			// upstream returned here and left them blocked.
 			s.kv.opt.Errorf("cannot start subcompaction: %+v", err)
-			return nil, nil, err
+			break
 		}
 		go func(kr keyRange) {
 			defer inflightBuilders.Done(nil)

@@ -250,21 +250,97 @@ func (b *Block) verifyCheckSum() error {
 
 func CreateTable(fname string, builder *Builder) (*Table, error) {
 	bd := builder.Done()
-	mf, err := z.OpenMmapFile(fname, os.O_CREATE|os.O_RDWR|os.O_EXCL, bd.Size)
-	if err == z.NewFile {
-		// Expected.
-	} else if err != nil {
-		return nil, y.Wrapf(err, "while creating table: %s", fname)
-	} else {
+	if fault := CreateTableFault.Load(); fault != nil {
+		if err := (*fault)(fname); err != nil {
+			return nil, y.Wrapf(err, "while creating table: %s", fname)
+		}
+	}
+	// greenhouse-gateway: the table is written with write(2) and synced,
+	// then mapped to be read, instead of being copied into a fresh
+	// writable mapping and msynced: filling a new mapping faults in every
+	// page (third_party/README.md).
+	fd, err := os.OpenFile(fname, os.O_CREATE|os.O_RDWR|os.O_EXCL, 0666)
+	if os.IsExist(err) {
 		return nil, fmt.Errorf("file already exists: %s", fname)
 	}
-
-	written := bd.Copy(mf.Data)
-	y.AssertTrue(written == len(mf.Data))
-	if err := z.Msync(mf.Data); err != nil {
-		return nil, y.Wrapf(err, "while calling msync on %s", fname)
+	if err != nil {
+		return nil, y.Wrapf(err, "while creating table: %s", fname)
+	}
+	if err := writeTable(fd, &bd); err != nil {
+		_ = fd.Close()
+		_ = os.Remove(fname)
+		return nil, y.Wrapf(err, "while writing table: %s", fname)
+	}
+	mf, err := z.OpenMmapFileUsing(fd, 0, true)
+	if err != nil {
+		_ = fd.Close()
+		_ = os.Remove(fname)
+		return nil, y.Wrapf(err, "while mapping table: %s", fname)
+	}
+	if len(mf.Data) != bd.Size {
+		_ = mf.Close(-1)
+		return nil, fmt.Errorf("table %s is %d bytes, built %d", fname, len(mf.Data), bd.Size)
 	}
 	return OpenTable(mf, *builder.opts)
+}
+
+// CreateTableFault, when set, is called with the name of each table
+// CreateTable is about to write; an error it returns is CreateTable's.
+// Tests use it to fail a flush or a compaction the way a full disk does
+// (greenhouse-gateway).
+var CreateTableFault atomic.Pointer[func(fname string) error]
+
+// tableWriteBufs holds the buffers tables are written through.
+var tableWriteBufs = sync.Pool{New: func() any { b := make([]byte, 0, tableWriteBuf); return &b }}
+
+const tableWriteBuf = 1 << 20
+
+// writeTable writes the table bd describes to fd, in writes of up to
+// tableWriteBuf bytes, and syncs it.
+func writeTable(fd *os.File, bd *buildData) error {
+	bp := tableWriteBufs.Get().(*[]byte)
+	defer tableWriteBufs.Put(bp)
+	buf := (*bp)[:0]
+	put := func(p []byte) error {
+		for len(p) > 0 {
+			if len(buf) == cap(buf) {
+				if _, err := fd.Write(buf); err != nil {
+					return err
+				}
+				buf = buf[:0]
+			}
+			n := copy(buf[len(buf):cap(buf)], p)
+			buf = buf[:len(buf)+n]
+			p = p[n:]
+		}
+		return nil
+	}
+	for _, bl := range bd.blockList {
+		if err := put(bl.data[:bl.end]); err != nil {
+			return err
+		}
+	}
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(bd.index)))
+	if err := put(bd.index); err != nil {
+		return err
+	}
+	if err := put(n[:]); err != nil {
+		return err
+	}
+	binary.BigEndian.PutUint32(n[:], uint32(len(bd.checksum)))
+	if err := put(bd.checksum); err != nil {
+		return err
+	}
+	if err := put(n[:]); err != nil {
+		return err
+	}
+	if len(buf) > 0 {
+		if _, err := fd.Write(buf); err != nil {
+			return err
+		}
+	}
+	return fd.Sync()
 }
 
 // OpenTable assumes file has only one table and opens it. Takes ownership of fd upon function

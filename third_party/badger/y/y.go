@@ -190,6 +190,20 @@ type Throttle struct {
 	ch        chan struct{}
 	errCh     chan error
 	finishErr error
+
+	// kept holds the first error Do took from errCh, or that Done could
+	// not queue, for Finish (greenhouse-gateway: upstream handed it to
+	// Do's caller only, and Done blocked when errCh was full).
+	mu   sync.Mutex
+	kept error
+}
+
+func (t *Throttle) keep(err error) {
+	t.mu.Lock()
+	if t.kept == nil {
+		t.kept = err
+	}
+	t.mu.Unlock()
 }
 
 // NewThrottle creates a new throttle with a max number of workers.
@@ -211,6 +225,7 @@ func (t *Throttle) Do() error {
 			return nil
 		case err := <-t.errCh:
 			if err != nil {
+				t.keep(err)
 				return err
 			}
 		}
@@ -221,7 +236,11 @@ func (t *Throttle) Do() error {
 // pass the error status of work done.
 func (t *Throttle) Done(err error) {
 	if err != nil {
-		t.errCh <- err
+		select {
+		case t.errCh <- err:
+		default:
+			t.keep(err)
+		}
 	}
 	select {
 	case <-t.ch:
@@ -245,6 +264,9 @@ func (t *Throttle) Finish() error {
 				return
 			}
 		}
+		t.mu.Lock()
+		t.finishErr = t.kept
+		t.mu.Unlock()
 	})
 
 	return t.finishErr
