@@ -8,12 +8,14 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/internal/tablewrite"
 	"greenhouse-gateway/uplink"
 )
 
 // BenchmarkBatchItems turns a typical buffered batch (10 readings of 5
 // sensors and 3 statuses) into its table items, as the uplink does for
-// every batch it forwards: decoding, quality scores, identity hash, items.
+// every batch it forwards: decoding, quality scores, identity hash, items,
+// the readings encoded or as attribute maps.
 func BenchmarkBatchItems(b *testing.B) {
 	const hw, boot, id = "02:00:00:00:00:01", "6f1c1e9e-3b6a-4f43-9b7e-0d9d1c2b3a40", "02:00:00:00:00:01_6f1c1e9e_41"
 	now := time.Now()
@@ -31,10 +33,26 @@ func BenchmarkBatchItems(b *testing.B) {
 		b.Fatal(err)
 	}
 	p := buffer.Pending{Seq: 1, BatchID: id, HardwareID: hw, ReceivedAt: now, Payload: batch.Canonical()}
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := uplink.BatchItems(p, 30*24*time.Hour, now); err != nil {
-			b.Fatal(err)
-		}
+	// The bulk writer encodes the readings (batch mode); transactions take
+	// them as attribute maps.
+	for _, way := range []struct {
+		name  string
+		items func(*tablewrite.Items) int
+	}{
+		{"encoded", func(it *tablewrite.Items) int { return len(it.Encode()) }},
+		{"maps", func(it *tablewrite.Items) int { return len(it.ReadingItems()) }},
+	} {
+		b.Run(way.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				it, err := uplink.BatchItems(p, 30*24*time.Hour, now)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n := way.items(it); n != 10 {
+					b.Fatalf("%d reading items", n)
+				}
+			}
+		})
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"greenhouse-gateway/internal/cloud"
 )
 
 // plainRun is one run of the plain writer: the backlog's readings, 25 to
@@ -66,12 +68,15 @@ func bestPlain(runs []plainRun) plainRun {
 }
 
 // plainRequests packs the batches' readings, in order, 25 to a request.
+// Each reading is given encoded (cloud.EncodedItem), as gatewayd sends
+// it, and encoded here, before the writer's clock starts: the writer only
+// sends.
 func plainRequests(items []*itemBatch) [][]types.WriteRequest {
 	var out [][]types.WriteRequest
 	var cur []types.WriteRequest
 	for _, ib := range items {
-		for _, r := range ib.readings {
-			cur = append(cur, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
+		for _, raw := range ib.built.Encode() {
+			cur = append(cur, types.WriteRequest{PutRequest: &types.PutRequest{Item: cloud.EncodedItem(raw)}})
 			if len(cur) == 25 {
 				out = append(out, cur)
 				cur = nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"errors"
 	"slices"
 	"sync"
 
@@ -62,6 +63,10 @@ func (p batchWriteProtocol) SerializeRequest(ctx context.Context, schema *smithy
 		bodyScratch.Put(scratch)
 	}
 	if !ok {
+		if holdsEncoded(bw) {
+			// The SDK cannot serialize an encoded item.
+			return errors.New("BatchWriteItem: an item the encoder does not know beside items given encoded")
+		}
 		return p.ClientProtocol.SerializeRequest(ctx, schema, in, req)
 	}
 	// The SDK's protocol sets the method, path and headers (and a body of
@@ -139,11 +144,61 @@ func appendWriteRequest(dst []byte, r types.WriteRequest) ([]byte, bool) {
 	return append(dst, "}}"...), ok
 }
 
+// encodedTag marks the one attribute of an item given encoded (EncodedItem).
+const encodedTag = "greenhouse-gateway/encoded-item"
+
+// EncodedItem is an item given as its AWS JSON encoding, raw: an object of
+// attribute values, as DynamoDB's API spells an item. It goes in a
+// BatchWriteItem's PutRequest through a client of NewClient (whose encoder
+// writes raw as it is) and nowhere else: the SDK's own serializer does not
+// know it. raw is not copied and must not change until the request is
+// answered.
+func EncodedItem(raw []byte) map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{"": &types.UnknownUnionMember{Tag: encodedTag, Value: raw}}
+}
+
+// encodedItem returns the raw encoding of an item made by EncodedItem.
+func encodedItem(item map[string]types.AttributeValue) ([]byte, bool) {
+	if len(item) != 1 {
+		return nil, false
+	}
+	u, ok := item[""].(*types.UnknownUnionMember)
+	if !ok || u.Tag != encodedTag {
+		return nil, false
+	}
+	return u.Value, true
+}
+
+// EncodesItems reports whether client's BatchWriteItem requests may hold
+// items given encoded (EncodedItem): whether it was made by NewClient.
+func EncodesItems(client *dynamodb.Client) bool {
+	_, ok := client.Options().Protocol.(batchWriteProtocol)
+	return ok
+}
+
+// holdsEncoded reports whether in holds an item given encoded.
+func holdsEncoded(in *dynamodb.BatchWriteItemInput) bool {
+	for _, reqs := range in.RequestItems {
+		for _, r := range reqs {
+			if r.PutRequest != nil {
+				if _, ok := encodedItem(r.PutRequest.Item); ok {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // appendItem appends item as a JSON object of attribute values, or reports
-// false for a nil item or a value appendValue does not encode.
+// false for a nil item or a value appendValue does not encode. An item
+// given encoded is appended as it is.
 func appendItem(dst []byte, item map[string]types.AttributeValue) ([]byte, bool) {
 	if item == nil {
 		return dst, false
+	}
+	if raw, ok := encodedItem(item); ok {
+		return append(dst, raw...), true
 	}
 	dst = append(dst, '{')
 	first := true

@@ -196,6 +196,44 @@ func TestBatchWriteEncoderLeavesTheRestToTheSDK(t *testing.T) {
 	}
 }
 
+// TestItemsGivenEncodedAreSentAsTheyAre sends readings given encoded
+// (EncodedItem) beside maps, and checks the body is the one of the same
+// items as maps; and that a request the encoder cannot write whole fails
+// rather than reach the SDK's serializer, which does not know encoded
+// items.
+func TestItemsGivenEncodedAreSentAsTheyAre(t *testing.T) {
+	endpoint, received := captureEndpoint(t)
+	ours := testClient(t, endpoint)
+	require.True(t, EncodesItems(ours))
+	require.False(t, EncodesItems(testClient(t, endpoint, sdkSerializer)))
+
+	asMaps := batchWriteInputs()["readings and markers"]
+	given := &dynamodb.BatchWriteItemInput{RequestItems: map[string][]types.WriteRequest{}}
+	for table, reqs := range asMaps.RequestItems {
+		for i, r := range reqs {
+			if i%2 == 0 && table == "device_readings" {
+				raw, ok := appendItem(nil, r.PutRequest.Item)
+				require.True(t, ok)
+				r = types.WriteRequest{PutRequest: &types.PutRequest{Item: EncodedItem(raw)}}
+			}
+			given.RequestItems[table] = append(given.RequestItems[table], r)
+		}
+	}
+	for _, in := range []*dynamodb.BatchWriteItemInput{asMaps, given} {
+		_, err := ours.BatchWriteItem(context.Background(), in)
+		require.NoError(t, err)
+	}
+	got := received()
+	require.Len(t, got, 2)
+	require.Equal(t, decodeJSON(t, got[0].body), decodeJSON(t, got[1].body))
+
+	given.RequestItems["device_readings"] = append(given.RequestItems["device_readings"],
+		types.WriteRequest{PutRequest: &types.PutRequest{Item: map[string]types.AttributeValue{"nil": nil}}})
+	_, err := ours.BatchWriteItem(context.Background(), given)
+	require.ErrorContains(t, err, "items given encoded")
+	require.Empty(t, received(), "nothing sent")
+}
+
 // BenchmarkBatchWriteItemCall is one 25-item BatchWriteItem call of the
 // uplink's reading items against an in-process endpoint, with the SDK's
 // serializer and with the encoder: the client's whole cost of a request

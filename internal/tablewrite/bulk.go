@@ -11,6 +11,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"greenhouse-gateway/internal/cloud"
 )
 
 // WriteBulk writes many batches of one writer, at the cost of plain
@@ -72,6 +74,12 @@ func (w *Writer) StartBulk(ctx context.Context, concurrency int) *Bulk {
 // Add adds batches after those added before.
 func (bk *Bulk) Add(batches ...*Items) {
 	b := bk.b
+	if b.w.encodes {
+		// Encoded here, outside the lock, once for every request.
+		for _, it := range batches {
+			it.Encode()
+		}
+	}
 	b.mu.Lock()
 	first := len(b.batches)
 	for _, it := range batches {
@@ -138,7 +146,7 @@ func (bk *Bulk) Wait() []Result {
 	for i, r := range b.results {
 		if r.Outcome == Rejected {
 			b.results[i] = b.w.unwrite(b.ctx, b.batches[i], r)
-			b.batches[i].readings = nil
+			b.batches[i].drop()
 		}
 	}
 	return b.results
@@ -244,12 +252,21 @@ func (b *bulk) lookup(from, to int) {
 	})
 }
 
-// queueReadings puts batch i's readings in line, 25 to a part.
+// queueReadings puts batch i's readings in line, 25 to a part: given
+// encoded when the writer's client takes them so, as maps otherwise.
 func (b *bulk) queueReadings(i int) {
 	it := b.batches[i]
-	for start := 0; start < len(it.readings); start += BatchWriteMax {
+	var items []map[string]types.AttributeValue
+	if b.w.encodes {
+		for _, raw := range it.Encode() {
+			items = append(items, cloud.EncodedItem(raw))
+		}
+	} else {
+		items = it.readingMaps()
+	}
+	for start := 0; start < len(items); start += BatchWriteMax {
 		part := bulkPart{owner: i}
-		for _, r := range it.readings[start:min(start+BatchWriteMax, len(it.readings))] {
+		for _, r := range items[start:min(start+BatchWriteMax, len(items))] {
 			part.reqs = append(part.reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
 		}
 		b.readings = append(b.readings, part)
@@ -481,7 +498,7 @@ func (b *bulk) decide(i int, r Result) {
 	b.left--
 	b.batches[i].marker = nil
 	if r.Outcome != Rejected {
-		b.batches[i].readings = nil
+		b.batches[i].drop()
 	}
 }
 

@@ -17,6 +17,8 @@ import (
 	"github.com/aws/smithy-go"
 	"github.com/stretchr/testify/require"
 
+	contract "greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/dynamotest"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/tablewrite"
 )
@@ -522,4 +524,68 @@ func (m *markerAppearsDB) BatchGetItem(ctx context.Context, in *dynamodb.BatchGe
 		m.mu.Unlock()
 	}
 	return m.bulkDB.BatchGetItem(ctx, in, opts...)
+}
+
+// mapsOnly hides a client's type from the writer, which then sends its
+// reading items as attribute maps.
+type mapsOnly struct{ *dynamodb.Client }
+
+// TestBulkWritesTheSameItemsEncoded writes the same batches with
+// WriteBulk into DynamoDB Local twice, once with reading items given
+// encoded and once as attribute maps, and compares the tables.
+func TestBulkWritesTheSameItemsEncoded(t *testing.T) {
+	client, tables, encoded := localWriter(t)
+	require.True(t, tablewrite.Encodes(encoded), "a client of cloud.NewClient takes items encoded")
+	mapsTables := dynamotest.Shared(t).NewTables(t)
+	maps := tablewrite.New(mapsOnly{client}, mapsTables, tablewrite.Options{})
+	require.False(t, tablewrite.Encodes(maps))
+
+	received, now := time.Unix(1_760_000_100, 0), time.Now()
+	var batches []tablewrite.Batch
+	for d := range 6 {
+		for w := range 5 {
+			b := testBatch(fmt.Sprintf("02:00:00:00:00:%02X", d), w, 1+(d*5+w)%37, 20.5+float64(w)/3)
+			b.Readings[0].SensorStatus["probe"] = `escaped "status" ✓`
+			b.Readings[0].TimeSource = contract.TimeSourceGateway
+			quality := make([]float64, len(b.Readings))
+			for i := range quality {
+				quality[i] = float64(i) / 7
+			}
+			if w%2 == 0 {
+				quality = nil
+			}
+			batches = append(batches, tablewrite.Batch{Batch: b, ReceivedAt: received, Hash: b.IdentityHash(), Quality: quality})
+		}
+	}
+	for _, w := range []*tablewrite.Writer{encoded, maps} {
+		items := make([]*tablewrite.Items, len(batches))
+		for i, b := range batches {
+			items[i] = tablewrite.Build(b, 90*24*time.Hour, now)
+		}
+		for i, r := range w.WriteBulk(context.Background(), items, 4) {
+			require.Equal(t, tablewrite.Delivered, r.Outcome, "batch %d: %v", i, r.Err)
+		}
+	}
+	scan := func(table string) []map[string]types.AttributeValue {
+		var out []map[string]types.AttributeValue
+		p := dynamodb.NewScanPaginator(client, &dynamodb.ScanInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true)})
+		for p.HasMorePages() {
+			page, err := p.NextPage(context.Background())
+			require.NoError(t, err)
+			out = append(out, page.Items...)
+		}
+		slices.SortFunc(out, func(a, b map[string]types.AttributeValue) int {
+			return strings.Compare(fmt.Sprint(a["hardware_id"], a["ts_batch"], a["batch_id"]), fmt.Sprint(b["hardware_id"], b["ts_batch"], b["batch_id"]))
+		})
+		return out
+	}
+	got, want := scan(tables.Readings), scan(mapsTables.Readings)
+	require.Len(t, want, func() (n int) {
+		for _, b := range batches {
+			n += len(b.Batch.Readings)
+		}
+		return n
+	}())
+	require.Equal(t, want, got)
+	require.Equal(t, scan(mapsTables.ProcessedBatches), scan(tables.ProcessedBatches))
 }

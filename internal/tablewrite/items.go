@@ -18,6 +18,7 @@ package tablewrite
 import (
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -55,37 +56,36 @@ type Batch struct {
 	Quality []float64
 }
 
-// Items is a batch turned into its table items.
+// Items is a batch turned into its table items. Its reading items are
+// made when they are first needed: as attribute maps (readingMaps), or
+// encoded (Encode) for the bulk writer. An Items is used by one goroutine
+// at a time.
 type Items struct {
 	BatchID    string
 	HardwareID string
 	hash       string
-	readings   []map[string]types.AttributeValue
-	marker     map[string]types.AttributeValue
+	src        Batch
+	retention  time.Duration
+	n          int // readings
+	// readings are the attribute maps, once made.
+	readings []map[string]types.AttributeValue
+	// encoded holds the readings' AWS JSON encodings one after the other,
+	// reading i at encoded[ends[i-1]:ends[i]], once made.
+	encoded []byte
+	ends    []int
+	marker  map[string]types.AttributeValue
 }
 
 // Readings is the number of device_readings items.
-func (it *Items) Readings() int { return len(it.readings) }
+func (it *Items) Readings() int { return it.n }
 
 // Build turns b into its table items: readings expire retention after
 // their timestamp, the marker MarkerTTL after now.
 func Build(b Batch, retention time.Duration, now time.Time) *Items {
 	cb := b.Batch
-	it := &Items{BatchID: cb.BatchID, HardwareID: cb.HardwareID}
+	it := &Items{BatchID: cb.BatchID, HardwareID: cb.HardwareID, src: b, retention: retention, n: len(cb.Readings)}
 	if b.Hash != ([32]byte{}) {
 		it.hash = hex.EncodeToString(b.Hash[:])
-	}
-	it.readings = make([]map[string]types.AttributeValue, 0, len(cb.Readings))
-	// The attributes every reading of the batch shares, built once: no
-	// item is changed after Build.
-	shared := batchAttributes{hardwareID: s(cb.HardwareID), batchID: s(cb.BatchID), bootID: s(cb.BootID),
-		firmwareVersion: s(cb.FirmwareVersion)}
-	for i, r := range cb.Readings {
-		item := readingItem(cb.BatchID, shared, r, retention)
-		if len(b.Quality) == len(cb.Readings) {
-			item[AttrQualityScore] = n(strconv.FormatFloat(b.Quality[i], 'g', -1, 64))
-		}
-		it.readings = append(it.readings, item)
 	}
 	it.marker = map[string]types.AttributeValue{
 		"batch_id":        s(cb.BatchID),
@@ -97,6 +97,127 @@ func Build(b Batch, retention time.Duration, now time.Time) *Items {
 		it.marker[AttrPayloadHash] = s(it.hash)
 	}
 	return it
+}
+
+// readingMaps returns the device_readings items as attribute maps, made
+// on the first call.
+func (it *Items) readingMaps() []map[string]types.AttributeValue {
+	if it.readings != nil || it.src.Batch == nil {
+		return it.readings
+	}
+	cb := it.src.Batch
+	it.readings = make([]map[string]types.AttributeValue, 0, len(cb.Readings))
+	// The attributes every reading of the batch shares, built once: no
+	// item is changed after it is made.
+	shared := batchAttributes{hardwareID: s(cb.HardwareID), batchID: s(cb.BatchID), bootID: s(cb.BootID),
+		firmwareVersion: s(cb.FirmwareVersion)}
+	for i, r := range cb.Readings {
+		item := readingItem(cb.BatchID, shared, r, it.retention)
+		if len(it.src.Quality) == len(cb.Readings) {
+			item[AttrQualityScore] = n(strconv.FormatFloat(it.src.Quality[i], 'g', -1, 64))
+		}
+		it.readings = append(it.readings, item)
+	}
+	return it.readings
+}
+
+// Encode makes the reading items' AWS JSON encodings, the same items as
+// readingMaps (attributes in another order), without the maps: the bulk
+// writer sends them as they are (cloud.EncodedItem). It returns the
+// encodings of readings 0 to n-1, in order; they are made on the first
+// call.
+func (it *Items) Encode() [][]byte {
+	if it.ends == nil && it.src.Batch != nil {
+		it.encoded, it.ends = encodeReadings(it.src, it.retention)
+	}
+	out := make([][]byte, len(it.ends))
+	start := 0
+	for i, end := range it.ends {
+		out[i] = it.encoded[start:end:end]
+		start = end
+	}
+	return out
+}
+
+// drop lets go of the batch and its reading items.
+func (it *Items) drop() {
+	it.src = Batch{}
+	it.readings, it.encoded, it.ends = nil, nil, nil
+}
+
+// encodeReadings encodes b's readings one after the other and returns
+// the bytes with the end of each reading's encoding.
+func encodeReadings(b Batch, retention time.Duration) ([]byte, []int) {
+	cb := b.Batch
+	// The attributes every reading shares, encoded once.
+	var shared []byte
+	for _, a := range [...]struct{ name, value string }{
+		{"hardware_id", cb.HardwareID}, {"batch_id", cb.BatchID}, {"boot_id", cb.BootID}, {"firmware_version", cb.FirmwareVersion},
+	} {
+		shared = append(contract.AppendJSONString(shared, a.name), `:{"S":`...)
+		shared = append(contract.AppendJSONString(shared, a.value), "},"...)
+	}
+	// The batch_id as it follows '#' in ts_batch, escaped, without quotes.
+	id := contract.AppendJSONString(nil, cb.BatchID)
+	id = id[1 : len(id)-1]
+	quality := len(b.Quality) == len(cb.Readings)
+	expiresAfter := int64(retention / time.Second)
+	ends := make([]int, 0, len(cb.Readings))
+	var out []byte
+	for i, r := range cb.Readings {
+		if i == 1 {
+			// The first reading's size, for the rest.
+			out = slices.Grow(out, (len(cb.Readings)-1)*len(out)*9/8)
+		}
+		out = append(out, '{')
+		out = append(out, shared...)
+		out = append(out, `"ts_batch":{"S":"`...)
+		if r.TimestampMS < 0 {
+			ts := contract.AppendJSONString(nil, TSBatch(r.TimestampMS, cb.BatchID))
+			out = append(out, ts[1:len(ts)-1]...)
+		} else {
+			var digits [20]byte
+			d := strconv.AppendInt(digits[:0], r.TimestampMS, 10)
+			for range 13 - len(d) {
+				out = append(out, '0')
+			}
+			out = append(append(append(out, d...), '#'), id...)
+		}
+		out = append(out, `"},"timestamp_ms":{"N":"`...)
+		out = strconv.AppendInt(out, r.TimestampMS, 10)
+		out = append(out, `"},"sensors":{"M":{`...)
+		first := true
+		for k, v := range r.Sensors {
+			if !first {
+				out = append(out, ',')
+			}
+			first = false
+			out = append(contract.AppendJSONString(out, k), `:{"N":"`...)
+			out = append(strconv.AppendFloat(out, v, 'g', -1, 64), `"}`...)
+		}
+		out = append(out, `}},"sensor_status":{"M":{`...)
+		first = true
+		for k, v := range r.SensorStatus {
+			if !first {
+				out = append(out, ',')
+			}
+			first = false
+			out = append(contract.AppendJSONString(out, k), `:{"S":`...)
+			out = append(contract.AppendJSONString(out, v), '}')
+		}
+		out = append(out, `}},"expiration_time":{"N":"`...)
+		out = append(strconv.AppendInt(out, r.TimestampMS/1000+expiresAfter, 10), `"}`...)
+		if r.TimeSource != "" {
+			out = append(contract.AppendJSONString(append(out, `,"time_source":{"S":`...), r.TimeSource), '}')
+		}
+		if quality {
+			out = append(out, `,"`+AttrQualityScore+`":{"N":"`...)
+			out = append(strconv.AppendFloat(out, b.Quality[i], 'g', -1, 64), `"}`...)
+		}
+		out = append(out, '}')
+		ends = append(ends, len(out))
+	}
+	return out, ends
 }
 
 // SamePayload reports whether a marker whose payload_hash is stored (hex;
@@ -160,7 +281,7 @@ func s(v string) types.AttributeValue { return &types.AttributeValueMemberS{Valu
 func n(v string) types.AttributeValue { return &types.AttributeValueMemberN{Value: v} }
 
 // ReadingItems returns the device_readings items (not copies).
-func (it *Items) ReadingItems() []map[string]types.AttributeValue { return it.readings }
+func (it *Items) ReadingItems() []map[string]types.AttributeValue { return it.readingMaps() }
 
 // MarkerItem returns the processed_batches item (not a copy).
 func (it *Items) MarkerItem() map[string]types.AttributeValue { return it.marker }

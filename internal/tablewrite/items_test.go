@@ -1,7 +1,9 @@
 package tablewrite_test
 
 import (
+	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -44,4 +46,75 @@ func TestBuildReadingItems(t *testing.T) {
 			"expiration_time": n("1760086460"), "time_source": s("gateway"), "quality_score": n("0.5"),
 		},
 	}, items.ReadingItems())
+}
+
+// avJSON is v as DynamoDB's JSON spells an attribute value, decoded:
+// what encoding/json makes of that JSON.
+func avJSON(t *testing.T, v types.AttributeValue) any {
+	switch v := v.(type) {
+	case *types.AttributeValueMemberS:
+		return map[string]any{"S": v.Value}
+	case *types.AttributeValueMemberN:
+		return map[string]any{"N": v.Value}
+	case *types.AttributeValueMemberM:
+		return map[string]any{"M": itemJSON(t, v.Value)}
+	}
+	t.Fatalf("attribute value %T", v)
+	return nil
+}
+
+func itemJSON(t *testing.T, item map[string]types.AttributeValue) map[string]any {
+	out := make(map[string]any, len(item))
+	for k, v := range item {
+		out[k] = avJSON(t, v)
+	}
+	return out
+}
+
+// TestEncodedReadingsAreTheItems checks, over batches with escapes,
+// non-ASCII text, extreme numbers, quality scores or none and repaired
+// clocks, that each reading Encode makes is its attribute map, as
+// DynamoDB's JSON.
+func TestEncodedReadingsAreTheItems(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	texts := []string{"ok", "error", `quo"te\back`, "<tag>&amp;", "ünïcødé ✓", "tab\there", "\x01ctl", ""}
+	numbers := []float64{0, -0.5, 21.25, 1e-300, 5e-324, 1.7976931348623157e308, -1e21, 123456789012345678, 0.1, 3}
+	for round := range 300 {
+		b := &contract.Batch{
+			BatchID:         fmt.Sprintf("AA:BB:CC:DD:EE:%02X_boot_%d", round%256, round) + texts[r.IntN(len(texts))],
+			HardwareID:      fmt.Sprintf("AA:BB:CC:DD:EE:%02X", round%256),
+			BootID:          texts[r.IntN(len(texts))],
+			FirmwareVersion: texts[r.IntN(len(texts))],
+		}
+		var quality []float64
+		for i := range 1 + r.IntN(40) {
+			rd := contract.Reading{
+				TimestampMS:  []int64{0, 7, 946_684_800_000, 1_760_000_000_123 + int64(i), 4_102_444_799_999, 10_000_000_000_000, -5}[r.IntN(7)],
+				Sensors:      map[string]float64{},
+				SensorStatus: map[string]string{},
+			}
+			for k := range r.IntN(6) {
+				rd.Sensors[fmt.Sprintf("sensor_%d", k)] = numbers[r.IntN(len(numbers))] * (1 + r.Float64())
+				rd.SensorStatus[fmt.Sprintf("sensor_%d%s", k, texts[r.IntN(len(texts))])] = texts[r.IntN(len(texts))]
+			}
+			if r.IntN(3) == 0 {
+				rd.TimeSource = contract.TimeSourceGateway
+			}
+			b.Readings = append(b.Readings, rd)
+			quality = append(quality, r.Float64())
+		}
+		if r.IntN(2) == 0 {
+			quality = nil
+		}
+		batch := tablewrite.Batch{Batch: b, ReceivedAt: time.Unix(1_760_000_100, 0), Quality: quality}
+		retention := time.Duration(r.IntN(400)) * 24 * time.Hour
+		encoded := tablewrite.Build(batch, retention, time.Unix(1_760_000_200, 0)).Encode()
+		maps := tablewrite.Build(batch, retention, time.Unix(1_760_000_200, 0)).ReadingItems()
+		require.Len(t, encoded, len(maps), "round %d", round)
+		for i, raw := range encoded {
+			var got map[string]any
+			require.NoError(t, json.Unmarshal(raw, &got), "round %d reading %d: %s", round, i, raw)
+			require.Equal(t, itemJSON(t, maps[i]), got, "round %d reading %d", round, i)
+		}
+	}
 }

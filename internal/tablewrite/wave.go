@@ -21,7 +21,7 @@ func chunkWave(wave []*Items) ([]*waveChunk, []int) {
 	remaining := make([]int, len(wave))
 	cur := &waveChunk{}
 	for i, it := range wave {
-		for _, r := range it.readings {
+		for _, r := range it.readingMaps() {
 			if len(cur.reqs) == BatchWriteMax {
 				chunks = append(chunks, cur)
 				cur = &waveChunk{}

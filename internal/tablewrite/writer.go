@@ -91,6 +91,9 @@ type Writer struct {
 	db     DB
 	tables cloud.Tables
 	opts   Options
+	// encodes: db is a client of cloud.NewClient, whose BatchWriteItem
+	// takes reading items given encoded (cloud.EncodedItem).
+	encodes bool
 }
 
 // New returns a writer for tables through db; it does no I/O.
@@ -101,7 +104,11 @@ func New(db DB, tables cloud.Tables, opts Options) *Writer {
 			return err
 		}
 	}
-	return &Writer{db: db, tables: tables, opts: opts}
+	w := &Writer{db: db, tables: tables, opts: opts}
+	if c, ok := db.(*dynamodb.Client); ok {
+		w.encodes = cloud.EncodesItems(c)
+	}
+	return w
 }
 
 func (w *Writer) call(ctx context.Context, op string, f func(context.Context) error) error {
@@ -114,7 +121,7 @@ func (w *Writer) call(ctx context.Context, op string, f func(context.Context) er
 // another payload under a batch_id already delivered (Conflict) does not
 // overwrite the readings the table holds.
 func (w *Writer) Write(ctx context.Context, it *Items, txLimit int) Result {
-	if len(it.readings)+1 <= txLimit {
+	if it.Readings()+1 <= txLimit {
 		return w.writeTransaction(ctx, it)
 	}
 	if r, decided := w.markerDecides(ctx, it); decided {
@@ -124,8 +131,8 @@ func (w *Writer) Write(ctx context.Context, it *Items, txLimit int) Result {
 }
 
 func (w *Writer) writeTransaction(ctx context.Context, it *Items) Result {
-	items := make([]types.TransactWriteItem, 0, len(it.readings)+1)
-	for _, r := range it.readings {
+	items := make([]types.TransactWriteItem, 0, it.Readings()+1)
+	for _, r := range it.readingMaps() {
 		items = append(items, types.TransactWriteItem{Put: &types.Put{TableName: aws.String(w.tables.Readings), Item: r}})
 	}
 	items = append(items, types.TransactWriteItem{Put: &types.Put{
@@ -213,9 +220,9 @@ func (w *Writer) writeSplit(ctx context.Context, it *Items, written bool) Result
 // each as req makes it, and stops at the first request that fails: it
 // returns that request's first reading and its error.
 func (w *Writer) readingRequests(ctx context.Context, it *Items, req func(map[string]types.AttributeValue) types.WriteRequest) (int, error) {
-	for start := 0; start < len(it.readings); start += BatchWriteMax {
+	for start := 0; start < it.Readings(); start += BatchWriteMax {
 		reqs := make([]types.WriteRequest, 0, BatchWriteMax)
-		for _, item := range it.readings[start:min(start+BatchWriteMax, len(it.readings))] {
+		for _, item := range it.readingMaps()[start:min(start+BatchWriteMax, it.Readings())] {
 			reqs = append(reqs, req(item))
 		}
 		if err := w.batchWrite(ctx, reqs); err != nil {

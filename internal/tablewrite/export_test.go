@@ -1,0 +1,4 @@
+package tablewrite
+
+// Encodes reports whether w sends reading items encoded (tests).
+func Encodes(w *Writer) bool { return w.encodes }
