@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,18 +36,25 @@ func TestACompactionThatCannotWriteItsTableLosesNothing(t *testing.T) {
 		return err == nil && len(tables) >= 2
 	}, 2*time.Minute, 50*time.Millisecond, "memtables flushed to tables")
 
-	var refused atomic.Int64
+	var mu sync.Mutex
+	var refused []string
 	fault := func(fname string) error {
 		if !strings.HasPrefix(fname, dir) {
 			return nil
 		}
-		refused.Add(1)
+		mu.Lock()
+		defer mu.Unlock()
+		refused = append(refused, fname)
 		return syscall.ENOSPC
 	}
 	table.CreateTableFault.Store(&fault)
+	t.Cleanup(func() { table.CreateTableFault.Store(nil) })
 	err := b.db.Flatten(1)
 	table.CreateTableFault.Store(nil)
-	require.Positive(t, refused.Load(), "tables refused")
+	require.NotEmpty(t, refused, "tables refused")
+	for _, name := range refused {
+		require.NoFileExists(t, name, "a table that could not be written is removed")
+	}
 	require.NoError(t, b.Close())
 
 	requireIncompressible(t, open(t, dir, opts), n)

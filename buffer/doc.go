@@ -108,8 +108,10 @@
 // grown, never a fault later: a memtable's write-ahead log (.mem) at twice
 // the memtable size (memtable.go openMemTable), a value log file at twice
 // ValueLogFileSize (value.go createVlogFile; the buffer sets it to twice
-// the memtable, since only values over ValueThreshold go there), a table
-// at its final size (table.go CreateTable). After the last admitted batch
+// the memtable, since only values over ValueThreshold go there). Tables
+// are written with write(2), not through a mapping (table.go CreateTable,
+// third_party/README.md), so a full disk fails their write with ENOSPC and
+// the file is removed. After the last admitted batch
 // Badger may still flush the memtables (an L0 table written before its log
 // is deleted, and a new log allocated), compact L0 into the base level and
 // run one more compaction at the same time (new tables written before the
@@ -153,7 +155,7 @@
 //     fsync (dirSyncer), so a commit in a freshly created log is never
 //     acknowledged before the log's directory entry is durable.
 //   - When a memtable is full, a background goroutine writes it to an L0
-//     table (table.go CreateTable: msync of the table), appends the change
+//     table (table.go CreateTable: write(2), then fsync), appends the change
 //     to the MANIFEST and fsyncs it (manifest.go manifestFile.addChanges),
 //     and only then deletes the .mem file (memtable.go openMemTable,
 //     OnClose). That path does not fsync the directory for the new table;

@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"testing"
@@ -12,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
+	contract "greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/tablewrite"
 )
 
@@ -215,20 +218,31 @@ func TestBestPlainIsTheFastestRun(t *testing.T) {
 }
 
 func TestPlainRequestsPackTwentyFiveReadings(t *testing.T) {
-	item := map[string]types.AttributeValue{"hardware_id": &types.AttributeValueMemberS{Value: "AA"}}
 	var items []*itemBatch
-	for range 6 { // 6 batches of 10 readings: 60 readings, 3 requests
-		ib := &itemBatch{}
-		for range 10 {
-			ib.readings = append(ib.readings, item)
+	for i := range 6 { // 6 batches of 10 readings: 60 readings, 3 requests
+		b := &contract.Batch{BatchID: fmt.Sprintf("b-%d", i), HardwareID: "AA", BootID: "boot", FirmwareVersion: "1.0.0"}
+		for k := range 10 {
+			b.Readings = append(b.Readings, contract.Reading{TimestampMS: int64(1_760_000_000_000 + k),
+				Sensors: map[string]float64{"t": float64(k)}, SensorStatus: map[string]string{"t": "ok"}})
 		}
-		items = append(items, ib)
+		built := tablewrite.Build(tablewrite.Batch{Batch: b}, time.Hour, time.Unix(1_760_000_000, 0))
+		items = append(items, &itemBatch{readings: built.ReadingItems(), built: built})
 	}
-	reqs := plainRequests(items)
-	require.Len(t, reqs, 3)
-	require.Len(t, reqs[0], 25)
-	require.Len(t, reqs[1], 25)
-	require.Len(t, reqs[2], 10)
+	for _, encoded := range []bool{false, true} {
+		reqs := plainRequests(items, encoded)
+		require.Len(t, reqs, 3)
+		require.Len(t, reqs[0], 25)
+		require.Len(t, reqs[1], 25)
+		require.Len(t, reqs[2], 10)
+		// The 26th reading is batch 2's sixth.
+		item := reqs[1][0].PutRequest.Item
+		if encoded {
+			require.Len(t, item, 1, "given encoded")
+			require.Equal(t, cloud.EncodedItem(items[2].built.Encode()[5]), item)
+		} else {
+			require.Equal(t, items[2].readings[5], item)
+		}
+	}
 }
 
 func TestPlainWriterAsksForCapacityWhenGatewaydDoes(t *testing.T) {

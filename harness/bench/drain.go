@@ -119,7 +119,7 @@ func (r *runner) bracket(ctx context.Context, dir, mode, endpoint string, plain 
 		return b, nil, err
 	}
 	b.Backlog, b.DataDir, b.Pricing = f.info, f.usage, priceItems(f.items)
-	reqs := plainRequests(f.items)
+	reqs := plainRequests(f.items, cloud.EncodesItems(plain))
 	if b.Before, err = r.plainAt(ctx, plain, reqs, b.Pricing, g); err != nil {
 		return b, nil, err
 	}

@@ -68,15 +68,22 @@ func bestPlain(runs []plainRun) plainRun {
 }
 
 // plainRequests packs the batches' readings, in order, 25 to a request.
-// Each reading is given encoded (cloud.EncodedItem), as gatewayd sends
-// it, and encoded here, before the writer's clock starts: the writer only
-// sends.
-func plainRequests(items []*itemBatch) [][]types.WriteRequest {
+// With encoded (a client that takes them: cloud.EncodesItems) each reading
+// is given encoded (cloud.EncodedItem), as gatewayd sends it, and encoded
+// here, before the writer's clock starts: the writer only sends.
+func plainRequests(items []*itemBatch, encoded bool) [][]types.WriteRequest {
 	var out [][]types.WriteRequest
 	var cur []types.WriteRequest
 	for _, ib := range items {
-		for _, raw := range ib.built.Encode() {
-			cur = append(cur, types.WriteRequest{PutRequest: &types.PutRequest{Item: cloud.EncodedItem(raw)}})
+		readings := ib.readings
+		if encoded {
+			readings = readings[:0:0]
+			for _, raw := range ib.built.Encode() {
+				readings = append(readings, cloud.EncodedItem(raw))
+			}
+		}
+		for _, r := range readings {
+			cur = append(cur, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
 			if len(cur) == 25 {
 				out = append(out, cur)
 				cur = nil
@@ -96,7 +103,7 @@ func plainRequests(items []*itemBatch) [][]types.WriteRequest {
 // on requests that ask, and its CPU per reading is compared.
 func (r *runner) ceiling(ctx context.Context, items []*itemBatch, pricing itemPricing) (plainCeiling, error) {
 	var c plainCeiling
-	reqs := plainRequests(items)
+	reqs := plainRequests(items, cloud.EncodesItems(r.dynamo.client))
 	for _, g := range r.cfg.CeilingGoroutines {
 		run, err := r.plainAt(ctx, r.dynamo.client, reqs, pricing, g)
 		if err != nil {

@@ -24,7 +24,8 @@ import (
 // a pooled buffer and copies it out once. Headers still come from the
 // SDK's protocol, and an input holding anything the encoder does not know
 // (an unknown union member, a nil value) is serialized by the SDK as
-// before.
+// before, unless it also holds items given encoded (EncodedItem), which
+// the SDK does not know: such a request fails.
 type batchWriteProtocol struct {
 	smithyhttp.ClientProtocol
 }

@@ -74,10 +74,12 @@ func (w *Writer) StartBulk(ctx context.Context, concurrency int) *Bulk {
 // Add adds batches after those added before.
 func (bk *Bulk) Add(batches ...*Items) {
 	b := bk.b
-	if b.w.encodes {
-		// Encoded here, outside the lock, once for every request.
-		for _, it := range batches {
+	// The reading items are made here, outside the lock.
+	for _, it := range batches {
+		if b.w.encodes {
 			it.Encode()
+		} else {
+			it.readingMaps()
 		}
 	}
 	b.mu.Lock()

@@ -80,7 +80,9 @@ type Items struct {
 func (it *Items) Readings() int { return it.n }
 
 // Build turns b into its table items: readings expire retention after
-// their timestamp, the marker MarkerTTL after now.
+// their timestamp, the marker MarkerTTL after now. The reading items are
+// made from b's batch and quality scores when first needed: they must not
+// change while the Items is in use.
 func Build(b Batch, retention time.Duration, now time.Time) *Items {
 	cb := b.Batch
 	it := &Items{BatchID: cb.BatchID, HardwareID: cb.HardwareID, src: b, retention: retention, n: len(cb.Readings)}
@@ -141,7 +143,7 @@ func (it *Items) Encode() [][]byte {
 
 // drop lets go of the batch and its reading items.
 func (it *Items) drop() {
-	it.src = Batch{}
+	it.src, it.n = Batch{}, 0
 	it.readings, it.encoded, it.ends = nil, nil, nil
 }
 

@@ -220,9 +220,10 @@ func (w *Writer) writeSplit(ctx context.Context, it *Items, written bool) Result
 // each as req makes it, and stops at the first request that fails: it
 // returns that request's first reading and its error.
 func (w *Writer) readingRequests(ctx context.Context, it *Items, req func(map[string]types.AttributeValue) types.WriteRequest) (int, error) {
-	for start := 0; start < it.Readings(); start += BatchWriteMax {
+	maps := it.readingMaps()
+	for start := 0; start < len(maps); start += BatchWriteMax {
 		reqs := make([]types.WriteRequest, 0, BatchWriteMax)
-		for _, item := range it.readingMaps()[start:min(start+BatchWriteMax, it.Readings())] {
+		for _, item := range maps[start:min(start+BatchWriteMax, len(maps))] {
 			reqs = append(reqs, req(item))
 		}
 		if err := w.batchWrite(ctx, reqs); err != nil {

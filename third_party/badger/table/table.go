@@ -250,11 +250,6 @@ func (b *Block) verifyCheckSum() error {
 
 func CreateTable(fname string, builder *Builder) (*Table, error) {
 	bd := builder.Done()
-	if fault := CreateTableFault.Load(); fault != nil {
-		if err := (*fault)(fname); err != nil {
-			return nil, y.Wrapf(err, "while creating table: %s", fname)
-		}
-	}
 	// greenhouse-gateway: the table is written with write(2) and synced,
 	// then mapped to be read, instead of being copied into a fresh
 	// writable mapping and msynced: filling a new mapping faults in every
@@ -266,7 +261,11 @@ func CreateTable(fname string, builder *Builder) (*Table, error) {
 	if err != nil {
 		return nil, y.Wrapf(err, "while creating table: %s", fname)
 	}
-	if err := writeTable(fd, &bd); err != nil {
+	err = writeTable(fd, &bd)
+	if fault := CreateTableFault.Load(); fault != nil && err == nil {
+		err = (*fault)(fname)
+	}
+	if err != nil {
 		_ = fd.Close()
 		_ = os.Remove(fname)
 		return nil, y.Wrapf(err, "while writing table: %s", fname)
@@ -278,16 +277,16 @@ func CreateTable(fname string, builder *Builder) (*Table, error) {
 		return nil, y.Wrapf(err, "while mapping table: %s", fname)
 	}
 	if len(mf.Data) != bd.Size {
-		_ = mf.Close(-1)
+		_ = mf.Delete()
 		return nil, fmt.Errorf("table %s is %d bytes, built %d", fname, len(mf.Data), bd.Size)
 	}
 	return OpenTable(mf, *builder.opts)
 }
 
 // CreateTableFault, when set, is called with the name of each table
-// CreateTable is about to write; an error it returns is CreateTable's.
-// Tests use it to fail a flush or a compaction the way a full disk does
-// (greenhouse-gateway).
+// CreateTable has written; an error it returns fails CreateTable as a
+// failed write does (a full disk): the file is removed. Tests use it to
+// fail a flush or a compaction (greenhouse-gateway).
 var CreateTableFault atomic.Pointer[func(fname string) error]
 
 // tableWriteBufs holds the buffers tables are written through.
