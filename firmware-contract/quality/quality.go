@@ -75,19 +75,29 @@ var units = []Unit{
 // greenhouse.
 func Units() []Unit { return slices.Clone(units) }
 
+// unitBySuffix maps each unit's suffix to its index in units.
+var unitBySuffix = func() map[string]int {
+	m := make(map[string]int, len(units))
+	for i, u := range units {
+		m[u.Suffix] = i
+	}
+	return m
+}()
+
 // UnitOf returns the unit of a sensor name (the longest matching suffix of
 // [Units]) and whether there is one.
 func UnitOf(name string) (Unit, bool) {
-	best := -1
-	for i, u := range units {
-		if strings.HasSuffix(name, u.Suffix) && (best < 0 || len(u.Suffix) > len(units[best].Suffix)) {
-			best = i
+	// Every suffix starts with '_' (TestUnitOfIsTheLongestSuffix): the
+	// longest one name ends with starts at the leftmost '_' that begins
+	// one.
+	for i := 0; i < len(name); i++ {
+		if name[i] == '_' {
+			if j, ok := unitBySuffix[name[i:]]; ok {
+				return units[j], true
+			}
 		}
 	}
-	if best < 0 {
-		return Unit{}, false
-	}
-	return units[best], true
+	return Unit{}, false
 }
 
 // Score is the quality of reading r: the mean of its entries' scores, rounded
@@ -99,14 +109,16 @@ func Score(r contract.Reading, recent map[string][]float64) float64 {
 	// implementation, rounds the same sum.
 	var sum float64
 	n := 0
-	var keys [16]string // a typical reading's names fit: no allocation
-	for _, name := range sortedKeys(keys[:0], r.Sensors) {
-		sum += statusFactor(r.SensorStatus, name) * Value(name, r.Sensors[name], recent[name])
+	var nameKeys, statusKeys [16]string // a typical reading's names fit: no allocation
+	names := sortedKeys(nameKeys[:0], r.Sensors)
+	statuses := sortedKeys(statusKeys[:0], r.SensorStatus)
+	for _, name := range names {
+		sum += statusFactor(r.SensorStatus, statuses, name) * Value(name, r.Sensors[name], recent[name])
 		n++
 	}
-	for _, s := range sortedKeys(keys[:0], r.SensorStatus) {
+	for _, s := range statuses {
 		status := r.SensorStatus[s]
-		if status == contract.SensorOK || governsAny(s, r.Sensors) {
+		if status == contract.SensorOK || governsAny(s, names) {
 			continue
 		}
 		sum += statusValue(status)
@@ -187,10 +199,11 @@ func stuckFactor(u Unit, v float64, h []float64) float64 {
 	return 1
 }
 
-// statusFactor is the factor of the status governing the value name.
-func statusFactor(statuses map[string]string, name string) float64 {
+// statusFactor is the factor of the status governing the value name; keys
+// are the statuses' names.
+func statusFactor(statuses map[string]string, keys []string, name string) float64 {
 	best, found := "", false
-	for s := range statuses {
+	for _, s := range keys {
 		if governs(s, name) && (!found || len(s) > len(best)) {
 			best, found = s, true
 		}
@@ -217,8 +230,8 @@ func governs(s, name string) bool {
 	return name == s || (strings.HasPrefix(name, s) && name[len(s)] == '_')
 }
 
-func governsAny(s string, sensors map[string]float64) bool {
-	for name := range sensors {
+func governsAny(s string, names []string) bool {
+	for _, name := range names {
 		if governs(s, name) {
 			return true
 		}

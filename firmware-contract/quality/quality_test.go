@@ -2,6 +2,8 @@ package quality
 
 import (
 	"math"
+	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -33,6 +35,41 @@ func TestUnitOf(t *testing.T) {
 		u, ok := UnitOf(tc.name)
 		require.Equal(t, tc.known, ok, tc.name)
 		require.Equal(t, tc.suffix, u.Suffix, tc.name)
+	}
+}
+
+// TestUnitOfIsTheLongestSuffix checks UnitOf against the definition, the
+// longest suffix of Units that a name ends with, over names made of unit
+// suffixes and other pieces; UnitOf relies on every suffix starting with
+// '_'.
+func TestUnitOfIsTheLongestSuffix(t *testing.T) {
+	longest := func(name string) (Unit, bool) {
+		best := -1
+		for i, u := range Units() {
+			if strings.HasSuffix(name, u.Suffix) && (best < 0 || len(u.Suffix) > len(Units()[best].Suffix)) {
+				best = i
+			}
+		}
+		if best < 0 {
+			return Unit{}, false
+		}
+		return Units()[best], true
+	}
+	pieces := []string{"", "_", "c", "m", "ms", "cm", "w", "m2", "x", "bme280", "temp", "2"}
+	for _, u := range Units() {
+		require.True(t, strings.HasPrefix(u.Suffix, "_"), u.Suffix)
+		pieces = append(pieces, u.Suffix, strings.TrimPrefix(u.Suffix, "_"))
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	for range 20000 {
+		var name string
+		for range r.IntN(5) {
+			name += pieces[r.IntN(len(pieces))]
+		}
+		want, wantOK := longest(name)
+		got, ok := UnitOf(name)
+		require.Equal(t, wantOK, ok, name)
+		require.Equal(t, want.Suffix, got.Suffix, name)
 	}
 }
 
