@@ -3,7 +3,6 @@ package buffer
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,10 +30,7 @@ func TestACompactionThatCannotWriteItsTableLosesNothing(t *testing.T) {
 	b := open(t, dir, opts)
 	const n = 2000
 	commitIncompressible(t, b, n)
-	require.Eventually(t, func() bool {
-		tables, err := filepath.Glob(filepath.Join(dir, "*.sst"))
-		return err == nil && len(tables) >= 2
-	}, 2*time.Minute, 50*time.Millisecond, "memtables flushed to tables")
+	waitForTables(t, dir, 2)
 
 	var mu sync.Mutex
 	var refused []string

@@ -26,14 +26,20 @@ func TestBatchesBeyondTheMemtablesReachTables(t *testing.T) {
 	b := open(t, dir, opts)
 	const n = 3000
 	commitIncompressible(t, b, n)
-	// The flushes run in the background; the tables show they happened.
-	require.Eventually(t, func() bool {
-		tables, err := filepath.Glob(filepath.Join(dir, "*.sst"))
-		return err == nil && len(tables) >= 2
-	}, 2*time.Minute, 50*time.Millisecond, "memtables flushed to tables")
+	waitForTables(t, dir, 2)
 	require.NoError(t, b.Close())
 
 	requireIncompressible(t, open(t, dir, opts), n)
+}
+
+// waitForTables waits until dir holds at least n tables: memtables are
+// flushed in the background.
+func waitForTables(t *testing.T, dir string, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		tables, err := filepath.Glob(filepath.Join(dir, "*.sst"))
+		return err == nil && len(tables) >= n
+	}, 2*time.Minute, 50*time.Millisecond, "memtables flushed to tables")
 }
 
 // incompressible is the payload of batch i: 2,000 bytes that do not
