@@ -77,7 +77,7 @@ func (bk *Bulk) Add(batches ...*Items) {
 	// The reading items are made here, outside the lock.
 	for _, it := range batches {
 		if b.w.encodes {
-			it.Encode()
+			it.encode()
 		} else {
 			it.readingMaps()
 		}

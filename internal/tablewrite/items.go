@@ -66,7 +66,6 @@ type Items struct {
 	hash       string
 	src        Batch
 	retention  time.Duration
-	n          int // readings
 	// readings are the attribute maps, once made.
 	readings []map[string]types.AttributeValue
 	// encoded holds the readings' AWS JSON encodings one after the other,
@@ -77,7 +76,12 @@ type Items struct {
 }
 
 // Readings is the number of device_readings items.
-func (it *Items) Readings() int { return it.n }
+func (it *Items) Readings() int {
+	if it.src.Batch == nil {
+		return 0
+	}
+	return len(it.src.Batch.Readings)
+}
 
 // Build turns b into its table items: readings expire retention after
 // their timestamp, the marker MarkerTTL after now. The reading items are
@@ -85,7 +89,7 @@ func (it *Items) Readings() int { return it.n }
 // change while the Items is in use.
 func Build(b Batch, retention time.Duration, now time.Time) *Items {
 	cb := b.Batch
-	it := &Items{BatchID: cb.BatchID, HardwareID: cb.HardwareID, src: b, retention: retention, n: len(cb.Readings)}
+	it := &Items{BatchID: cb.BatchID, HardwareID: cb.HardwareID, src: b, retention: retention}
 	if b.Hash != ([32]byte{}) {
 		it.hash = hex.EncodeToString(b.Hash[:])
 	}
@@ -129,9 +133,7 @@ func (it *Items) readingMaps() []map[string]types.AttributeValue {
 // encodings of readings 0 to n-1, in order; they are made on the first
 // call.
 func (it *Items) Encode() [][]byte {
-	if it.ends == nil && it.src.Batch != nil {
-		it.encoded, it.ends = encodeReadings(it.src, it.retention)
-	}
+	it.encode()
 	out := make([][]byte, len(it.ends))
 	start := 0
 	for i, end := range it.ends {
@@ -141,9 +143,16 @@ func (it *Items) Encode() [][]byte {
 	return out
 }
 
+// encode makes the encodings Encode returns, once.
+func (it *Items) encode() {
+	if it.ends == nil && it.src.Batch != nil {
+		it.encoded, it.ends = encodeReadings(it.src, it.retention)
+	}
+}
+
 // drop lets go of the batch and its reading items.
 func (it *Items) drop() {
-	it.src, it.n = Batch{}, 0
+	it.src = Batch{}
 	it.readings, it.encoded, it.ends = nil, nil, nil
 }
 

@@ -408,15 +408,29 @@ type buildData struct {
 
 func (bd *buildData) Copy(dst []byte) int {
 	var written int
-	for _, bl := range bd.blockList {
-		written += copy(dst[written:], bl.data[:bl.end])
-	}
-	written += copy(dst[written:], bd.index)
-	written += copy(dst[written:], y.U32ToBytes(uint32(len(bd.index))))
-
-	written += copy(dst[written:], bd.checksum)
-	written += copy(dst[written:], y.U32ToBytes(uint32(len(bd.checksum))))
+	_ = bd.parts(func(p []byte) error {
+		written += copy(dst[written:], p)
+		return nil
+	})
 	return written
+}
+
+// parts calls f with each part of the table's file, in order, and stops at
+// the first error f returns (greenhouse-gateway: shared by Copy and
+// CreateTable's writes).
+func (bd *buildData) parts(f func([]byte) error) error {
+	for _, bl := range bd.blockList {
+		if err := f(bl.data[:bl.end]); err != nil {
+			return err
+		}
+	}
+	for _, p := range [][]byte{bd.index, y.U32ToBytes(uint32(len(bd.index))),
+		bd.checksum, y.U32ToBytes(uint32(len(bd.checksum)))} {
+		if err := f(p); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (b *Builder) Done() buildData {

@@ -6,6 +6,7 @@
 package table
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/aes"
 	"encoding/binary"
@@ -265,16 +266,14 @@ func CreateTable(fname string, builder *Builder) (*Table, error) {
 	if fault := CreateTableFault.Load(); fault != nil && err == nil {
 		err = (*fault)(fname)
 	}
+	var mf *z.MmapFile
+	if err == nil {
+		mf, err = z.OpenMmapFileUsing(fd, 0, true)
+	}
 	if err != nil {
 		_ = fd.Close()
 		_ = os.Remove(fname)
 		return nil, y.Wrapf(err, "while writing table: %s", fname)
-	}
-	mf, err := z.OpenMmapFileUsing(fd, 0, true)
-	if err != nil {
-		_ = fd.Close()
-		_ = os.Remove(fname)
-		return nil, y.Wrapf(err, "while mapping table: %s", fname)
 	}
 	if len(mf.Data) != bd.Size {
 		_ = mf.Delete()
@@ -289,55 +288,27 @@ func CreateTable(fname string, builder *Builder) (*Table, error) {
 // fail a flush or a compaction (greenhouse-gateway).
 var CreateTableFault atomic.Pointer[func(fname string) error]
 
-// tableWriteBufs holds the buffers tables are written through.
-var tableWriteBufs = sync.Pool{New: func() any { b := make([]byte, 0, tableWriteBuf); return &b }}
+// tableWriters holds the buffered writers tables are written through, in
+// writes of up to 1 MiB.
+var tableWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 1<<20) }}
 
-const tableWriteBuf = 1 << 20
-
-// writeTable writes the table bd describes to fd, in writes of up to
-// tableWriteBuf bytes, and syncs it.
+// writeTable writes the table bd describes to fd and syncs it.
 func writeTable(fd *os.File, bd *buildData) error {
-	bp := tableWriteBufs.Get().(*[]byte)
-	defer tableWriteBufs.Put(bp)
-	buf := (*bp)[:0]
-	put := func(p []byte) error {
-		for len(p) > 0 {
-			if len(buf) == cap(buf) {
-				if _, err := fd.Write(buf); err != nil {
-					return err
-				}
-				buf = buf[:0]
-			}
-			n := copy(buf[len(buf):cap(buf)], p)
-			buf = buf[:len(buf)+n]
-			p = p[n:]
-		}
-		return nil
-	}
-	for _, bl := range bd.blockList {
-		if err := put(bl.data[:bl.end]); err != nil {
-			return err
-		}
-	}
-	var n [4]byte
-	binary.BigEndian.PutUint32(n[:], uint32(len(bd.index)))
-	if err := put(bd.index); err != nil {
+	w := tableWriters.Get().(*bufio.Writer)
+	w.Reset(fd)
+	defer func() {
+		w.Reset(nil)
+		tableWriters.Put(w)
+	}()
+	err := bd.parts(func(p []byte) error {
+		_, err := w.Write(p)
 		return err
+	})
+	if err == nil {
+		err = w.Flush()
 	}
-	if err := put(n[:]); err != nil {
+	if err != nil {
 		return err
-	}
-	binary.BigEndian.PutUint32(n[:], uint32(len(bd.checksum)))
-	if err := put(bd.checksum); err != nil {
-		return err
-	}
-	if err := put(n[:]); err != nil {
-		return err
-	}
-	if len(buf) > 0 {
-		if _, err := fd.Write(buf); err != nil {
-			return err
-		}
 	}
 	return fd.Sync()
 }
