@@ -3,10 +3,13 @@ package ingest_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -444,4 +447,87 @@ func TestStatusPageShowsTakeovers(t *testing.T) {
 	require.Contains(t, string(page), "<b>1</b>sessions taken over")
 	require.Contains(t, string(page), `<span class="badge bad">taken over 2×</span>`)
 	require.Contains(t, string(page), `<span class="muted">1 takeovers</span>`)
+}
+
+// TestEveryTakeoverLeavesTheNewSessionWhole takes the sessions of a few
+// devices over again and again, as devices on a flaky link do when they
+// reconnect before the gateway has seen their old connections drop. Each
+// new connection must be counted as a takeover, stay subscribed to its ack
+// topic and get its acks: the old connection's end, racing the takeover,
+// must not delete the new one from the broker's clients or unsubscribe it.
+func TestEveryTakeoverLeavesTheNewSessionWhole(t *testing.T) {
+	const devices, connections = 6, 60
+	h := gatewaytest.Start(t, nil, withDeviceKeys(ingest.DeviceKeysOff))
+	var wg sync.WaitGroup
+	for dev := range devices {
+		hw := fmt.Sprintf("AA:00:00:00:01:%02X", dev)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := takeOverAgainAndAgain(h, hw, connections); err != nil {
+				t.Errorf("%s: %v", hw, err)
+			}
+		}()
+	}
+	wg.Wait()
+	for dev := range devices {
+		hw := fmt.Sprintf("AA:00:00:00:01:%02X", dev)
+		d, ok := h.Devices.Device(hw)
+		require.True(t, ok)
+		require.EqualValues(t, connections-1, d.Takeovers, "%s: every connection after the first took the session over", hw)
+	}
+}
+
+// takeOverAgainAndAgain connects hw n times under one client ID, leaving
+// each connection open: each subscribes to the ack topic, publishes a batch
+// and must get its PUBACK and its ack.
+func takeOverAgainAndAgain(h *gatewaytest.Gateway, hw string, n int) error {
+	boot := gatewaytest.NewBoot()
+	subscribe := mqttPacket(0x82, append(append([]byte{0, 1}, mqttString(contract.AckTopic(hw))...), 1))
+	for i := range n {
+		c, err := net.Dial("tcp", strings.TrimPrefix(h.MQTTAddr, "tcp://"))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if _, err := c.Write(connectPacket(4, hw, hw, gatewaytest.GoodKey)); err != nil {
+			return err
+		}
+		if first, body, err := readPacket(c, 10*time.Second); err != nil || first != 0x20 || body[1] != 0 {
+			return fmt.Errorf("connection %d: CONNACK %#x %v, %v", i, first, body, err)
+		}
+		if _, err := c.Write(subscribe); err != nil {
+			return err
+		}
+		if first, _, err := readPacket(c, 10*time.Second); err != nil || first != 0x90 {
+			return fmt.Errorf("connection %d: SUBACK %#x, %v", i, first, err)
+		}
+		batch := gatewaytest.BatchJSON(hw, boot, i, 1)
+		var sent struct {
+			BatchID string `json:"batch_id"`
+		}
+		if err := json.Unmarshal(batch, &sent); err != nil {
+			return err
+		}
+		if _, err := c.Write(mqttPacket(0x32, append(append(mqttString(contract.ReadingsTopic(hw)), 0, 1), batch...))); err != nil {
+			return err
+		}
+		var pubacked, acked bool
+		for !pubacked || !acked {
+			first, body, err := readPacket(c, 10*time.Second)
+			if err != nil {
+				return fmt.Errorf("connection %d: PUBACK %v, ack %v: %w", i, pubacked, acked, err)
+			}
+			switch first >> 4 {
+			case 4:
+				pubacked = true
+			case 3:
+				if !bytes.Contains(body, []byte(sent.BatchID)) {
+					return fmt.Errorf("connection %d: an ack of another batch: %s", i, body)
+				}
+				acked = true
+			}
+		}
+	}
+	return nil
 }

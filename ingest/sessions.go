@@ -313,14 +313,9 @@ func (s *sessions) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
 	s.end(budget, expiredBudget)
 }
 
-// OnClientExpired ends a session mochi expired (mqtt.session_expiry): mochi
-// removes it from its clients but leaves its subscription in the topic
-// index and its messages in memory.
+// OnClientExpired forgets a session mochi expired (mqtt.session_expiry)
+// and ended (Server.EndSession: its subscription and messages released).
 func (s *sessions) OnClientExpired(cl *mqtt.Client) {
-	if cur, ok := s.server.Clients.Get(cl.ID); cl.IsTakenOver() || ok && cur != cl {
-		return // a new connection holds the client ID (and its subscription)
-	}
-	s.release(cl)
 	s.mu.Lock()
 	if ss := s.byID[cl.ID]; ss != nil && ss.cl == cl {
 		s.drop(ss)
@@ -329,22 +324,12 @@ func (s *sessions) OnClientExpired(cl *mqtt.Client) {
 	s.expired.WithLabelValues(expiredExpiry).Inc()
 }
 
-// release frees what mochi holds for an ended session.
-func (s *sessions) release(cl *mqtt.Client) {
-	s.server.UnsubscribeClient(cl)
-	cl.ClearInflights()
-}
-
 // end ends offline sessions picked early: removes each from mochi's
 // clients if it is still there and offline, then frees its state.
 func (s *sessions) end(victims []*mqtt.Client, reason string) {
 	for _, cl := range victims {
-		cur, ok := s.server.Clients.Get(cl.ID)
-		ended := ok && cur == cl && cl.Closed() && !cl.IsTakenOver()
-		if ended {
-			s.server.Clients.Delete(cl.ID)
-			s.release(cl)
-		}
+		// EndSession leaves a session a new connection took over.
+		ended := cl.Closed() && s.server.EndSession(cl)
 		s.mu.Lock()
 		if ss := s.byID[cl.ID]; ss != nil && ended && ss.cl == cl {
 			s.drop(ss)

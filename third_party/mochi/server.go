@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -144,6 +145,7 @@ type Server struct {
 	Log          *slog.Logger         // minimal no-alloc logger
 	hooks        *Hooks               // hooks contains hooks for extra functionality such as auth and persistent storage
 	inlineClient *Client              // inlineClient is a special client used for inline subscriptions and inline Publish
+	sessionMu    sync.Mutex           // serialises the takeovers and ends of sessions (takeOverSession, EndSession)
 }
 
 // loop contains interval tickers for the system events loop.
@@ -456,8 +458,7 @@ func (s *Server) establishClient(cl *Client, listener string) (connected bool, e
 
 	s.hooks.OnSessionEstablish(cl, pk)
 
-	sessionPresent := s.inheritClientSession(pk, cl)
-	s.Clients.Add(cl) // [MQTT-4.1.0-1]
+	sessionPresent := s.takeOverSession(pk, cl)
 
 	err = s.SendConnack(cl, code, sessionPresent, nil) // [MQTT-3.1.4-5] [MQTT-3.2.0-1] [MQTT-3.2.0-2] &[MQTT-3.14.0-1]
 	if err != nil {
@@ -507,10 +508,8 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	expire := (cl.Properties.ProtocolVersion == 5 && cl.Properties.Props.SessionExpiryInterval == 0) || (cl.Properties.ProtocolVersion < 5 && cl.Properties.Clean)
 	s.hooks.OnDisconnect(cl, err, expire)
 
-	if expire && !cl.IsTakenOver() {
-		cl.ClearInflights()
-		s.UnsubscribeClient(cl)
-		s.Clients.Delete(cl.ID) // [MQTT-4.1.0-2] ![MQTT-3.1.2-23]
+	if expire {
+		s.EndSession(cl) // [MQTT-4.1.0-2] ![MQTT-3.1.2-23]
 	}
 
 	return err
@@ -578,12 +577,55 @@ func (s *Server) validateConnect(cl *Client, pk packets.Packet) packets.Code {
 	return code
 }
 
+// takeOverSession makes cl the holder of its client ID's session and adds it
+// to the server's clients. A client holding the session is disconnected
+// first, outside s.sessionMu (that writes to its socket); then, under it, cl
+// inherits the session only if that client still holds it. If the client
+// ended its session meanwhile (EndSession), cl starts a new one; if another
+// connection took the client ID in between, that one is disconnected in turn.
+// An ending client can therefore never remove its successor from the clients,
+// or its subscriptions from the topic index.
+func (s *Server) takeOverSession(pk packets.Packet, cl *Client) bool {
+	for {
+		existing, ok := s.Clients.Get(cl.ID)
+		if ok {
+			_ = s.DisconnectClient(existing, packets.ErrSessionTakenOver) // [MQTT-3.1.4-3]
+		}
+		s.sessionMu.Lock()
+		if current, held := s.Clients.Get(cl.ID); held != ok || current != existing {
+			s.sessionMu.Unlock()
+			continue
+		}
+		present := s.inheritClientSession(pk, cl, existing)
+		s.Clients.Add(cl) // [MQTT-4.1.0-1]
+		s.sessionMu.Unlock()
+		return present
+	}
+}
+
+// EndSession ends cl's session if cl still holds its client ID: it drops
+// cl's in-flight messages, removes its subscriptions from the topic index and
+// cl from the server's clients, and reports true. A client whose session a
+// newer connection took over is left alone: the newer one holds the client ID,
+// and the subscriptions it inherited.
+func (s *Server) EndSession(cl *Client) bool {
+	s.sessionMu.Lock()
+	defer s.sessionMu.Unlock()
+	if current, ok := s.Clients.Get(cl.ID); !ok || current != cl || cl.IsTakenOver() {
+		return false
+	}
+	cl.ClearInflights()
+	s.UnsubscribeClient(cl)
+	s.Clients.Delete(cl.ID)
+	return true
+}
+
 // inheritClientSession inherits the state of an existing client sharing the same
-// connection ID. If clean is true, the state of any previously existing client
-// session is abandoned.
-func (s *Server) inheritClientSession(pk packets.Packet, cl *Client) bool {
-	if existing, ok := s.Clients.Get(cl.ID); ok {
-		_ = s.DisconnectClient(existing, packets.ErrSessionTakenOver)                                   // [MQTT-3.1.4-3]
+// connection ID (nil if there is none), which takeOverSession has disconnected.
+// If clean is true, the state of any previously existing client session is
+// abandoned. It is called under s.sessionMu.
+func (s *Server) inheritClientSession(pk packets.Packet, cl *Client, existing *Client) bool {
+	if existing != nil {
 		if pk.Connect.Clean || (existing.Properties.Clean && existing.Properties.ProtocolVersion < 5) { // [MQTT-3.1.2-4] [MQTT-3.1.4-4]
 			s.UnsubscribeClient(existing)
 			existing.ClearInflights()
@@ -1805,9 +1847,8 @@ func (s *Server) clearExpiredClients(dt int64) {
 			expire = client.Properties.Props.SessionExpiryInterval
 		}
 
-		if disconnected+int64(expire) < dt {
+		if disconnected+int64(expire) < dt && s.EndSession(client) { // [MQTT-4.1.0-2]
 			s.hooks.OnClientExpired(client)
-			s.Clients.Delete(client.ID) // [MQTT-4.1.0-2]
 		}
 	}
 }
