@@ -489,11 +489,11 @@ func takeOverAgainAndAgain(h *gatewaytest.Gateway, hw string, n int) error {
 		if err != nil {
 			return err
 		}
-		defer c.Close()
+		defer c.Close() // each stays open until its successor takes it over
 		if _, err := c.Write(connectPacket(4, hw, hw, gatewaytest.GoodKey)); err != nil {
 			return err
 		}
-		if first, body, err := readPacket(c, 10*time.Second); err != nil || first != 0x20 || body[1] != 0 {
+		if first, body, err := readPacket(c, 10*time.Second); err != nil || first != 0x20 || len(body) != 2 || body[1] != 0 {
 			return fmt.Errorf("connection %d: CONNACK %#x %v, %v", i, first, body, err)
 		}
 		if _, err := c.Write(subscribe); err != nil {

@@ -294,10 +294,16 @@ func (s *sessions) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 // OnDisconnect marks a persistent session offline (and forgets one that
 // ends with its connection), then ends the sessions over the caps.
 func (s *sessions) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
-	if cl.IsTakenOver() || cl.Net.Inline {
+	if cl.Net.Inline {
 		return
 	}
 	s.mu.Lock()
+	// Checked under s.mu: a takeover marks cl before its successor's
+	// OnSessionEstablished takes s.mu.
+	if cl.IsTakenOver() {
+		s.mu.Unlock()
+		return
+	}
 	if expire {
 		if ss := s.byID[cl.ID]; ss != nil && ss.cl == cl {
 			s.drop(ss)

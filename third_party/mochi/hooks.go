@@ -532,7 +532,8 @@ func (h *Hooks) OnWillSent(cl *Client, pk packets.Packet) {
 	}
 }
 
-// OnClientExpired is called when a client session has expired and should be deleted.
+// OnClientExpired is called when a client session has expired and has been ended
+// (Server.EndSession).
 func (h *Hooks) OnClientExpired(cl *Client) {
 	for _, hook := range h.GetAll() {
 		if hook.Provides(OnClientExpired) {

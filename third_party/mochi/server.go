@@ -463,6 +463,9 @@ func (s *Server) establishClient(cl *Client, listener string) (connected bool, e
 	err = s.SendConnack(cl, code, sessionPresent, nil) // [MQTT-3.1.4-5] [MQTT-3.2.0-1] [MQTT-3.2.0-2] &[MQTT-3.14.0-1]
 	if err != nil {
 		atomic.AddInt64(&s.Info.ClientsConnected, -1)
+		if sessionEndsWithConnection(cl) {
+			s.EndSession(cl)
+		}
 		return false, fmt.Errorf("ack connection packet: %w", err)
 	}
 
@@ -472,6 +475,9 @@ func (s *Server) establishClient(cl *Client, listener string) (connected bool, e
 		err = cl.ResendInflightMessages(true)
 		if err != nil {
 			atomic.AddInt64(&s.Info.ClientsConnected, -1)
+			if sessionEndsWithConnection(cl) {
+				s.EndSession(cl)
+			}
 			return false, fmt.Errorf("resend inflight: %w", err)
 		}
 	}
@@ -505,7 +511,7 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	}
 	s.Log.Debug("client disconnected", "error", err, "client", cl.ID, "remote", cl.Net.Remote, "listener", listener)
 
-	expire := (cl.Properties.ProtocolVersion == 5 && cl.Properties.Props.SessionExpiryInterval == 0) || (cl.Properties.ProtocolVersion < 5 && cl.Properties.Clean)
+	expire := sessionEndsWithConnection(cl)
 	s.hooks.OnDisconnect(cl, err, expire)
 
 	if expire {
@@ -513,6 +519,12 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	}
 
 	return err
+}
+
+// sessionEndsWithConnection reports whether cl's session ends with its
+// connection: an MQTT 5 session expiry interval of 0, or an MQTT 3 clean session.
+func sessionEndsWithConnection(cl *Client) bool {
+	return (cl.Properties.ProtocolVersion == 5 && cl.Properties.Props.SessionExpiryInterval == 0) || (cl.Properties.ProtocolVersion < 5 && cl.Properties.Clean)
 }
 
 // readConnectionPacket reads the first incoming header for a connection, and if
