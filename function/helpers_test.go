@@ -116,9 +116,14 @@ func batch(hw string, base time.Time, window, n int, temp float64) *contract.Bat
 	return b
 }
 
-// base is an hour ago, on the minute: batches are recent (readings TTL) and
-// not in the future (clock skew).
-func base() time.Time { return time.Now().Add(-time.Hour).Truncate(time.Minute) }
+// testBase is base's time, fixed when the test binary starts: a test that
+// builds the same batch twice gets the same batch_id even when a minute
+// turns between the two.
+var testBase = time.Now().Add(-time.Hour).Truncate(time.Minute)
+
+// base is an hour before the tests started, on the minute: batches are
+// recent (readings TTL) and not in the future (clock skew).
+func base() time.Time { return testBase }
 
 func jsonOf(t testing.TB, v any) string {
 	t.Helper()

@@ -19,10 +19,15 @@ import (
 	"greenhouse-gateway/internal/tablewrite"
 )
 
+// testHour is the hour testBatch's windows start from, fixed when the test
+// binary starts: a test that builds the same batch twice gets the same
+// batch_id even when an hour turns between the two.
+var testHour = time.Now().Truncate(time.Hour)
+
 func testBatch(hw string, window, readings int, temp float64) *contract.Batch {
 	boot := "7c9e6679-7425-40de-944b-e07fc1f90ae7"
 	// Recent: DynamoDB Local's TTL deletes readings older than the retention.
-	start := time.Now().Truncate(time.Hour).UnixMilli() + int64(window)*600_000
+	start := testHour.UnixMilli() + int64(window)*600_000
 	b := &contract.Batch{
 		BatchID:         fmt.Sprintf("%s_%s_%d_%d", hw, boot, start, start+600_000),
 		HardwareID:      hw,
