@@ -267,7 +267,10 @@ func TestEndToEndMQTTToDynamoDB(t *testing.T) {
 	a := dev.send(t, payload)
 	require.Equal(t, contract.StatusAccepted, a.Status)
 
-	require.Eventually(t, func() bool { return len(view.readings(t, hw)) == 3 }, 60*time.Second, 100*time.Millisecond)
+	// Delivered: in batch mode the marker follows the readings, and the
+	// buffer marks the batch delivered after both.
+	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" }, 60*time.Second, 100*time.Millisecond)
+	require.Len(t, view.readings(t, hw), 3)
 	require.Equal(t, map[string]int{a.BatchID: 1}, view.markers(t))
 
 	// A replay is a duplicate and causes no second write.

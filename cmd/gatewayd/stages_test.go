@@ -22,19 +22,30 @@ func TestStagesStopInOrder(t *testing.T) {
 		defer mu.Unlock()
 		order = append(order, s)
 	}
-	part := func(name string, linger time.Duration) func(context.Context) error {
+	// after, when closed, is a part's start after the stop; it notes its
+	// name, lingers, and closes done.
+	part := func(name string, after <-chan struct{}, linger time.Duration, done chan struct{}) func(context.Context) error {
 		return func(ctx context.Context) error {
 			<-ctx.Done()
-			time.Sleep(linger)
+			if after != nil {
+				<-after
+			}
 			note(name)
+			time.Sleep(linger)
+			if done != nil {
+				close(done)
+			}
 			return nil
 		}
 	}
 	st.then(func() error { note("first"); return nil })
 	second := st.stage()
-	second.run(part("second-slow", 50*time.Millisecond))
-	second.run(part("second-quick", 0))
-	st.stage().run(part("third", 0))
+	quick := make(chan struct{})
+	// The slow part ends after the quick one, and lingers: the third stage
+	// must wait for it.
+	second.run(part("second-slow", quick, 50*time.Millisecond, nil))
+	second.run(part("second-quick", nil, 0, quick))
+	st.stage().run(part("third", nil, 0, nil))
 	require.False(t, st.stopping())
 	cancel()
 	st.wait()
