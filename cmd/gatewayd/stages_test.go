@@ -22,16 +22,16 @@ func TestStagesStopInOrder(t *testing.T) {
 		defer mu.Unlock()
 		order = append(order, s)
 	}
-	// after, when closed, is a part's start after the stop; it notes its
-	// name, lingers, and closes done.
+	// A part waits for the stop and for after (when not nil), lingers,
+	// notes its name and closes done (when not nil).
 	part := func(name string, after <-chan struct{}, linger time.Duration, done chan struct{}) func(context.Context) error {
 		return func(ctx context.Context) error {
 			<-ctx.Done()
 			if after != nil {
 				<-after
 			}
-			note(name)
 			time.Sleep(linger)
+			note(name)
 			if done != nil {
 				close(done)
 			}
