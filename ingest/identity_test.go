@@ -458,9 +458,12 @@ func TestStatusPageShowsTakeovers(t *testing.T) {
 func TestEveryTakeoverLeavesTheNewSessionWhole(t *testing.T) {
 	const devices, connections = 6, 60
 	h := gatewaytest.Start(t, nil, withDeviceKeys(ingest.DeviceKeysOff))
+	hws := make([]string, devices)
+	for dev := range hws {
+		hws[dev] = fmt.Sprintf("AA:00:00:00:01:%02X", dev)
+	}
 	var wg sync.WaitGroup
-	for dev := range devices {
-		hw := fmt.Sprintf("AA:00:00:00:01:%02X", dev)
+	for _, hw := range hws {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -470,8 +473,7 @@ func TestEveryTakeoverLeavesTheNewSessionWhole(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	for dev := range devices {
-		hw := fmt.Sprintf("AA:00:00:00:01:%02X", dev)
+	for _, hw := range hws {
 		d, ok := h.Devices.Device(hw)
 		require.True(t, ok)
 		require.EqualValues(t, connections-1, d.Takeovers, "%s: every connection after the first took the session over", hw)

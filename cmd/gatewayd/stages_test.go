@@ -22,30 +22,29 @@ func TestStagesStopInOrder(t *testing.T) {
 		defer mu.Unlock()
 		order = append(order, s)
 	}
-	// A part waits for the stop and for after (when not nil), lingers,
-	// notes its name and closes done (when not nil).
-	part := func(name string, after <-chan struct{}, linger time.Duration, done chan struct{}) func(context.Context) error {
-		return func(ctx context.Context) error {
-			<-ctx.Done()
-			if after != nil {
-				<-after
-			}
-			time.Sleep(linger)
-			note(name)
-			if done != nil {
-				close(done)
-			}
-			return nil
-		}
-	}
 	st.then(func() error { note("first"); return nil })
 	second := st.stage()
 	quick := make(chan struct{})
 	// The slow part ends after the quick one, and lingers: the third stage
 	// must wait for it.
-	second.run(part("second-slow", quick, 50*time.Millisecond, nil))
-	second.run(part("second-quick", nil, 0, quick))
-	st.stage().run(part("third", nil, 0, nil))
+	second.run(func(ctx context.Context) error {
+		<-ctx.Done()
+		<-quick
+		time.Sleep(50 * time.Millisecond)
+		note("second-slow")
+		return nil
+	})
+	second.run(func(ctx context.Context) error {
+		<-ctx.Done()
+		note("second-quick")
+		close(quick)
+		return nil
+	})
+	st.stage().run(func(ctx context.Context) error {
+		<-ctx.Done()
+		note("third")
+		return nil
+	})
 	require.False(t, st.stopping())
 	cancel()
 	st.wait()

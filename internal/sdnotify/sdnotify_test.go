@@ -189,52 +189,43 @@ func startWatchdog(t testing.TB, healthy func() error) (stop func()) {
 	return stop
 }
 
-// count returns how many WATCHDOG=1 datagrams arrive within d.
-func count(t testing.TB, conn *net.UnixConn, d time.Duration) int {
+// pings returns when each WATCHDOG=1 datagram arrived within d.
+func pings(t testing.TB, conn *net.UnixConn, d time.Duration) []time.Time {
 	t.Helper()
-	n := 0
+	var at []time.Time
 	deadline := time.Now().Add(d)
 	for {
 		left := time.Until(deadline)
 		if left <= 0 {
-			return n
+			return at
 		}
 		switch msg := receive(t, conn, left); msg {
 		case "":
-			return n
+			return at
 		case "WATCHDOG=1":
-			n++
+			at = append(at, time.Now())
 		default:
 			t.Fatalf("unexpected message %q", msg)
 		}
 	}
 }
 
-// shortestGap reads WATCHDOG=1 pings for d and returns the shortest time
-// between two of them (d when fewer than two came).
+// count returns how many WATCHDOG=1 datagrams arrive within d.
+func count(t testing.TB, conn *net.UnixConn, d time.Duration) int {
+	t.Helper()
+	return len(pings(t, conn, d))
+}
+
+// shortestGap returns the shortest time between two WATCHDOG=1 datagrams
+// arriving within d (d when fewer than two came).
 func shortestGap(t testing.TB, conn *net.UnixConn, d time.Duration) time.Duration {
 	t.Helper()
+	at := pings(t, conn, d)
 	shortest := d
-	var last time.Time
-	deadline := time.Now().Add(d)
-	for {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return shortest
-		}
-		switch msg := receive(t, conn, left); msg {
-		case "":
-			return shortest
-		case "WATCHDOG=1":
-			now := time.Now()
-			if !last.IsZero() {
-				shortest = min(shortest, now.Sub(last))
-			}
-			last = now
-		default:
-			t.Fatalf("unexpected message %q", msg)
-		}
+	for i := 1; i < len(at); i++ {
+		shortest = min(shortest, at[i].Sub(at[i-1]))
 	}
+	return shortest
 }
 
 func TestRunWatchdogPingsWhileHealthy(t *testing.T) {
