@@ -66,7 +66,7 @@ func run(args []string) int {
 	fs.StringVar(&cfg.ProfileOut, "profile-out", ".cache/bench/gatewayd-mqtt-perf.txt", "report of --profile")
 	fs.DurationVar(&cfg.IdleSettle, "idle-settle", cfg.IdleSettle, "idle scenario: when, after the fleet's first batches, the settled sample is taken")
 	fs.StringVar(&cfg.IdleBaselineBin, "idle-baseline-bin", "", "idle scenario: a gatewayd `binary` (e.g. built from an earlier revision) measured the same way first")
-	fs.StringVar(&cfg.CPUProfileDir, "cpu-profile-dir", "", "save gatewayd's Go CPU profile of each MQTT run's measured window (cpu-mqtt-N.pb.gz) and of each drain's first 10 s (cpu-drain-MODE.pb.gz) here")
+	fs.StringVar(&cfg.CPUProfileDir, "cpu-profile-dir", "", "save gatewayd's Go CPU profile of each MQTT run's measured window (cpu-mqtt-N.pb.gz) and of each drain's first 10 s (cpu-drain-MODE.pb.gz) here, with what it allocated in the same window beside it (alloc-mqtt-N.pb.gz, alloc-drain-MODE.pb.gz)")
 	fs.BoolVar(&cfg.KeepWork, "keep-work", false, "keep the work directory (logs, data directories)")
 	fs.Func("gateway-env", "extra `GATEWAY_NAME=VALUE` setting (or GODEBUG, GOGC, GOMEMLIMIT, GOMAXPROCS) for every gatewayd, for experiments (repeatable)", func(v string) error {
 		cfg.GatewayEnv = append(cfg.GatewayEnv, v)

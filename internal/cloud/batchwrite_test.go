@@ -1,6 +1,7 @@
 package cloud
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/stretchr/testify/require"
@@ -22,6 +24,7 @@ type captured struct {
 	target, contentType string
 	length              int64
 	body                []byte
+	header              int // the request line's and headers' length
 }
 
 // captureEndpoint answers every request with an empty BatchWriteItem
@@ -31,9 +34,12 @@ func captureEndpoint(t testing.TB) (string, func() []captured) {
 	var got []captured
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
+		var header bytes.Buffer
+		_ = r.Header.Write(&header)
+		header.WriteString(r.Method + " " + r.RequestURI + " " + r.Proto + "\r\nHost: " + r.Host + "\r\nContent-Length: " + strconv.FormatInt(r.ContentLength, 10) + "\r\n\r\n")
 		mu.Lock()
 		got = append(got, captured{target: r.Header.Get("X-Amz-Target"), contentType: r.Header.Get("Content-Type"),
-			length: r.ContentLength, body: body})
+			length: r.ContentLength, body: body, header: header.Len()})
 		mu.Unlock()
 		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
 		_, _ = io.WriteString(w, `{"UnprocessedItems":{}}`)
@@ -76,6 +82,29 @@ func readingRequest(i int) types.WriteRequest {
 		"sensor_status":   &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{"bme280": s("ok")}},
 		"expiration_time": n("1762592000"), "quality_score": n("0.975"),
 	}}}
+}
+
+// TestAFullBatchWriteItemFitsOneWrite checks that a BatchWriteItem of 25
+// readings, request line and headers included, fits the write buffer of
+// WithConnections' connections, which net/http fills before it writes:
+// one write per request, where net/http's default 4 KB buffer takes two.
+func TestAFullBatchWriteItemFitsOneWrite(t *testing.T) {
+	endpoint, got := captureEndpoint(t)
+	client := testClient(t, endpoint, WithConnections(8))
+	var reqs []types.WriteRequest
+	for i := range 25 {
+		reqs = append(reqs, readingRequest(i))
+	}
+	_, err := client.BatchWriteItem(context.Background(), &dynamodb.BatchWriteItemInput{
+		RequestItems: map[string][]types.WriteRequest{"device_readings": reqs}, ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal})
+	require.NoError(t, err)
+	sent := got()
+	require.Len(t, sent, 1)
+	size := sent[0].header + len(sent[0].body)
+	buffered := client.Options().HTTPClient.(*awshttp.BuildableClient).GetTransport().WriteBufferSize
+	t.Logf("request of 25 readings: %d bytes (%d of them headers); write buffer %d bytes", size, sent[0].header, buffered)
+	require.Greater(t, size, 4096, "the request outgrows net/http's default buffer")
+	require.GreaterOrEqual(t, buffered, size, "the request fits the connection's write buffer")
 }
 
 // batchWriteInputs are requests covering what the encoder writes: the

@@ -115,18 +115,24 @@ func WithRetryMaxAttempts(n int) func(*dynamodb.Options) {
 // endpoint (the SDK keeps 10), so that n requests in flight keep reusing
 // their connections instead of closing all but 10 whenever they finish
 // together and opening new ones (with a TLS handshake each, on AWS) for
-// the next burst. It keeps the SDK client's other transport settings
-// (AWS_CA_BUNDLE, timeouts).
+// the next burst. Each connection also buffers requestBuffer bytes of a
+// request (net/http's default is 4 KB), so that a BatchWriteItem of 25
+// readings (about 10 KB) goes out in one write instead of two. It keeps
+// the SDK client's other transport settings (AWS_CA_BUNDLE, timeouts).
 func WithConnections(n int) func(*dynamodb.Options) {
 	return func(o *dynamodb.Options) {
 		if c, ok := o.HTTPClient.(*awshttp.BuildableClient); ok {
 			o.HTTPClient = c.WithTransportOptions(func(tr *http.Transport) {
 				tr.MaxIdleConnsPerHost = max(tr.MaxIdleConnsPerHost, n)
 				tr.MaxIdleConns = max(tr.MaxIdleConns, n)
+				tr.WriteBufferSize = max(tr.WriteBufferSize, requestBuffer)
 			})
 		}
 	}
 }
+
+// requestBuffer is the write buffer of WithConnections' connections.
+const requestBuffer = 32 << 10
 
 // quietIMDSLogger is the SDK's standard logger without the IMDSv1 fallback warning.
 type quietIMDSLogger struct {
