@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -84,27 +86,62 @@ func readingRequest(i int) types.WriteRequest {
 	}}}
 }
 
-// TestAFullBatchWriteItemFitsOneWrite checks that a BatchWriteItem of 25
-// readings, request line and headers included, fits the write buffer of
-// WithConnections' connections, which net/http fills before it writes:
-// one write per request, where net/http's default 4 KB buffer takes two.
-func TestAFullBatchWriteItemFitsOneWrite(t *testing.T) {
+// TestARequestGoesOutInOneWrite counts the writes on the connection for a
+// BatchWriteItem of 25 readings (13 KB): net/http writes the headers of a
+// body it does not know on their own, so the SDK's client writes twice;
+// through oneWrite headers and body go out in one write, and the endpoint
+// receives the same request.
+func TestARequestGoesOutInOneWrite(t *testing.T) {
 	endpoint, got := captureEndpoint(t)
-	client := testClient(t, endpoint, WithConnections(8))
+	var writes atomic.Int64
+	countWrites := func(o *dynamodb.Options) {
+		o.HTTPClient = o.HTTPClient.(*awshttp.BuildableClient).WithTransportOptions(func(tr *http.Transport) {
+			tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return countingConn{Conn: c, writes: &writes}, nil
+			}
+		})
+	}
+	client := testClient(t, endpoint, countWrites)
+	sdk := dynamodb.New(client.Options(), func(o *dynamodb.Options) { o.HTTPClient = o.HTTPClient.(oneWrite).next })
 	var reqs []types.WriteRequest
 	for i := range 25 {
 		reqs = append(reqs, readingRequest(i))
 	}
-	_, err := client.BatchWriteItem(context.Background(), &dynamodb.BatchWriteItemInput{
-		RequestItems: map[string][]types.WriteRequest{"device_readings": reqs}, ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal})
-	require.NoError(t, err)
-	sent := got()
-	require.Len(t, sent, 1)
-	size := sent[0].header + len(sent[0].body)
-	buffered := client.Options().HTTPClient.(*awshttp.BuildableClient).GetTransport().WriteBufferSize
-	t.Logf("request of 25 readings: %d bytes (%d of them headers); write buffer %d bytes", size, sent[0].header, buffered)
-	require.Greater(t, size, 4096, "the request outgrows net/http's default buffer")
-	require.GreaterOrEqual(t, buffered, size, "the request fits the connection's write buffer")
+	in := &dynamodb.BatchWriteItemInput{RequestItems: map[string][]types.WriteRequest{"device_readings": reqs}}
+	send := func(c *dynamodb.Client) (int64, captured) {
+		_, err := c.BatchWriteItem(context.Background(), in) // the connection is made here
+		require.NoError(t, err)
+		before := writes.Load()
+		_, err = c.BatchWriteItem(context.Background(), in)
+		require.NoError(t, err)
+		sent := got()
+		require.Len(t, sent, 2)
+		return writes.Load() - before, sent[1]
+	}
+	sdkWrites, sdkSent := send(sdk)
+	oneWrites, oneSent := send(client)
+	t.Logf("request of %d bytes (%d of headers): %d writes through the SDK's client, %d through oneWrite",
+		oneSent.header+len(oneSent.body), oneSent.header, sdkWrites, oneWrites)
+	require.Greater(t, oneSent.header+len(oneSent.body), 4096, "the request outgrows net/http's default buffer")
+	require.EqualValues(t, 2, sdkWrites, "net/http writes the SDK's headers on their own")
+	require.EqualValues(t, 1, oneWrites, "oneWrite sends headers and body in one write")
+	require.Equal(t, sdkSent.length, oneSent.length)
+	require.Equal(t, decodeJSON(t, sdkSent.body), decodeJSON(t, oneSent.body))
+}
+
+// countingConn counts the writes on a connection.
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c countingConn) Write(b []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(b)
 }
 
 // batchWriteInputs are requests covering what the encoder writes: the

@@ -44,10 +44,13 @@ const (
 // *http.Client makes LoadDefaultConfig fail when AWS_CA_BUNDLE is set).
 //
 // BatchWriteItem bodies are encoded by the package's own encoder
-// (batchWriteProtocol), the same JSON with one allocation.
+// (batchWriteProtocol), the same JSON with one allocation, and requests
+// of up to 32 KB are written whole, headers and body in one write
+// (oneWrite).
 //
 // Retries are the SDK's standard ones unless opts change them, e.g. with
-// WithRetryMaxAttempts; opts are applied last, so they win.
+// WithRetryMaxAttempts; opts are applied last, so they win, but for
+// oneWrite, which wraps the HTTP client they leave.
 func NewClient(ctx context.Context, cfg Config, opts ...func(*dynamodb.Options)) (*dynamodb.Client, error) {
 	awsCfg, err := loadAWS(ctx, cfg)
 	if err != nil {
@@ -62,6 +65,7 @@ func NewClient(ctx context.Context, cfg Config, opts ...func(*dynamodb.Options))
 		})
 	}
 	clientOpts = append(clientOpts, opts...)
+	clientOpts = append(clientOpts, withOneWrite)
 	return dynamodb.NewFromConfig(awsCfg, clientOpts...), nil
 }
 
@@ -74,7 +78,7 @@ func loadAWS(ctx context.Context, cfg Config) (aws.Config, error) {
 		return aws.Config{}, fmt.Errorf("dynamodb config: %w", err)
 	}
 	loadOpts := []func(*config.LoadOptions) error{
-		config.WithHTTPClient(awshttp.NewBuildableClient()),
+		config.WithHTTPClient(newHTTPClient()),
 	}
 	if cfg.Region != "" {
 		loadOpts = append(loadOpts, config.WithRegion(cfg.Region))
@@ -115,24 +119,18 @@ func WithRetryMaxAttempts(n int) func(*dynamodb.Options) {
 // endpoint (the SDK keeps 10), so that n requests in flight keep reusing
 // their connections instead of closing all but 10 whenever they finish
 // together and opening new ones (with a TLS handshake each, on AWS) for
-// the next burst. Each connection also buffers requestBuffer bytes of a
-// request (net/http's default is 4 KB), so that a BatchWriteItem of 25
-// readings (about 10 KB) goes out in one write instead of two. It keeps
-// the SDK client's other transport settings (AWS_CA_BUNDLE, timeouts).
+// the next burst. It keeps the SDK client's other transport settings
+// (AWS_CA_BUNDLE, timeouts).
 func WithConnections(n int) func(*dynamodb.Options) {
 	return func(o *dynamodb.Options) {
 		if c, ok := o.HTTPClient.(*awshttp.BuildableClient); ok {
 			o.HTTPClient = c.WithTransportOptions(func(tr *http.Transport) {
 				tr.MaxIdleConnsPerHost = max(tr.MaxIdleConnsPerHost, n)
 				tr.MaxIdleConns = max(tr.MaxIdleConns, n)
-				tr.WriteBufferSize = max(tr.WriteBufferSize, requestBuffer)
 			})
 		}
 	}
 }
-
-// requestBuffer is the write buffer of WithConnections' connections.
-const requestBuffer = 32 << 10
 
 // quietIMDSLogger is the SDK's standard logger without the IMDSv1 fallback warning.
 type quietIMDSLogger struct {
