@@ -58,6 +58,7 @@ func run(args []string) int {
 	fs.IntVar(&cfg.UplinkConcurrency, "uplink-concurrency", cfg.UplinkConcurrency, "the SDK loop's concurrency, and gatewayd's uplink.concurrency (where its adaptive limit starts; uplink.max_concurrency stays at its default)")
 	ceilingGoroutines := fs.String("ceiling-goroutines", joinInts(cfg.CeilingGoroutines), "drain: comma-separated goroutine counts of "+
 		"the plain BatchWriteItem writer (25 readings a request, no markers); the fastest count writes the ceiling just before and just after each drain")
+	drainModes := fs.String("drain-modes", strings.Join(cfg.DrainModes, ","), "drain: comma-separated uplink write modes to drain in (transaction, batch)")
 	fs.IntVar(&cfg.LambdaInstances, "lambda-instances", cfg.LambdaInstances, "lambda scenario: Runtime Interface Emulators running the readings function side by side (each one invocation at a time)")
 	fs.IntVar(&cfg.ReadyReadings, "ready-readings", cfg.ReadyReadings, "readings pending for the time-to-ready figure")
 	fs.IntVar(&cfg.ReadyRuns, "ready-runs", cfg.ReadyRuns, "starts measured for the time-to-ready figure (median reported)")
@@ -80,6 +81,7 @@ func run(args []string) int {
 		return 2
 	}
 	cfg.Scenarios = strings.Split(*scenarios, ",")
+	cfg.DrainModes = strings.Split(*drainModes, ",")
 	var err error
 	if cfg.CeilingGoroutines, err = parseInts(*ceilingGoroutines); err != nil {
 		fmt.Fprintln(os.Stderr, "bench: --ceiling-goroutines:", err)

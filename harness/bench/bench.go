@@ -77,6 +77,9 @@ type Config struct {
 	// writer runs at before the drains; the fastest count writes the
 	// ceiling just before and just after each drain.
 	CeilingGoroutines []int `json:"ceiling_goroutines"`
+	// DrainModes are the uplink write modes the drain runs, of
+	// "transaction" and "batch", in that order.
+	DrainModes []string `json:"drain_modes"`
 	// LambdaInstances is how many Runtime Interface Emulators run the
 	// readings function in the lambda scenario, side by side behind
 	// invokeproxy (each runs one invocation at a time), as Lambda runs
@@ -126,6 +129,7 @@ func DefaultConfig() Config {
 		LinkDelay:             30 * time.Millisecond,
 		UplinkConcurrency:     16,
 		CeilingGoroutines:     []int{4, 8, 16, 32},
+		DrainModes:            []string{"transaction", "batch"},
 		LambdaInstances:       1,
 		ReadyReadings:         1_000_000,
 		ReadyRuns:             3,
@@ -170,6 +174,8 @@ func (c Config) Validate() error {
 		return errors.New("lambda instances: must be between 1 and 16")
 	case c.UplinkConcurrency < 1 || c.UplinkConcurrency > 256:
 		return errors.New("uplink concurrency: must be between 1 and 256")
+	case len(c.DrainModes) == 0 || slices.ContainsFunc(c.DrainModes, func(m string) bool { return !slices.Contains(writeModes, m) }):
+		return fmt.Errorf("drain modes: one or both of %s", strings.Join(writeModes, ", "))
 	case len(c.CeilingGoroutines) == 0 || slices.ContainsFunc(c.CeilingGoroutines, func(n int) bool { return n < 1 || n > 256 }):
 		return errors.New("ceiling goroutines: at least one count, each between 1 and 256")
 	case c.ReadyReadings < c.Readings || c.ReadyReadings > 10_000_000:

@@ -177,13 +177,18 @@ func (r *runner) drain(ctx context.Context) error {
 		return err
 	}
 	r.res.Details["drain ceiling sweep"] = sweep
-	for i, mode := range writeModes {
+	first := true
+	for _, mode := range writeModes {
+		if !slices.Contains(r.cfg.DrainModes, mode) {
+			continue
+		}
 		run, err := r.drainMode(ctx, client, mode, sweep.Best.Goroutines)
 		if err != nil {
 			return fmt.Errorf("%s mode: %w", mode, err)
 		}
 		r.res.Details["drain "+mode] = run
-		r.reportDrain(mode, run, sweep, i == 0)
+		r.reportDrain(mode, run, sweep, first)
+		first = false
 	}
 	if r.cfg.LinkDelay > 0 {
 		run, err := r.drainSlowLink(ctx)
