@@ -1,21 +1,17 @@
 package cloud
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/stretchr/testify/require"
@@ -26,7 +22,6 @@ type captured struct {
 	target, contentType string
 	length              int64
 	body                []byte
-	header              int // the request line's and headers' length
 }
 
 // captureEndpoint answers every request with an empty BatchWriteItem
@@ -36,12 +31,9 @@ func captureEndpoint(t testing.TB) (string, func() []captured) {
 	var got []captured
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		var header bytes.Buffer
-		_ = r.Header.Write(&header)
-		header.WriteString(r.Method + " " + r.RequestURI + " " + r.Proto + "\r\nHost: " + r.Host + "\r\nContent-Length: " + strconv.FormatInt(r.ContentLength, 10) + "\r\n\r\n")
 		mu.Lock()
 		got = append(got, captured{target: r.Header.Get("X-Amz-Target"), contentType: r.Header.Get("Content-Type"),
-			length: r.ContentLength, body: body, header: header.Len()})
+			length: r.ContentLength, body: body})
 		mu.Unlock()
 		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
 		_, _ = io.WriteString(w, `{"UnprocessedItems":{}}`)
@@ -84,64 +76,6 @@ func readingRequest(i int) types.WriteRequest {
 		"sensor_status":   &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{"bme280": s("ok")}},
 		"expiration_time": n("1762592000"), "quality_score": n("0.975"),
 	}}}
-}
-
-// TestARequestGoesOutInOneWrite counts the writes on the connection for a
-// BatchWriteItem of 25 readings (13 KB): net/http writes the headers of a
-// body it does not know on their own, so the SDK's client writes twice;
-// through oneWrite headers and body go out in one write, and the endpoint
-// receives the same request.
-func TestARequestGoesOutInOneWrite(t *testing.T) {
-	endpoint, got := captureEndpoint(t)
-	var writes atomic.Int64
-	countWrites := func(o *dynamodb.Options) {
-		o.HTTPClient = o.HTTPClient.(*awshttp.BuildableClient).WithTransportOptions(func(tr *http.Transport) {
-			tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-				c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-				if err != nil {
-					return nil, err
-				}
-				return countingConn{Conn: c, writes: &writes}, nil
-			}
-		})
-	}
-	client := testClient(t, endpoint, countWrites)
-	sdk := dynamodb.New(client.Options(), func(o *dynamodb.Options) { o.HTTPClient = o.HTTPClient.(oneWrite).next })
-	var reqs []types.WriteRequest
-	for i := range 25 {
-		reqs = append(reqs, readingRequest(i))
-	}
-	in := &dynamodb.BatchWriteItemInput{RequestItems: map[string][]types.WriteRequest{"device_readings": reqs}}
-	send := func(c *dynamodb.Client) (int64, captured) {
-		_, err := c.BatchWriteItem(context.Background(), in) // the connection is made here
-		require.NoError(t, err)
-		before := writes.Load()
-		_, err = c.BatchWriteItem(context.Background(), in)
-		require.NoError(t, err)
-		sent := got()
-		require.Len(t, sent, 2)
-		return writes.Load() - before, sent[1]
-	}
-	sdkWrites, sdkSent := send(sdk)
-	oneWrites, oneSent := send(client)
-	t.Logf("request of %d bytes (%d of headers): %d writes through the SDK's client, %d through oneWrite",
-		oneSent.header+len(oneSent.body), oneSent.header, sdkWrites, oneWrites)
-	require.Greater(t, oneSent.header+len(oneSent.body), 4096, "the request outgrows net/http's default buffer")
-	require.EqualValues(t, 2, sdkWrites, "net/http writes the SDK's headers on their own")
-	require.EqualValues(t, 1, oneWrites, "oneWrite sends headers and body in one write")
-	require.Equal(t, sdkSent.length, oneSent.length)
-	require.Equal(t, decodeJSON(t, sdkSent.body), decodeJSON(t, oneSent.body))
-}
-
-// countingConn counts the writes on a connection.
-type countingConn struct {
-	net.Conn
-	writes *atomic.Int64
-}
-
-func (c countingConn) Write(b []byte) (int, error) {
-	c.writes.Add(1)
-	return c.Conn.Write(b)
 }
 
 // batchWriteInputs are requests covering what the encoder writes: the

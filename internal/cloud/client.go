@@ -44,13 +44,10 @@ const (
 // *http.Client makes LoadDefaultConfig fail when AWS_CA_BUNDLE is set).
 //
 // BatchWriteItem bodies are encoded by the package's own encoder
-// (batchWriteProtocol), the same JSON with one allocation, and requests
-// of up to 32 KB are written whole, headers and body in one write
-// (oneWrite).
+// (batchWriteProtocol), the same JSON with one allocation.
 //
 // Retries are the SDK's standard ones unless opts change them, e.g. with
-// WithRetryMaxAttempts; opts are applied last, so they win, but for
-// oneWrite, which wraps the HTTP client they leave.
+// WithRetryMaxAttempts; opts are applied last, so they win.
 func NewClient(ctx context.Context, cfg Config, opts ...func(*dynamodb.Options)) (*dynamodb.Client, error) {
 	awsCfg, err := loadAWS(ctx, cfg)
 	if err != nil {
@@ -65,7 +62,6 @@ func NewClient(ctx context.Context, cfg Config, opts ...func(*dynamodb.Options))
 		})
 	}
 	clientOpts = append(clientOpts, opts...)
-	clientOpts = append(clientOpts, withOneWrite)
 	return dynamodb.NewFromConfig(awsCfg, clientOpts...), nil
 }
 
@@ -78,7 +74,7 @@ func loadAWS(ctx context.Context, cfg Config) (aws.Config, error) {
 		return aws.Config{}, fmt.Errorf("dynamodb config: %w", err)
 	}
 	loadOpts := []func(*config.LoadOptions) error{
-		config.WithHTTPClient(newHTTPClient()),
+		config.WithHTTPClient(awshttp.NewBuildableClient()),
 	}
 	if cfg.Region != "" {
 		loadOpts = append(loadOpts, config.WithRegion(cfg.Region))
