@@ -58,6 +58,7 @@ func run(args []string) int {
 	fs.IntVar(&cfg.UplinkConcurrency, "uplink-concurrency", cfg.UplinkConcurrency, "the SDK loop's concurrency, and gatewayd's uplink.concurrency (where its adaptive limit starts; uplink.max_concurrency stays at its default)")
 	ceilingGoroutines := fs.String("ceiling-goroutines", joinInts(cfg.CeilingGoroutines), "drain: comma-separated goroutine counts of "+
 		"the plain BatchWriteItem writer (25 readings a request, no markers); the fastest count writes the ceiling just before and just after each drain")
+	fs.IntVar(&cfg.DrainRepeats, "drain-repeats", cfg.DrainRepeats, "drain: batch-mode drains, each on its own backlog between its own plain-writer runs; the median by its ratio to its ceiling is reported")
 	drainModes := fs.String("drain-modes", strings.Join(cfg.DrainModes, ","), "drain: comma-separated uplink write modes to drain in (transaction, batch)")
 	fs.IntVar(&cfg.LambdaInstances, "lambda-instances", cfg.LambdaInstances, "lambda scenario: Runtime Interface Emulators running the readings function side by side (each one invocation at a time)")
 	fs.IntVar(&cfg.ReadyReadings, "ready-readings", cfg.ReadyReadings, "readings pending for the time-to-ready figure")
@@ -67,7 +68,7 @@ func run(args []string) int {
 	fs.StringVar(&cfg.ProfileOut, "profile-out", ".cache/bench/gatewayd-mqtt-perf.txt", "report of --profile")
 	fs.DurationVar(&cfg.IdleSettle, "idle-settle", cfg.IdleSettle, "idle scenario: when, after the fleet's first batches, the settled sample is taken")
 	fs.StringVar(&cfg.IdleBaselineBin, "idle-baseline-bin", "", "idle scenario: a gatewayd `binary` (e.g. built from an earlier revision) measured the same way first")
-	fs.StringVar(&cfg.CPUProfileDir, "cpu-profile-dir", "", "save gatewayd's Go CPU profile of each MQTT run's measured window (cpu-mqtt-N.pb.gz) and of each drain's first 10 s (cpu-drain-MODE.pb.gz) here, with what it allocated in the same window beside it (alloc-mqtt-N.pb.gz, alloc-drain-MODE.pb.gz)")
+	fs.StringVar(&cfg.CPUProfileDir, "cpu-profile-dir", "", "save gatewayd's Go CPU profile of each MQTT run's measured window (cpu-mqtt-N.pb.gz) and of each drain's first 10 s (cpu-drain-MODE.pb.gz, cpu-drain-MODE-N.pb.gz for the repeats) here, with what it allocated in the same window beside it (alloc-mqtt-N.pb.gz, alloc-drain-MODE.pb.gz)")
 	fs.BoolVar(&cfg.KeepWork, "keep-work", false, "keep the work directory (logs, data directories)")
 	fs.Func("gateway-env", "extra `GATEWAY_NAME=VALUE` setting (or GODEBUG, GOGC, GOMEMLIMIT, GOMAXPROCS) for every gatewayd, for experiments (repeatable)", func(v string) error {
 		cfg.GatewayEnv = append(cfg.GatewayEnv, v)

@@ -80,6 +80,10 @@ type Config struct {
 	// DrainModes are the uplink write modes the drain runs, of
 	// "transaction" and "batch", in that order.
 	DrainModes []string `json:"drain_modes"`
+	// DrainRepeats is how many batch-mode drains run, each on a backlog
+	// of its own between its own two plain-writer runs; the median drain
+	// by its ratio to its ceiling is reported, and every ratio noted.
+	DrainRepeats int `json:"drain_repeats"`
 	// LambdaInstances is how many Runtime Interface Emulators run the
 	// readings function in the lambda scenario, side by side behind
 	// invokeproxy (each runs one invocation at a time), as Lambda runs
@@ -97,7 +101,9 @@ type Config struct {
 	ProfileOut string `json:"profile_out,omitempty"`
 	// CPUProfileDir, when set, receives gatewayd's Go CPU profile of each
 	// MQTT run's measured window, cpu-mqtt-N.pb.gz, and of each drain's
-	// first 10 s, cpu-drain-MODE.pb.gz (go tool pprof).
+	// first 10 s, cpu-drain-MODE.pb.gz (cpu-drain-MODE-N.pb.gz for the
+	// repeats; go tool pprof), each with an alloc-*.pb.gz of what was
+	// allocated in the same window.
 	CPUProfileDir string `json:"cpu_profile_dir,omitempty"`
 	// KeepWork keeps the work directory (logs, data directories).
 	KeepWork bool `json:"keep_work"`
@@ -130,6 +136,7 @@ func DefaultConfig() Config {
 		UplinkConcurrency:     16,
 		CeilingGoroutines:     []int{4, 8, 16, 32},
 		DrainModes:            []string{"transaction", "batch"},
+		DrainRepeats:          3,
 		LambdaInstances:       1,
 		ReadyReadings:         1_000_000,
 		ReadyRuns:             3,
@@ -174,6 +181,8 @@ func (c Config) Validate() error {
 		return errors.New("lambda instances: must be between 1 and 16")
 	case c.UplinkConcurrency < 1 || c.UplinkConcurrency > 256:
 		return errors.New("uplink concurrency: must be between 1 and 256")
+	case c.DrainRepeats < 1 || c.DrainRepeats > 9:
+		return errors.New("drain repeats: must be between 1 and 9")
 	case len(c.DrainModes) == 0 || slices.ContainsFunc(c.DrainModes, func(m string) bool { return !slices.Contains(writeModes, m) }):
 		return fmt.Errorf("drain modes: one or both of %s", strings.Join(writeModes, ", "))
 	case len(c.CeilingGoroutines) == 0 || slices.ContainsFunc(c.CeilingGoroutines, func(n int) bool { return n < 1 || n > 256 }):

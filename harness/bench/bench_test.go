@@ -269,3 +269,38 @@ func TestCeilingGoroutinesAreValidated(t *testing.T) {
 		require.Error(t, cfg.Validate(), bad)
 	}
 }
+
+func TestMedianDrainIsTheMiddleRatio(t *testing.T) {
+	drain := func(gw, before, after float64) bracketedDrain {
+		return bracketedDrain{Gateway: gatewayDrain{Readings: gw, Seconds: 1},
+			Before: plainRun{Readings: int(before), Seconds: 1}, After: plainRun{Readings: int(after), Seconds: 1}}
+	}
+	runs := []bracketedDrain{
+		drain(4_000, 5_000, 4_800), // 0.80
+		drain(4_500, 4_700, 5_000), // 0.90: against the faster plain run
+		drain(4_200, 5_000, 5_000), // 0.84
+	}
+	require.InDelta(t, 0.9, runs[1].ratio(), 1e-9)
+	require.Equal(t, runs[2], medianDrain(runs))
+	require.Equal(t, runs[0], medianDrain(runs[:2]), "an even count: the lower middle one")
+	require.Equal(t, runs[1], medianDrain(runs[1:2]))
+	require.Zero(t, bracketedDrain{Gateway: gatewayDrain{Readings: 5}}.ratio(), "no time measured: no ratio")
+}
+
+func TestDrainModesAndRepeatsAreValidated(t *testing.T) {
+	cfg := DefaultConfig()
+	require.Equal(t, []string{"transaction", "batch"}, cfg.DrainModes)
+	for _, modes := range [][]string{{"batch"}, {"transaction"}, {"transaction", "batch"}} {
+		cfg.DrainModes = modes
+		require.NoError(t, cfg.Validate(), modes)
+	}
+	for _, bad := range [][]string{nil, {"batch", "stream"}, {""}} {
+		cfg.DrainModes = bad
+		require.Error(t, cfg.Validate(), bad)
+	}
+	cfg = DefaultConfig()
+	for _, bad := range []int{0, 10} {
+		cfg.DrainRepeats = bad
+		require.Error(t, cfg.Validate(), bad)
+	}
+}

@@ -130,6 +130,23 @@ func (r *runner) bracket(ctx context.Context, dir, mode, endpoint string, plain 
 	return b, f.items, err
 }
 
+// ratio is the drain's rate over its ceiling's, the faster plain run.
+func (b bracketedDrain) ratio() float64 {
+	c := bestPlain([]plainRun{b.Before, b.After}).rate()
+	if c <= 0 || b.Gateway.Seconds <= 0 {
+		return 0
+	}
+	return b.Gateway.Readings / b.Gateway.Seconds / c
+}
+
+// medianDrain is the drain of runs whose ratio to its ceiling is the
+// median (the lower middle one of an even count).
+func medianDrain(runs []bracketedDrain) bracketedDrain {
+	sorted := slices.Clone(runs)
+	slices.SortStableFunc(sorted, func(a, b bracketedDrain) int { return cmp.Compare(a.ratio(), b.ratio()) })
+	return sorted[(len(sorted)-1)/2]
+}
+
 // countsDiffer describes how what gatewayd forwarded and the tables hold
 // differ from the backlog, or is "" when they do not.
 func (b bracketedDrain) countsDiffer() string {
@@ -146,6 +163,9 @@ func (b bracketedDrain) countsDiffer() string {
 // sweep's best goroutine count.
 type drainRun struct {
 	bracketedDrain
+	// Repeats are every drain of the mode, in the order run: the one
+	// above is their median by ratio to its ceiling.
+	Repeats []bracketedDrain `json:"repeats,omitempty"`
 	// Bulk is the uplink's bulk writer run from the bench's process on
 	// this backlog (batch mode only).
 	Bulk     *bulkRun  `json:"bulk_in_process,omitempty"`
@@ -279,6 +299,18 @@ func (r *runner) reportDrain(mode string, run drainRun, sweep plainCeiling, firs
 		r.res.note("%s: DynamoDB reported %.0f WCU for gatewayd's writes and %.0f RCU for its BatchGetItem lookups "+
 			"(%.3f RCU per reading), %.0f WCU for the plain writer; computed from the item sizes: gatewayd %.0f WCU",
 			section, gw.ConsumedWCU, gw.ConsumedRCU, gw.ConsumedRCU/gw.Readings, best.WCU, gatewayWCU(gw, run.Pricing))
+	}
+	if len(run.Repeats) > 1 {
+		var ratios []string
+		for k, b := range run.Repeats {
+			ratios = append(ratios, fmt.Sprintf("%.0f / %.0f = %.3f", b.Gateway.Readings/b.Gateway.Seconds,
+				bestPlain([]plainRun{b.Before, b.After}).rate(), b.ratio()))
+			if differ := b.countsDiffer(); differ != "" {
+				r.res.note("%s: counts differ in drain %d of %d: %s", section, k+1, len(run.Repeats), differ)
+			}
+		}
+		r.res.note("%s: %d drains, each on its own backlog between its own plain-writer runs (readings/s, gatewayd / the faster plain run, in the order run): %s; "+
+			"the figures above are the median drain's", section, len(run.Repeats), strings.Join(ratios, ", "))
 	}
 	if differ := run.countsDiffer(); differ != "" || (sdk.Readings > 0 && run.SDKStore != int64(sdk.Readings)) {
 		r.res.note("%s: counts differ: %s; SDK loop table %d readings of %d", section, cmp.Or(differ, "gatewayd's counts agree"),
@@ -440,16 +472,33 @@ func allItems(pend []buffer.Pending) ([]*itemBatch, error) {
 // two runs of the plain writer with goroutines on the same readings: one
 // just before, one just after. DynamoDB Local's speed drifts over a bench
 // by more than the drains differ, so the
-// ceiling is measured next to the drain it is compared with. Then, in
+// ceiling is measured next to the drain it is compared with. Batch mode
+// drains r.cfg.DrainRepeats times so, each time on a backlog of its own,
+// and reports the median drain. Then, in
 // batch mode, the uplink's bulk writer runs the same backlog from the
 // bench's process; in transaction mode, the SDK loop makes the uplink's
 // requests.
 func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode string, goroutines int) (drainRun, error) {
 	var run drainRun
 	var items []*itemBatch
-	var err error
-	if run.bracketedDrain, items, err = r.bracket(ctx, filepath.Join(r.work, "drain-"+mode), mode, "", client, goroutines); err != nil {
-		return run, err
+	repeats := 1
+	if mode == "batch" {
+		repeats = r.cfg.DrainRepeats
+	}
+	for k := range repeats {
+		dir := "drain-" + mode
+		if k > 0 {
+			dir += fmt.Sprintf("-%d", k+1)
+		}
+		b, its, err := r.bracket(ctx, filepath.Join(r.work, dir), mode, "", client, goroutines)
+		if err != nil {
+			return run, err
+		}
+		run.Repeats, items = append(run.Repeats, b), its
+	}
+	run.bracketedDrain = medianDrain(run.Repeats)
+	if repeats == 1 {
+		run.Repeats = nil
 	}
 	sample := items
 	if n := r.cfg.DrainBaselineReadings / r.cfg.Readings; n > 0 && n < len(items) {
@@ -527,7 +576,7 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 	// plain writer's best goroutine count is chosen for the ceiling.
 	env := r.env("GATEWAY_UPLINK_WRITE_MODE="+mode,
 		fmt.Sprintf("GATEWAY_UPLINK_CONCURRENCY=%d", r.cfg.UplinkConcurrency))
-	logPath := filepath.Join(r.work, "gatewayd-drain-"+mode+".log")
+	logPath := filepath.Join(r.work, "gatewayd-"+filepath.Base(dir)+".log")
 
 	// The same backlog, not forwarding: the memory baseline.
 	r.log.Info("drain: gatewayd, not forwarding", "mode", mode)
@@ -579,11 +628,9 @@ func (r *runner) gatewayDrain(ctx context.Context, client *dynamodb.Client, dir,
 	deadline := t0.Add(r.cfg.DrainTimeout)
 	var cpuProf *pprofCPU
 	if r.cfg.CPUProfileDir != "" {
-		name := "cpu-drain-" + mode
-		if target != nil {
-			name += "-lambda"
-		}
-		cpuProf = &pprofCPU{g: g, seconds: drainProfile, path: filepath.Join(r.cfg.CPUProfileDir, name+".pb.gz")}
+		// Named after the backlog's directory: drain-MODE, drain-MODE-N
+		// for the repeats, drain-slow-link, drain-lambda-N.
+		cpuProf = &pprofCPU{g: g, seconds: drainProfile, path: filepath.Join(r.cfg.CPUProfileDir, "cpu-"+filepath.Base(dir)+".pb.gz")}
 		cpuProf.start()
 	}
 	limitMetric := "gateway_uplink_concurrency"
