@@ -299,13 +299,16 @@ func selfRSS() int64 {
 }
 
 // fleetBatch is window w's batch of device d as the gateway stores it:
-// the canonical JSON of a contract batch of ten readings of three sensors
-// (about 2.3 KB).
+// the canonical JSON of a contract batch of ten readings of four sensors
+// with the optional uptimes and sequence number, as the bench's simulated
+// devices send them (about 2.3 KB).
 func fleetBatch(d, w int) Entry {
 	hw := fmt.Sprintf("02:00:00:00:%02X:%02X", d/256, d%256)
 	boot := fmt.Sprintf("7c9e6679-7425-40de-944b-%012x", d)
 	start := int64(1_700_000_000_000) + int64(w)*600_000
-	id := fmt.Sprintf("%s_%s_%d_%d", hw, boot, start, start+600_000)
+	end := start + 9*60_000
+	bootMS := start - int64(w)*600_000 - 3_600_000
+	id := fmt.Sprintf("%s_%s_%d_%d", hw, boot, start, end)
 	rng := rand.New(rand.NewPCG(uint64(d), uint64(w)))
 	var p strings.Builder
 	fmt.Fprintf(&p, `{"batch_id":%q,"boot_id":%q,"firmware_version":"1.0.16","hardware_id":%q,"readings":[`, id, boot, hw)
@@ -313,12 +316,13 @@ func fleetBatch(d, w int) Entry {
 		if j > 0 {
 			p.WriteByte(',')
 		}
-		fmt.Fprintf(&p, `{"sensor_status":{"bme280":"ok","soil_moisture":"ok"},"sensors":{"bme280_temp_c":%.1f,"humidity_pct":%.1f,"soil_moisture_pct":%.1f},"timestamp_ms":%d}`,
-			18+rng.Float64()*10, 40+rng.Float64()*20, 50+rng.Float64()*30, start+int64(j)*60_000)
+		ts := start + int64(j)*60_000
+		fmt.Fprintf(&p, `{"sensor_status":{"bme280":"ok","soil_moisture":"ok"},"sensors":{"bme280_temp_c":%.2f,"humidity_pct":%.1f,"pressure_hpa":%.2f,"soil_moisture_pct":%.1f},"timestamp_ms":%d,"uptime_ms":%d}`,
+			18+rng.Float64()*10, 40+rng.Float64()*20, 1013+2*rng.NormFloat64(), 50+rng.Float64()*10, ts, ts-bootMS)
 	}
-	p.WriteString("]}")
+	fmt.Fprintf(&p, `],"sent_uptime_ms":%d,"seq":%d}`, end-bootMS, w)
 	payload := []byte(p.String())
-	return Entry{BatchID: id, HardwareID: hw, Hash: sha256.Sum256(payload), Payload: payload, ReceivedAt: time.UnixMilli(start + 600_000)}
+	return Entry{BatchID: id, HardwareID: hw, Hash: sha256.Sum256(payload), Payload: payload, ReceivedAt: time.UnixMilli(end + 1_000)}
 }
 
 // BenchmarkDrainBookkeeping measures the buffer's side of a drain at

@@ -68,7 +68,7 @@ func run(args []string) int {
 	fs.StringVar(&cfg.ProfileOut, "profile-out", ".cache/bench/gatewayd-mqtt-perf.txt", "report of --profile")
 	fs.DurationVar(&cfg.IdleSettle, "idle-settle", cfg.IdleSettle, "idle scenario: when, after the fleet's first batches, the settled sample is taken")
 	fs.StringVar(&cfg.IdleBaselineBin, "idle-baseline-bin", "", "idle scenario: a gatewayd `binary` (e.g. built from an earlier revision) measured the same way first")
-	fs.StringVar(&cfg.CPUProfileDir, "cpu-profile-dir", "", "save gatewayd's Go CPU profile of each MQTT run's measured window (cpu-mqtt-N.pb.gz) and of each drain's first 10 s (cpu-drain-MODE.pb.gz, cpu-drain-MODE-N.pb.gz for the repeats) here, with what it allocated in the same window beside it (alloc-mqtt-N.pb.gz, alloc-drain-MODE.pb.gz)")
+	fs.StringVar(&cfg.CPUProfileDir, "cpu-profile-dir", "", "save gatewayd's Go CPU profile of each MQTT run's measured window (cpu-mqtt-N.pb.gz) and of each drain's first 10 s, named after its backlog (cpu-drain-MODE.pb.gz; cpu-drain-batch-N.pb.gz for the repeats; cpu-drain-slow-link.pb.gz; cpu-drain-lambda-0.pb.gz direct, -1 through the function) here, each with what gatewayd allocated in the same window beside it (alloc-*.pb.gz)")
 	fs.BoolVar(&cfg.KeepWork, "keep-work", false, "keep the work directory (logs, data directories)")
 	fs.Func("gateway-env", "extra `GATEWAY_NAME=VALUE` setting (or GODEBUG, GOGC, GOMEMLIMIT, GOMAXPROCS) for every gatewayd, for experiments (repeatable)", func(v string) error {
 		cfg.GatewayEnv = append(cfg.GatewayEnv, v)
@@ -82,7 +82,10 @@ func run(args []string) int {
 		return 2
 	}
 	cfg.Scenarios = strings.Split(*scenarios, ",")
-	cfg.DrainModes = strings.Split(*drainModes, ",")
+	cfg.DrainModes = nil
+	for _, m := range strings.Split(*drainModes, ",") {
+		cfg.DrainModes = append(cfg.DrainModes, strings.TrimSpace(m))
+	}
 	var err error
 	if cfg.CeilingGoroutines, err = parseInts(*ceilingGoroutines); err != nil {
 		fmt.Fprintln(os.Stderr, "bench: --ceiling-goroutines:", err)

@@ -78,7 +78,8 @@ type Config struct {
 	// ceiling just before and just after each drain.
 	CeilingGoroutines []int `json:"ceiling_goroutines"`
 	// DrainModes are the uplink write modes the drain runs, of
-	// "transaction" and "batch", in that order.
+	// "transaction" and "batch"; they run in that order whatever the
+	// order given.
 	DrainModes []string `json:"drain_modes"`
 	// DrainRepeats is how many batch-mode drains run, each on a backlog
 	// of its own between its own two plain-writer runs; the median drain
@@ -101,9 +102,10 @@ type Config struct {
 	ProfileOut string `json:"profile_out,omitempty"`
 	// CPUProfileDir, when set, receives gatewayd's Go CPU profile of each
 	// MQTT run's measured window, cpu-mqtt-N.pb.gz, and of each drain's
-	// first 10 s, cpu-drain-MODE.pb.gz (cpu-drain-MODE-N.pb.gz for the
-	// repeats; go tool pprof), each with an alloc-*.pb.gz of what was
-	// allocated in the same window.
+	// first 10 s, named after its backlog: cpu-drain-MODE.pb.gz,
+	// cpu-drain-batch-N.pb.gz for the repeats, cpu-drain-slow-link.pb.gz,
+	// cpu-drain-lambda-N.pb.gz (go tool pprof); each with an alloc-*.pb.gz
+	// of what gatewayd allocated in the same window.
 	CPUProfileDir string `json:"cpu_profile_dir,omitempty"`
 	// KeepWork keeps the work directory (logs, data directories).
 	KeepWork bool `json:"keep_work"`
@@ -184,7 +186,7 @@ func (c Config) Validate() error {
 	case c.DrainRepeats < 1 || c.DrainRepeats > 9:
 		return errors.New("drain repeats: must be between 1 and 9")
 	case len(c.DrainModes) == 0 || slices.ContainsFunc(c.DrainModes, func(m string) bool { return !slices.Contains(writeModes, m) }):
-		return fmt.Errorf("drain modes: one or both of %s", strings.Join(writeModes, ", "))
+		return fmt.Errorf("drain modes %q: one or both of %s", c.DrainModes, strings.Join(writeModes, ", "))
 	case len(c.CeilingGoroutines) == 0 || slices.ContainsFunc(c.CeilingGoroutines, func(n int) bool { return n < 1 || n > 256 }):
 		return errors.New("ceiling goroutines: at least one count, each between 1 and 256")
 	case c.ReadyReadings < c.Readings || c.ReadyReadings > 10_000_000:

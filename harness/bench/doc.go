@@ -26,13 +26,13 @@
 //     against the plain writer of the same readings (BatchWriteItem, 25 a
 //     request, no markers) at its fastest goroutine count, run just before
 //     and just after each drain; requests, write capacity units and
-//     DynamoDB Local's CPU per reading. The batch-mode drain runs three
-//     times (--drain-repeats), each on a backlog of its own between plain
-//     runs of its own, and the median is reported: on two shared cores
-//     one drain's ratio to its ceiling moves by 0.1 from run to run. Then
-//     the batch-mode drain and the
-//     plain writer again through a proxy that delays every request
-//     (--link-delay), as an uplink to AWS does.
+//     DynamoDB Local's CPU per reading. By default the batch-mode drain
+//     runs three times (--drain-repeats), each on a backlog of its own
+//     between plain runs of its own, and the median is reported: on two
+//     shared cores one drain's ratio to its ceiling moves by up to 0.2
+//     from run to run. --drain-modes picks the modes. Then the
+//     batch-mode drain and the plain writer again through a proxy that
+//     delays every request (--link-delay), as an uplink to AWS does.
 //   - lambda: the drain through the readings function under AWS's Runtime
 //     Interface Emulator, against gatewayd writing directly.
 //   - footprint: the time to /readyz with 1,000,000 readings pending (the

@@ -139,12 +139,15 @@ func (b bracketedDrain) ratio() float64 {
 	return b.Gateway.Readings / b.Gateway.Seconds / c
 }
 
-// medianDrain is the drain of runs whose ratio to its ceiling is the
-// median (the lower middle one of an even count).
-func medianDrain(runs []bracketedDrain) bracketedDrain {
-	sorted := slices.Clone(runs)
-	slices.SortStableFunc(sorted, func(a, b bracketedDrain) int { return cmp.Compare(a.ratio(), b.ratio()) })
-	return sorted[(len(sorted)-1)/2]
+// medianDrain is the index of the drain of runs whose ratio to its
+// ceiling is the median (the lower middle one of an even count).
+func medianDrain(runs []bracketedDrain) int {
+	order := make([]int, len(runs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(runs[a].ratio(), runs[b].ratio()) })
+	return order[(len(order)-1)/2]
 }
 
 // countsDiffer describes how what gatewayd forwarded and the tables hold
@@ -163,9 +166,11 @@ func (b bracketedDrain) countsDiffer() string {
 // sweep's best goroutine count.
 type drainRun struct {
 	bracketedDrain
-	// Repeats are every drain of the mode, in the order run: the one
-	// above is their median by ratio to its ceiling.
+	// Repeats are every drain of the mode, in the order run, when it
+	// drains more than once: the one above is Repeats[Median], their
+	// median by ratio to its ceiling.
 	Repeats []bracketedDrain `json:"repeats,omitempty"`
+	Median  int              `json:"median_repeat"`
 	// Bulk is the uplink's bulk writer run from the bench's process on
 	// this backlog (batch mode only).
 	Bulk     *bulkRun  `json:"bulk_in_process,omitempty"`
@@ -289,7 +294,9 @@ func (r *runner) reportDrain(mode string, run drainRun, sweep plainCeiling, firs
 	r.res.note("%s: plain writer at %d goroutines %.0f readings/s just before gatewayd's drain and %.0f just after "+
 		"(DynamoDB Local CPU %.3f and %.3f s per 1,000 readings)", section, best.Goroutines, run.Before.rate(), run.After.rate(),
 		1000*run.Before.DynamoCPU/float64(run.Before.Readings), 1000*run.After.DynamoCPU/float64(run.After.Readings))
-	r.noteBracketSpread(section, run.Before, run.After, gw)
+	if len(run.Repeats) == 0 {
+		r.noteBracketSpread(section, run.Before, run.After, gw)
+	}
 	if b := run.Bulk; b != nil {
 		r.res.note("%s: the uplink's bulk writer from the bench's process (marker lookups, markers with the readings, "+
 			"items built beforehand), %d requests in flight: %.0f readings/s, DynamoDB Local CPU %.3f s and the bench's %.3f s per 1,000 readings",
@@ -300,19 +307,23 @@ func (r *runner) reportDrain(mode string, run drainRun, sweep plainCeiling, firs
 			"(%.3f RCU per reading), %.0f WCU for the plain writer; computed from the item sizes: gatewayd %.0f WCU",
 			section, gw.ConsumedWCU, gw.ConsumedRCU, gw.ConsumedRCU/gw.Readings, best.WCU, gatewayWCU(gw, run.Pricing))
 	}
-	if len(run.Repeats) > 1 {
+	differ := run.countsDiffer()
+	if len(run.Repeats) > 0 {
 		var ratios []string
 		for k, b := range run.Repeats {
 			ratios = append(ratios, fmt.Sprintf("%.0f / %.0f = %.3f", b.Gateway.Readings/b.Gateway.Seconds,
 				bestPlain([]plainRun{b.Before, b.After}).rate(), b.ratio()))
-			if differ := b.countsDiffer(); differ != "" {
-				r.res.note("%s: counts differ in drain %d of %d: %s", section, k+1, len(run.Repeats), differ)
+			which := fmt.Sprintf("%s, drain %d of %d", section, k+1, len(run.Repeats))
+			if d := b.countsDiffer(); d != "" {
+				r.res.note("%s: counts differ: %s", which, d)
 			}
+			r.noteBracketSpread(which, b.Before, b.After, b.Gateway)
 		}
 		r.res.note("%s: %d drains, each on its own backlog between its own plain-writer runs (readings/s, gatewayd / the faster plain run, in the order run): %s; "+
-			"the figures above are the median drain's", section, len(run.Repeats), strings.Join(ratios, ", "))
+			"the figures above are drain %d's, the median", section, len(run.Repeats), strings.Join(ratios, ", "), run.Median+1)
+		differ = "" // noted above
 	}
-	if differ := run.countsDiffer(); differ != "" || (sdk.Readings > 0 && run.SDKStore != int64(sdk.Readings)) {
+	if differ != "" || (sdk.Readings > 0 && run.SDKStore != int64(sdk.Readings)) {
 		r.res.note("%s: counts differ: %s; SDK loop table %d readings of %d", section, cmp.Or(differ, "gatewayd's counts agree"),
 			run.SDKStore, sdk.Readings)
 	}
@@ -471,32 +482,42 @@ func allItems(pend []buffer.Pending) ([]*itemBatch, error) {
 // drainMode fills a backlog and has gatewayd forward it in mode, between
 // two runs of the plain writer with goroutines on the same readings: one
 // just before, one just after. DynamoDB Local's speed drifts over a bench
-// by more than the drains differ, so the
-// ceiling is measured next to the drain it is compared with. Batch mode
-// drains r.cfg.DrainRepeats times so, each time on a backlog of its own,
-// and reports the median drain. Then, in
-// batch mode, the uplink's bulk writer runs the same backlog from the
-// bench's process; in transaction mode, the SDK loop makes the uplink's
-// requests.
+// by more than the drains differ, so the ceiling is measured next to the
+// drain it is compared with. Batch mode does this r.cfg.DrainRepeats
+// times, each on a backlog of its own, and reports the median drain.
+// Then, in batch mode, the uplink's bulk writer runs the median drain's
+// backlog from the bench's process; in transaction mode, the SDK loop
+// makes the uplink's requests.
 func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode string, goroutines int) (drainRun, error) {
 	var run drainRun
-	var items []*itemBatch
 	repeats := 1
 	if mode == "batch" {
 		repeats = r.cfg.DrainRepeats
 	}
+	var backlogs [][]*itemBatch
 	for k := range repeats {
 		dir := "drain-" + mode
 		if k > 0 {
 			dir += fmt.Sprintf("-%d", k+1)
 		}
-		b, its, err := r.bracket(ctx, filepath.Join(r.work, dir), mode, "", client, goroutines)
+		b, items, err := r.bracket(ctx, filepath.Join(r.work, dir), mode, "", client, goroutines)
 		if err != nil {
 			return run, err
 		}
-		run.Repeats, items = append(run.Repeats, b), its
+		// What gatewayd's write requests consumed by DynamoDB's account,
+		// when it asked (uplink.consumed_capacity; BatchGetItem's read
+		// units left out); otherwise computed from its request and item
+		// counts.
+		if b.Gateway.ConsumedWCU > 0 {
+			b.Gateway.WCU, b.Gateway.WCUReported = b.Gateway.ConsumedWCU, true
+		} else {
+			b.Gateway.WCU = gatewayWCU(b.Gateway, b.Pricing)
+		}
+		run.Repeats, backlogs = append(run.Repeats, b), append(backlogs, items)
 	}
-	run.bracketedDrain = medianDrain(run.Repeats)
+	median := medianDrain(run.Repeats)
+	run.bracketedDrain, run.Median = run.Repeats[median], median
+	items := backlogs[median]
 	if repeats == 1 {
 		run.Repeats = nil
 	}
@@ -534,14 +555,6 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 		if err := errors.Join(err, dropTables(ctx, client, tables)); err != nil {
 			return run, err
 		}
-	}
-	// What gatewayd's write requests consumed by DynamoDB's account, when
-	// it asked (uplink.consumed_capacity; BatchGetItem's read units left
-	// out); otherwise computed from its request and item counts.
-	if run.Gateway.ConsumedWCU > 0 {
-		run.Gateway.WCU, run.Gateway.WCUReported = run.Gateway.ConsumedWCU, true
-	} else {
-		run.Gateway.WCU = gatewayWCU(run.Gateway, run.Pricing)
 	}
 	sdkBatchReadings := float64(run.SDK.Readings - int(run.SDK.TxReadings))
 	run.SDKWCU = (sdkBatchReadings+float64(run.SDK.Unprocessed))*run.Pricing.ReadingWCU +
