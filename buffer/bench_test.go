@@ -3,6 +3,7 @@ package buffer
 import (
 	"context"
 	"crypto/sha256"
+	"math"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -24,6 +25,8 @@ import (
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
 	"github.com/stretchr/testify/require"
+
+	contract "greenhouse-gateway/firmware-contract"
 )
 
 // BenchmarkCommitConcurrency measures group commit against a baseline of
@@ -299,30 +302,36 @@ func selfRSS() int64 {
 }
 
 // fleetBatch is window w's batch of device d as the gateway stores it:
-// the canonical JSON of a contract batch of ten readings of four sensors
-// with the optional uptimes and sequence number, as the bench's simulated
-// devices send them (about 2.3 KB).
+// the canonical encoding of a contract batch of ten readings a second
+// apart, of four sensors with the optional uptimes and sequence number,
+// as the bench's simulated devices send them (about 2.3 KB).
 func fleetBatch(d, w int) Entry {
 	hw := fmt.Sprintf("02:00:00:00:%02X:%02X", d/256, d%256)
-	boot := fmt.Sprintf("7c9e6679-7425-40de-944b-%012x", d)
 	start := int64(1_700_000_000_000) + int64(w)*600_000
-	end := start + 9*60_000
-	bootMS := start - int64(w)*600_000 - 3_600_000
-	id := fmt.Sprintf("%s_%s_%d_%d", hw, boot, start, end)
+	bootMS := int64(1_700_000_000_000) - 3_600_000
 	rng := rand.New(rand.NewPCG(uint64(d), uint64(w)))
-	var p strings.Builder
-	fmt.Fprintf(&p, `{"batch_id":%q,"boot_id":%q,"firmware_version":"1.0.16","hardware_id":%q,"readings":[`, id, boot, hw)
+	b := contract.Batch{HardwareID: hw, BootID: fmt.Sprintf("7c9e6679-7425-40de-944b-%012x", d), FirmwareVersion: "1.0.16"}
 	for j := range 10 {
-		if j > 0 {
-			p.WriteByte(',')
-		}
-		ts := start + int64(j)*60_000
-		fmt.Fprintf(&p, `{"sensor_status":{"bme280":"ok","soil_moisture":"ok"},"sensors":{"bme280_temp_c":%.2f,"humidity_pct":%.1f,"pressure_hpa":%.2f,"soil_moisture_pct":%.1f},"timestamp_ms":%d,"uptime_ms":%d}`,
-			18+rng.Float64()*10, 40+rng.Float64()*20, 1013+2*rng.NormFloat64(), 50+rng.Float64()*10, ts, ts-bootMS)
+		ts := start + int64(j)*1000
+		up := ts - bootMS
+		b.Readings = append(b.Readings, contract.Reading{
+			TimestampMS: ts,
+			UptimeMS:    &up,
+			Sensors: map[string]float64{
+				"bme280_temp_c":     math.Round((18+10*rng.Float64())*100) / 100,
+				"humidity_pct":      math.Round((40+20*rng.Float64())*10) / 10,
+				"pressure_hpa":      math.Round((1013+2*rng.NormFloat64())*100) / 100,
+				"soil_moisture_pct": math.Round((50+10*rng.Float64())*10) / 10,
+			},
+			SensorStatus: map[string]string{"bme280": contract.SensorOK, "soil_moisture": contract.SensorOK},
+		})
 	}
-	fmt.Fprintf(&p, `],"sent_uptime_ms":%d,"seq":%d}`, end-bootMS, w)
-	payload := []byte(p.String())
-	return Entry{BatchID: id, HardwareID: hw, Hash: sha256.Sum256(payload), Payload: payload, ReceivedAt: time.UnixMilli(end + 1_000)}
+	end := b.Readings[len(b.Readings)-1].TimestampMS
+	seq, sent := uint64(w), end-bootMS
+	b.Seq, b.SentUptimeMS = &seq, &sent
+	b.BatchID = fmt.Sprintf("%s_%s_%d_%d", hw, b.BootID, start, end)
+	payload := b.Canonical()
+	return Entry{BatchID: b.BatchID, HardwareID: hw, Hash: sha256.Sum256(payload), Payload: payload, ReceivedAt: time.UnixMilli(end + 1_000)}
 }
 
 // BenchmarkDrainBookkeeping measures the buffer's side of a drain at

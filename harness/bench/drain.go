@@ -167,10 +167,10 @@ func (b bracketedDrain) countsDiffer() string {
 type drainRun struct {
 	bracketedDrain
 	// Repeats are every drain of the mode, in the order run, when it
-	// drains more than once: the one above is Repeats[Median], their
-	// median by ratio to its ceiling.
+	// drains more than once; the one above is the Median-th (from 1),
+	// their median by ratio to its ceiling.
 	Repeats []bracketedDrain `json:"repeats,omitempty"`
-	Median  int              `json:"median_repeat"`
+	Median  int              `json:"median_repeat,omitempty"`
 	// Bulk is the uplink's bulk writer run from the bench's process on
 	// this backlog (batch mode only).
 	Bulk     *bulkRun  `json:"bulk_in_process,omitempty"`
@@ -320,7 +320,7 @@ func (r *runner) reportDrain(mode string, run drainRun, sweep plainCeiling, firs
 			r.noteBracketSpread(which, b.Before, b.After, b.Gateway)
 		}
 		r.res.note("%s: %d drains, each on its own backlog between its own plain-writer runs (readings/s, gatewayd / the faster plain run, in the order run): %s; "+
-			"the figures above are drain %d's, the median", section, len(run.Repeats), strings.Join(ratios, ", "), run.Median+1)
+			"the figures above are drain %d's, the median", section, len(run.Repeats), strings.Join(ratios, ", "), run.Median)
 		differ = "" // noted above
 	}
 	if differ != "" || (sdk.Readings > 0 && run.SDKStore != int64(sdk.Readings)) {
@@ -516,10 +516,10 @@ func (r *runner) drainMode(ctx context.Context, client *dynamodb.Client, mode st
 		run.Repeats, backlogs = append(run.Repeats, b), append(backlogs, items)
 	}
 	median := medianDrain(run.Repeats)
-	run.bracketedDrain, run.Median = run.Repeats[median], median
+	run.bracketedDrain, run.Median = run.Repeats[median], median+1
 	items := backlogs[median]
 	if repeats == 1 {
-		run.Repeats = nil
+		run.Repeats, run.Median = nil, 0
 	}
 	sample := items
 	if n := r.cfg.DrainBaselineReadings / r.cfg.Readings; n > 0 && n < len(items) {
