@@ -3,10 +3,10 @@ package buffer
 import (
 	"context"
 	"crypto/sha256"
-	"math"
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
