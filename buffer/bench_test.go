@@ -2,11 +2,9 @@ package buffer
 
 import (
 	"context"
-	"crypto/sha256"
 	"flag"
 	"fmt"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -27,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	contract "greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/fleetgen"
 )
 
 // BenchmarkCommitConcurrency measures group commit against a baseline of
@@ -301,37 +300,18 @@ func selfRSS() int64 {
 	return 0
 }
 
-// fleetBatch is window w's batch of device d as the gateway stores it:
-// the canonical encoding of a contract batch of ten readings a second
-// apart, of four sensors with the optional uptimes and sequence number,
-// as the bench's simulated devices send them (about 2.3 KB).
-func fleetBatch(d, w int) Entry {
-	hw := fmt.Sprintf("02:00:00:00:%02X:%02X", d/256, d%256)
-	start := int64(1_700_000_000_000) + int64(w)*600_000
-	bootMS := int64(1_700_000_000_000) - 3_600_000
-	rng := rand.New(rand.NewPCG(uint64(d), uint64(w)))
-	b := contract.Batch{HardwareID: hw, BootID: fmt.Sprintf("7c9e6679-7425-40de-944b-%012x", d), FirmwareVersion: "1.0.16"}
-	for j := range 10 {
-		ts := start + int64(j)*1000
-		up := ts - bootMS
-		b.Readings = append(b.Readings, contract.Reading{
-			TimestampMS: ts,
-			UptimeMS:    &up,
-			Sensors: map[string]float64{
-				"bme280_temp_c":     math.Round((18+10*rng.Float64())*100) / 100,
-				"humidity_pct":      math.Round((40+20*rng.Float64())*10) / 10,
-				"pressure_hpa":      math.Round((1013+2*rng.NormFloat64())*100) / 100,
-				"soil_moisture_pct": math.Round((50+10*rng.Float64())*10) / 10,
-			},
-			SensorStatus: map[string]string{"bme280": contract.SensorOK, "soil_moisture": contract.SensorOK},
-		})
-	}
-	end := b.Readings[len(b.Readings)-1].TimestampMS
-	seq, sent := uint64(w), end-bootMS
-	b.Seq, b.SentUptimeMS = &seq, &sent
-	b.BatchID = fmt.Sprintf("%s_%s_%d_%d", hw, b.BootID, start, end)
-	payload := b.Canonical()
-	return Entry{BatchID: b.BatchID, HardwareID: hw, Hash: sha256.Sum256(payload), Payload: payload, ReceivedAt: time.UnixMilli(end + 1_000)}
+// fleetBatch is d's next batch of ten readings as the gateway stores it
+// (its canonical encoding, about 2.3 KB), and its first and last reading
+// times.
+func fleetBatch(tb testing.TB, d *fleetgen.Device) (Entry, [2]int64) {
+	tb.Helper()
+	_, payload, err := d.Next(10)
+	require.NoError(tb, err)
+	now := time.Now()
+	b, err := contract.DecodeBatch(payload, d.HardwareID(), contract.DefaultLimits(), now)
+	require.NoError(tb, err)
+	e := Entry{BatchID: b.BatchID, HardwareID: b.HardwareID, Hash: b.IdentityHash(), Payload: b.Canonical(), ReceivedAt: now}
+	return e, [2]int64{b.Readings[0].TimestampMS, b.Readings[len(b.Readings)-1].TimestampMS}
 }
 
 // BenchmarkDrainBookkeeping measures the buffer's side of a drain at
@@ -358,13 +338,15 @@ func BenchmarkDrainBookkeeping(b *testing.B) {
 				// payload it decodes anyway: here they are known
 				// beforehand, so that the time measured is the buffer's.
 				spans := map[string][2]int64{}
-				for w := range perDevice {
+				devs := make([]*fleetgen.Device, devices)
+				for d := range devs {
+					devs[d] = fleetgen.NewDevice(fleetgen.HardwareID(0, d), time.Now().Add(-time.Hour), uint64(d))
+				}
+				for range perDevice {
 					var entries []Entry
-					for d := range devices {
-						e := fleetBatch(d, w)
-						first, last, err := readingSpan(e.Payload)
-						require.NoError(b, err)
-						spans[e.BatchID] = [2]int64{first, last}
+					for _, d := range devs {
+						e, span := fleetBatch(b, d)
+						spans[e.BatchID] = span
 						entries = append(entries, e)
 					}
 					commit(b, buf, entries...)

@@ -9,6 +9,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/fleetgen"
 )
 
 // commitChunk is how many batches one buffer commit takes when a backlog is
@@ -37,9 +38,9 @@ func fillBacklog(ctx context.Context, dir string, fleetID byte, devices, batches
 		return backlog{}, err
 	}
 	start := begin.Add(-48 * time.Hour)
-	devs := make([]*device, devices)
+	devs := make([]*fleetgen.Device, devices)
 	for i := range devs {
-		devs[i] = newDevice(hardwareID(fleetID, i), start, uint64(i))
+		devs[i] = fleetgen.NewDevice(fleetgen.HardwareID(fleetID, i), start, uint64(i))
 	}
 	info := backlog{Devices: devices, Batches: batches, Readings: batches * readings}
 	lim := contract.DefaultLimits()
@@ -62,12 +63,12 @@ func fillBacklog(ctx context.Context, dir string, fleetID byte, devices, batches
 	}
 	for i := range batches {
 		d := devs[i%devices]
-		_, payload, err := d.next(readings)
+		_, payload, err := d.Next(readings)
 		if err != nil {
 			return backlog{}, closeWith(buf, err)
 		}
 		now := time.Now()
-		b, err := contract.DecodeBatch(payload, d.hw, lim, now)
+		b, err := contract.DecodeBatch(payload, d.HardwareID(), lim, now)
 		if err != nil {
 			return backlog{}, closeWith(buf, fmt.Errorf("backlog batch: %w", err))
 		}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/fleetgen"
 	"greenhouse-gateway/harness/modroot"
 	"greenhouse-gateway/harness/proc"
 	"greenhouse-gateway/internal/cloud"
@@ -441,14 +442,14 @@ func closedEndpoint() (string, error) {
 // canonicalPerReading is the canonical payload size per reading of the
 // benchmark's batches, over 200 of them.
 func canonicalPerReading(readings int) (float64, error) {
-	d := newDevice(hardwareID(0, 0), time.Now().Add(-time.Hour), 1)
+	d := fleetgen.NewDevice(fleetgen.HardwareID(0, 0), time.Now().Add(-time.Hour), 1)
 	var total int
 	for range 200 {
-		_, payload, err := d.next(readings)
+		_, payload, err := d.Next(readings)
 		if err != nil {
 			return 0, err
 		}
-		b, err := contract.DecodeBatch(payload, d.hw, contract.DefaultLimits(), time.Now())
+		b, err := contract.DecodeBatch(payload, d.HardwareID(), contract.DefaultLimits(), time.Now())
 		if err != nil {
 			return 0, err
 		}

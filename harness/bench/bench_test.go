@@ -14,6 +14,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	contract "greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/fleetgen"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/tablewrite"
 )
@@ -58,8 +59,8 @@ func TestItemSize(t *testing.T) {
 // TestBatchItems checks that the rebuilt items have the uplink's shape and
 // price at one write unit each.
 func TestBatchItems(t *testing.T) {
-	d := newDevice(hardwareID(9, 1), time.Now().Add(-time.Hour), 1)
-	id, payload, err := d.next(10)
+	d := fleetgen.NewDevice(fleetgen.HardwareID(9, 1), time.Now().Add(-time.Hour), 1)
+	id, payload, err := d.Next(10)
 	require.NoError(t, err)
 	ib, err := batchItems(buffer.Pending{BatchID: id, Payload: payload, ReceivedAt: time.Now()}, time.Now())
 	require.NoError(t, err)

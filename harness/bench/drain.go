@@ -130,9 +130,13 @@ func (r *runner) bracket(ctx context.Context, dir, mode, endpoint string, plain 
 	return b, f.items, err
 }
 
-// ratio is the drain's rate over its ceiling's, the faster plain run.
+// ceiling is the faster of the plain runs just before and just after the
+// drain.
+func (b bracketedDrain) ceiling() plainRun { return bestPlain([]plainRun{b.Before, b.After}) }
+
+// ratio is the drain's rate over its ceiling's.
 func (b bracketedDrain) ratio() float64 {
-	c := bestPlain([]plainRun{b.Before, b.After}).rate()
+	c := b.ceiling().rate()
 	if c <= 0 || b.Gateway.Seconds <= 0 {
 		return 0
 	}
@@ -246,7 +250,7 @@ func (r *runner) sweepCeiling(ctx context.Context) (plainCeiling, error) {
 func (r *runner) reportDrain(mode string, run drainRun, sweep plainCeiling, first bool) {
 	gw := run.Gateway
 	section := "drain " + mode
-	best := bestPlain([]plainRun{run.Before, run.After})
+	best := run.ceiling()
 	base := fmt.Sprintf("plain BatchWriteItem, %d goroutines (fastest of %s), faster of the runs just before and after",
 		best.Goroutines, strings.ReplaceAll(joinCounts(r.cfg.CeilingGoroutines), ",", "/"))
 	// Transactions write every item twice by DynamoDB's pricing: that mode
@@ -312,7 +316,7 @@ func (r *runner) reportDrain(mode string, run drainRun, sweep plainCeiling, firs
 		var ratios []string
 		for k, b := range run.Repeats {
 			ratios = append(ratios, fmt.Sprintf("%.0f / %.0f = %.3f", b.Gateway.Readings/b.Gateway.Seconds,
-				bestPlain([]plainRun{b.Before, b.After}).rate(), b.ratio()))
+				b.ceiling().rate(), b.ratio()))
 			which := fmt.Sprintf("%s, drain %d of %d", section, k+1, len(run.Repeats))
 			if d := b.countsDiffer(); d != "" {
 				r.res.note("%s: counts differ: %s", which, d)

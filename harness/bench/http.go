@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"greenhouse-gateway/harness/fleetgen"
 	"greenhouse-gateway/harness/proc"
 )
 
@@ -131,14 +132,14 @@ func httpLoad(ctx context.Context, url, key string, fleetID byte, clients, readi
 		fatalM sync.Mutex
 	)
 	for i := range clients {
-		dev := newDevice(hardwareID(fleetID, i), start, uint64(i))
+		dev := fleetgen.NewDevice(fleetgen.HardwareID(fleetID, i), start, uint64(i))
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				sent := time.Now()
 				if !sent.Before(t1) {
 					return
 				}
-				_, payload, err := dev.next(readings)
+				_, payload, err := dev.Next(readings)
 				if err != nil {
 					fatalM.Lock()
 					fatal = err

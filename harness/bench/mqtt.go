@@ -15,6 +15,7 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/fleetgen"
 )
 
 // MQTT client settings.
@@ -52,7 +53,7 @@ type fleet struct {
 type mqttDevice struct {
 	f      *fleet
 	hw     string
-	gen    *device
+	gen    *fleetgen.Device
 	client paho.Client
 	topic  string
 
@@ -75,8 +76,8 @@ func connectFleet(ctx context.Context, spec fleetSpec) (*fleet, error) {
 	begin := time.Now()
 	start := begin.Add(-48 * time.Hour)
 	for i := range spec.devices {
-		hw := hardwareID(spec.fleet, i)
-		f.devices = append(f.devices, &mqttDevice{f: f, hw: hw, gen: newDevice(hw, start, uint64(i)),
+		hw := fleetgen.HardwareID(spec.fleet, i)
+		f.devices = append(f.devices, &mqttDevice{f: f, hw: hw, gen: fleetgen.NewDevice(hw, start, uint64(i)),
 			topic: contract.ReadingsTopic(hw), inflight: map[string]*flight{}})
 	}
 	sem := make(chan struct{}, connectParallel)
@@ -444,7 +445,7 @@ func (f *fleet) inflight() int {
 // publish sends the device's next batch at QoS 1, as if at time sent, and
 // calls release once its answers are in (or timed out).
 func (d *mqttDevice) publish(r *loadRun, sent time.Time, release func()) error {
-	id, payload, err := d.gen.next(d.f.spec.readings)
+	id, payload, err := d.gen.Next(d.f.spec.readings)
 	if err != nil {
 		return err
 	}

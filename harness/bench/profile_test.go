@@ -10,6 +10,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/fleetgen"
 )
 
 // BenchmarkBufferIngest commits b.N batches of ten readings from 1,000
@@ -31,21 +32,21 @@ func BenchmarkBufferIngest(b *testing.B) {
 	}
 	defer buf.Close()
 	start := time.Now().Add(-48 * time.Hour)
-	devs := make([]*device, 1000)
+	devs := make([]*fleetgen.Device, 1000)
 	for i := range devs {
-		devs[i] = newDevice(hardwareID(0xB0, i), start, uint64(i))
+		devs[i] = fleetgen.NewDevice(fleetgen.HardwareID(0xB0, i), start, uint64(i))
 	}
 	lim := contract.DefaultLimits()
 	entries := make([]buffer.Entry, 0, 250)
 	b.ResetTimer()
 	for i := range b.N {
 		d := devs[i%len(devs)]
-		_, payload, err := d.next(10)
+		_, payload, err := d.Next(10)
 		if err != nil {
 			b.Fatal(err)
 		}
 		now := time.Now()
-		batch, err := contract.DecodeBatch(payload, d.hw, lim, now)
+		batch, err := contract.DecodeBatch(payload, d.HardwareID(), lim, now)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/harness/fleetgen"
 )
 
 func TestMain(m *testing.M) { dynamotest.Main(m) }
@@ -36,10 +37,10 @@ func TestSDKLoopWritesLikeTheUplink(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tables := local.NewTables(t)
-			d := newDevice(hardwareID(9, 2), time.Now().Add(-time.Hour), 1)
+			d := fleetgen.NewDevice(fleetgen.HardwareID(9, 2), time.Now().Add(-time.Hour), 1)
 			var batches []*itemBatch
 			for range 4 {
-				id, payload, err := d.next(tc.readings)
+				id, payload, err := d.Next(tc.readings)
 				require.NoError(t, err)
 				ib, err := batchItems(buffer.Pending{BatchID: id, Payload: payload, ReceivedAt: time.Now()}, time.Now())
 				require.NoError(t, err)

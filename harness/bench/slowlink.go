@@ -56,7 +56,7 @@ func (r *runner) drainSlowLink(ctx context.Context) (slowLinkRun, error) {
 func (r *runner) reportSlowLink(run slowLinkRun) {
 	section := "drain batch, slow link"
 	gw := run.Gateway
-	best := bestPlain([]plainRun{run.Before, run.After})
+	best := run.ceiling()
 	base := fmt.Sprintf("plain BatchWriteItem, %d goroutines (uplink.max_concurrency), same link, faster of the runs just before and after",
 		best.Goroutines)
 	r.res.add(section, "readings/s until pending is 0", "readings/s", gw.Readings/gw.Seconds, best.rate(), base, nil)

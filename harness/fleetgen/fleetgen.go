@@ -1,6 +1,6 @@
-//go:build linux
-
-package bench
+// Package fleetgen builds the readings of simulated greenhouse devices, as the
+// benchmarks send and store them.
+package fleetgen
 
 import (
 	"encoding/json"
@@ -14,20 +14,20 @@ import (
 	"greenhouse-gateway/firmware-contract"
 )
 
-// readingStep is the time between two readings of a device.
-const readingStep = time.Second
+// ReadingStep is the time between two readings of a device.
+const ReadingStep = time.Second
 
-// hardwareID returns the hardware_id of device i of a fleet; fleet keeps
+// HardwareID returns the hardware_id of device i of a fleet; fleet keeps
 // the fleets of different runs apart.
-func hardwareID(fleet byte, i int) string {
+func HardwareID(fleet byte, i int) string {
 	return fmt.Sprintf("02:BE:%02X:%02X:%02X:%02X", fleet, byte(i>>16), byte(i>>8), byte(i))
 }
 
-// device builds one simulated device's batches as the greenhouse firmware
+// Device builds one simulated device's batches as the greenhouse firmware
 // does (devicesim's shape: four sensor values, two sensor statuses, seq and
 // uptimes), with synced clocks and windows that follow each other, so that
 // every batch_id is new. It is not safe for concurrent use.
-type device struct {
+type Device struct {
 	hw     string
 	boot   string
 	bootMS int64
@@ -37,23 +37,26 @@ type device struct {
 	temp   float64
 }
 
-// newDevice starts a device whose first window begins at start.
-func newDevice(hw string, start time.Time, seed uint64) *device {
-	return &device{
+// NewDevice starts a device whose first window begins at start.
+func NewDevice(hw string, start time.Time, seed uint64) *Device {
+	return &Device{
 		hw: hw, boot: uuid.NewString(),
 		bootMS: start.Add(-time.Hour).UnixMilli(), nextMS: start.UnixMilli(),
 		rng: rand.New(rand.NewPCG(seed, 0x62656e6368)), temp: 20 + 5*rand.Float64(),
 	}
 }
 
-// next returns the next batch of n readings, encoded as the device sends it.
-func (d *device) next(n int) (batchID string, payload []byte, err error) {
+// HardwareID returns the device's hardware_id.
+func (d *Device) HardwareID() string { return d.hw }
+
+// Next returns the next batch of n readings, encoded as the device sends it.
+func (d *Device) Next(n int) (batchID string, payload []byte, err error) {
 	start := d.nextMS
-	end := start + int64(n-1)*readingStep.Milliseconds()
-	d.nextMS = end + readingStep.Milliseconds()
+	end := start + int64(n-1)*ReadingStep.Milliseconds()
+	d.nextMS = end + ReadingStep.Milliseconds()
 	readings := make([]contract.Reading, n)
 	for i := range readings {
-		ts := start + int64(i)*readingStep.Milliseconds()
+		ts := start + int64(i)*ReadingStep.Milliseconds()
 		up := ts - d.bootMS
 		d.temp = math.Min(math.Max(d.temp+0.1*d.rng.NormFloat64(), 18), 30)
 		readings[i] = contract.Reading{
