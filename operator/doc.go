@@ -2,7 +2,8 @@
 // its JSON twin (status.go, status.html), the operator API behind the
 // admin token (api.go: device list and records, key resets, the uplink
 // report, same-origin checks for state-changing requests), reading queries
-// and summaries (query.go, summary.go), dead letters (deadletters.go) and
+// and summaries (query.go, answered by internal/readquery, as the cloud's
+// read API answers them), dead letters (deadletters.go) and
 // audit queries (audit.go). API.Routes mounts it on the HTTP server that
 // ingest runs, so both share one listener.
 //

@@ -1,4 +1,4 @@
-package operator
+package readquery
 
 import (
 	"slices"
@@ -8,14 +8,16 @@ import (
 	"greenhouse-gateway/firmware-contract/quality"
 )
 
-// The readings query shows each reading's quality score (package quality),
-// computed over the sequence the query returns: the readings of the window
-// [from, to) in the query's order (time, then batch_id), each scored against
-// the values of the readings before it in that sequence. Pages of one query
-// give the same scores as one large page: a page's readings are scored after
-// the values that the readings on earlier pages leave in the scorer's history
-// (the last quality.HistoryLen of each sensor), which are collected in the same
-// pass over the buffer, so memory stays bounded by the page.
+// The readings query shows each reading's quality score (package quality).
+// A reading whose score was stored with it (the cloud's quality_score) shows
+// that one; any other is scored over the sequence the query returns: the
+// readings of the window [from, to) in the query's order (time, then
+// batch_id), each against the values of the readings before it in that
+// sequence. Pages of one query give the same scores as one large page: a
+// page's readings are scored after the values that the readings on earlier
+// pages leave in the scorer's history (the last quality.HistoryLen of each
+// sensor), which are collected in the same pass over the window, so memory
+// stays bounded by the page.
 
 // readingID orders whole readings: time, then batch.
 type readingID struct {
