@@ -34,11 +34,29 @@ func (u *Uplink) newWriter() *tablewrite.Writer {
 		RequestItems: func(n int) { u.metrics.requestItems.Observe(float64(n)) },
 		Unprocessed:  func(n int) { u.metrics.unprocessed.Add(float64(n)) },
 		LimitRefused: u.forgetLimit,
+		Refused:      u.requestRefused,
 	}
 	if u.cfg.ConsumedCapacity {
 		opts.Consumed = func(op string, units float64) { u.metrics.consumed.WithLabelValues(op).Add(units) }
 	}
 	return tablewrite.New(u.db, u.tables, opts)
+}
+
+// requestRefused counts a refusal of a request's shape or of the
+// endpoint's limits, whose batches are retried, and logs the first of
+// each operation and cause.
+func (u *Uplink) requestRefused(e *tablewrite.RequestRefusedError) {
+	u.metrics.refusedRequests.WithLabelValues(e.Op, e.Cause).Inc()
+	u.mu.Lock()
+	first := !u.refusalsLogged[e.Op+" "+e.Cause]
+	if first {
+		u.refusalsLogged[e.Op+" "+e.Cause] = true
+	}
+	u.mu.Unlock()
+	if first {
+		u.logger.Warn("DynamoDB refused a request, not its batches; they stay buffered and are retried (logged once per operation and cause, counted in gateway_uplink_refused_requests_total)",
+			"operation", e.Op, "cause", e.Cause, "err", e.Err)
+	}
 }
 
 // forward sends one batch. nil means the batch is in the cloud (written now

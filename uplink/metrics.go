@@ -3,27 +3,31 @@ package uplink
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"greenhouse-gateway/internal/tablewrite"
 )
 
 type metrics struct {
-	batches        *prometheus.CounterVec
-	readings       prometheus.Counter
-	retries        prometheus.Counter
-	requestErrors  *prometheus.CounterVec
-	requestSeconds *prometheus.HistogramVec
-	unprocessed    prometheus.Counter
-	requestItems   prometheus.Histogram
-	deviceUpserts  prometheus.Counter
-	keyWrites      *prometheus.CounterVec
-	up             prometheus.Gauge
-	txLimit        prometheus.Gauge
-	concurrency    prometheus.Gauge
-	roundBatches   prometheus.Histogram
-	waveBatches    prometheus.Histogram
-	roundWait      prometheus.Histogram
-	freshBatches   prometheus.Counter
-	consumed       *prometheus.CounterVec
-	lastDelivery   prometheus.Gauge
+	batches       *prometheus.CounterVec
+	readings      prometheus.Counter
+	retries       prometheus.Counter
+	requestErrors *prometheus.CounterVec
+	// refusedRequests: tablewrite.RequestRefusedError by operation, cause.
+	refusedRequests *prometheus.CounterVec
+	requestSeconds  *prometheus.HistogramVec
+	unprocessed     prometheus.Counter
+	requestItems    prometheus.Histogram
+	deviceUpserts   prometheus.Counter
+	keyWrites       *prometheus.CounterVec
+	up              prometheus.Gauge
+	txLimit         prometheus.Gauge
+	concurrency     prometheus.Gauge
+	roundBatches    prometheus.Histogram
+	waveBatches     prometheus.Histogram
+	roundWait       prometheus.Histogram
+	freshBatches    prometheus.Counter
+	consumed        *prometheus.CounterVec
+	lastDelivery    prometheus.Gauge
 
 	reg prometheus.Registerer
 }
@@ -78,6 +82,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: "gateway", Subsystem: "uplink", Name: "request_errors_total",
 			Help: "Failed DynamoDB requests, by operation and kind.",
 		}, []string{"operation", "kind"}),
+		refusedRequests: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "refused_requests_total",
+			Help: "DynamoDB requests refused for their shape or the endpoint's limits, not for a batch's content (a ValidationException of another kind than an item's data), by operation and cause (transaction_limit, request_limit, parameter, request); their batches are retried, never dead-lettered.",
+		}, []string{"operation", "cause"}),
 		requestSeconds: f.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "request_duration_seconds",
 			Help:    "DynamoDB request latency, by operation.",
@@ -123,6 +131,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	// The errors the dashboard shows from the start, at 0.
 	for _, kind := range []string{"network", "timeout", "ProvisionedThroughputExceededException"} {
 		m.requestErrors.WithLabelValues("BatchWriteItem", kind)
+	}
+	for _, cause := range tablewrite.RefusalCauses {
+		m.refusedRequests.WithLabelValues("TransactWriteItems", cause)
 	}
 	return m
 }

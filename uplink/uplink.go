@@ -306,6 +306,9 @@ type Uplink struct {
 	uncertain    map[string]bool // batch_ids whose write may have been applied
 	startChecked bool            // the first lease after start was checked
 	settled      map[string]bool // devices leased since the start (uncertain.go)
+	// refusalsLogged holds the "operation cause" of request refusals
+	// logged (requestRefused).
+	refusalsLogged map[string]bool
 }
 
 // Status is the uplink's state for operators.
@@ -349,6 +352,8 @@ func New(cfg Config, store Store, devices DeviceSource, clk clock.Source, db Dyn
 		arrivals:  newEWMARate(arrivalTau),
 		uncertain: map[string]bool{},
 		settled:   map[string]bool{},
+
+		refusalsLogged: map[string]bool{},
 	}
 	// Deliveries are measured from the start.
 	u.drain.add(0, time.Now())

@@ -50,7 +50,7 @@ func ProbeTransactionLimit(ctx context.Context, client *dynamodb.Client, table s
 		if err == nil {
 			return n, nil
 		}
-		if !isTooManyItems(err) {
+		if !TooManyItems(err) {
 			return 0, fmt.Errorf("probing transaction limit on %s with %d items: %w", table, n, err)
 		}
 		lastErr = err
@@ -59,15 +59,16 @@ func ProbeTransactionLimit(ctx context.Context, client *dynamodb.Client, table s
 		table, probeSizes[len(probeSizes)-1], lastErr)
 }
 
-// isTooManyItems reports whether err is the ValidationException for a transaction with more
+// TooManyItems reports whether err is the ValidationException for a transaction with more
 // items than the endpoint allows. AWS says "... at 'transactItems' failed to satisfy
 // constraint: Member must have length less than or equal to 100", DynamoDB Local 1.11.478
 // "Member must have length less than or equal to 10".
-func isTooManyItems(err error) bool {
+func TooManyItems(err error) bool {
 	var apiErr smithy.APIError
 	if !errors.As(err, &apiErr) || apiErr.ErrorCode() != "ValidationException" {
 		return false
 	}
 	msg := strings.ToLower(apiErr.ErrorMessage())
-	return strings.Contains(msg, "length less than or equal to") || strings.Contains(msg, "too many")
+	return strings.Contains(msg, "length less than or equal to") || strings.Contains(msg, "too many") ||
+		strings.Contains(msg, "item count")
 }

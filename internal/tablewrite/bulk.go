@@ -44,8 +44,9 @@ import (
 // concurrent writers of one batch_id use Write or WriteWave, whose marker
 // is conditional.
 //
-// A request DynamoDB refuses for its content has its items sent again one
-// batch to a request, to find which batch is refused (Rejected). The
+// A request DynamoDB refuses, for its content or its shape, has its items
+// sent again one batch to a request, to find which batch is refused
+// (Rejected, or Failed for a shape the batch alone still has). The
 // readings of a refused batch that other requests wrote are deleted
 // before WriteBulk returns (unwrite).
 // It returns each batch's result, in the order given.
@@ -415,7 +416,7 @@ func (b *bulk) send(ctx context.Context, req *bulkRequest) {
 		case err == nil:
 			b.unwritten[p.owner] -= len(p.reqs)
 			b.promote(p.owner)
-		case res.Outcome == Rejected && !req.solo:
+		case res.isolates() && !req.solo:
 			// Sent again alone (a marker stays markerSent meanwhile, so
 			// that the device's next marker waits for it).
 			b.solo = append(b.solo, p)

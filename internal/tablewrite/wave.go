@@ -43,8 +43,8 @@ func chunkWave(wave []*Items) ([]*waveChunk, []int) {
 // the write capacity): their readings packed 25 to a BatchWriteItem, with
 // up to concurrency requests in flight, and each batch's marker as soon as
 // the last request carrying its readings is answered. A request DynamoDB
-// refuses for its content has its batches sent again one by one, to find
-// which is refused. The readings go before the conditional marker: the
+// refuses, for its content or its shape, has its batches sent again one
+// by one, to find which is refused. The readings go before the conditional marker: the
 // caller looks the markers up first (MarkerHashes) and sends each
 // batch_id once, or another payload under a batch_id already delivered
 // would write over its readings before the marker says Conflict. It
@@ -91,7 +91,7 @@ func (w *Writer) WriteWave(ctx context.Context, wave []*Items, concurrency int) 
 			for _, i := range c.owners {
 				switch {
 				case err == nil:
-				case res.Outcome == Rejected:
+				case res.isolates():
 					isolate[i] = true
 				case !failed[i]:
 					failed[i], results[i] = true, res

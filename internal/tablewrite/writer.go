@@ -11,7 +11,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/aws/smithy-go"
 
 	"greenhouse-gateway/internal/cloud"
 )
@@ -80,6 +79,9 @@ type Options struct {
 	// LimitRefused is called when the endpoint refused a transaction for
 	// its item count: the caller's limit is too high.
 	LimitRefused func()
+	// Refused is told each refusal of a request's shape or of the
+	// endpoint's limits (the batch is Failed, to be retried), once.
+	Refused func(*RequestRefusedError)
 	// Consumed is told the capacity units DynamoDB reports for each
 	// request; when it is set, requests ask for ReturnConsumedCapacity
 	// TOTAL.
@@ -120,9 +122,16 @@ func (w *Writer) call(ctx context.Context, op string, f func(context.Context) er
 // readings that go ahead of the marker, the marker is looked up, so that
 // another payload under a batch_id already delivered (Conflict) does not
 // overwrite the readings the table holds.
+//
+// A transaction the endpoint refuses for its number of actions is written
+// the split way at once: the limit was too high (Options.LimitRefused).
 func (w *Writer) Write(ctx context.Context, it *Items, txLimit int) Result {
 	if it.Readings()+1 <= txLimit {
-		return w.writeTransaction(ctx, it)
+		r := w.writeTransaction(ctx, it)
+		if refused := (*RequestRefusedError)(nil); r.Outcome != Failed || !errors.As(r.Err, &refused) ||
+			refused.Cause != CauseTransactionLimit {
+			return r
+		}
 	}
 	if r, decided := w.markerDecides(ctx, it); decided {
 		return r
@@ -325,25 +334,30 @@ func (w *Writer) batchWrite(ctx context.Context, reqs []types.WriteRequest) erro
 	})
 }
 
-// classify turns a request error into its outcome: Rejected for refusals
-// of the batch's own content, Throttled or Failed otherwise.
+// classify turns a request error into its outcome: Rejected only for a
+// refusal of the batch's own content; Failed for a refusal of the
+// request's shape or the endpoint's limits (a RequestRefusedError, told to
+// Options.Refused), Throttled or Failed for the rest.
 func (w *Writer) classify(op, batchID string, err error) Result {
-	err = fmt.Errorf("%s for %s: %w", op, batchID, err)
-	var ae smithy.APIError
-	if errors.As(err, &ae) && ae.ErrorCode() == "ValidationException" {
-		msg := ae.ErrorMessage()
-		if strings.Contains(msg, "ransactItems") || strings.Contains(msg, "item count") {
-			// The endpoint takes fewer actions per transaction than the
-			// caller thought: it should find out again rather than blame
-			// the batch.
-			if w.opts.LimitRefused != nil {
-				w.opts.LimitRefused()
-			}
-			return Result{Outcome: Failed, Err: err}
-		}
-		return Result{Outcome: Rejected, Err: err}
+	content, refused := refusal(op, err)
+	if refused != nil {
+		err = refused
 	}
-	if Throttling(err) || errors.Is(err, ErrUnprocessed) {
+	err = fmt.Errorf("%s for %s: %w", op, batchID, err)
+	switch {
+	case content:
+		return Result{Outcome: Rejected, Err: err}
+	case refused != nil:
+		if refused.Cause == CauseTransactionLimit && w.opts.LimitRefused != nil {
+			// The endpoint takes fewer actions per transaction than the
+			// caller thought: it should find out again.
+			w.opts.LimitRefused()
+		}
+		if w.opts.Refused != nil {
+			w.opts.Refused(refused)
+		}
+		return Result{Outcome: Failed, Err: err}
+	case Throttling(err) || errors.Is(err, ErrUnprocessed):
 		return Result{Outcome: Throttled, Err: err}
 	}
 	return Result{Outcome: Failed, Err: err}
