@@ -7,7 +7,7 @@ BINARIES := gatewayd gatewayctl devicesim
 TEST_TIMEOUT ?= 14m
 CI_FUZZTIME ?= 3s
 
-.PHONY: help build run test test-deps test-short lint fmt vet fuzz dynamodb-local clean
+.PHONY: help build run smoke test test-deps test-short lint fmt vet fuzz dynamodb-local clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -21,14 +21,21 @@ dynamodb-local: ## install AWS DynamoDB Local into .cache/ (needs Java 17; insta
 
 # UPLINK=lambda: the uplink invokes the readings function under the Runtime
 # Interface Emulator (built into .cache/bin, as harness/lambdatest does).
+# RUN_FOR=60s: the run stops by itself after that long.
 UPLINK ?= dynamodb
+RUN_FOR ?=
 RIE_VERSION ?= v0.0.0-20261030222936-bef5c4ba774d
-run: build dynamodb-local $(if $(filter lambda,$(UPLINK)),lambda-local) ## run the gateway, DynamoDB Local, its tables and a few simulated devices (UPLINK=lambda: through the readings function under the Lambda emulator); Ctrl-C stops all
-	@UPLINK=$(UPLINK) deploy/local/run.sh
+RIE_BIN := $(CURDIR)/.cache/bin/aws-lambda-rie-$(RIE_VERSION)/aws-lambda-rie
+run: build dynamodb-local $(if $(filter lambda,$(UPLINK)),lambda-local) ## run the gateway, DynamoDB Local, its tables and a few simulated devices (UPLINK=lambda: through the readings function under the Lambda emulator; RUN_FOR=60s: stop after that long); Ctrl-C stops all
+	@UPLINK='$(UPLINK)' RUN_FOR='$(RUN_FOR)' $(if $(filter lambda,$(UPLINK)),RIE_BIN='$(RIE_BIN)') deploy/local/run.sh
+
+smoke: ## make run, checked from outside: waits for every simulated device's readings in DynamoDB Local (read with awscli), stops it as Ctrl-C does, checks that nothing is left running (UPLINK=lambda too)
+	@UPLINK='$(UPLINK)' deploy/local/smoke.sh
 
 .PHONY: lambda-local
 lambda-local: lambda ## the readings function, the Lambda Runtime Interface Emulator (.cache/bin) and bin/invokeproxy, for make run UPLINK=lambda
-	GOBIN=$(CURDIR)/.cache/bin/aws-lambda-rie-$(RIE_VERSION) $(GO) install github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@$(RIE_VERSION)
+	@GOBIN=$(CURDIR)/.cache/bin/aws-lambda-rie-$(RIE_VERSION) $(GO) install github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@$(RIE_VERSION) || \
+		{ echo "make: could not build the Lambda Runtime Interface Emulator $(RIE_VERSION) through the Go module proxy ($$($(GO) env GOPROXY)); go's message is above: check the network or GOPROXY, then run again" >&2; exit 1; }
 	$(GO) build -trimpath -o bin/invokeproxy ./harness/invokeproxy/cmd/invokeproxy
 
 test: dynamodb-local test-deps lint ## every test, integration and 3-minute soak included, with the race detector; then each fuzz target briefly

