@@ -18,8 +18,9 @@ import (
 	"greenhouse-gateway/internal/tablewrite"
 )
 
-// Routes are the API Gateway routes the function serves (route keys).
-var Routes = []string{"POST /v1/readings", "POST /v1/register"}
+// Routes are the API Gateway routes the function serves (route keys): the
+// device routes, then ReadRoutes.
+var Routes = append([]string{"POST /v1/readings", "POST /v1/register"}, ReadRoutes...)
 
 // retryAfterSeconds is the Retry-After of 429 and 503 answers.
 const retryAfterSeconds = 2
@@ -61,6 +62,9 @@ func (f *Function) handleHTTPEvent(ctx context.Context, raw json.RawMessage) (ev
 // serveHTTP routes, authenticates and reads the body of a request.
 func (f *Function) serveHTTP(ctx context.Context, req events.APIGatewayV2HTTPRequest) answer {
 	method, path := req.RequestContext.HTTP.Method, req.RawPath
+	if method == http.MethodGet {
+		return f.serveRead(ctx, req)
+	}
 	route := method + " " + path
 	if !slices.Contains(Routes, route) {
 		return requestError(http.StatusNotFound, fmt.Sprintf("no route %s; the routes are %s", route, strings.Join(Routes, ", ")))
