@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-		"fmt"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
