@@ -267,7 +267,7 @@ func (f *Function) writeWave(ctx context.Context, wave []*job, received time.Tim
 	case 0:
 		return
 	case 1:
-		results = []tablewrite.Result{f.writer.Write(ctx, items[0], f.cfg.TransactionMaxItems)}
+		results = []tablewrite.Result{f.writer.Write(ctx, items[0], f.transactionLimit(ctx))}
 	default:
 		results = f.writer.WriteWave(ctx, items, f.cfg.WriteConcurrency)
 	}

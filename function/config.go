@@ -33,8 +33,9 @@ type Config struct {
 	// default 2160h).
 	ReadingsRetention time.Duration
 	// TransactionMaxItems is the endpoint's TransactWriteItems action limit
-	// (TRANSACTION_MAX_ITEMS; default 100, DynamoDB Local's older
-	// releases: 10).
+	// (TRANSACTION_MAX_ITEMS, 2 to 100); 0 (unset) probes the endpoint
+	// (cloud.ProbeTransactionLimit) when a batch first needs it: AWS takes
+	// 100, DynamoDB Local's older releases 10.
 	TransactionMaxItems int
 	// WriteConcurrency bounds the BatchWriteItem requests in flight per
 	// invocation (WRITE_CONCURRENCY; default 16).
@@ -70,7 +71,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		name string
 		dst  *int
 		def  int
-	}{{"TRANSACTION_MAX_ITEMS", &c.TransactionMaxItems, 100}, {"WRITE_CONCURRENCY", &c.WriteConcurrency, 16},
+	}{{"TRANSACTION_MAX_ITEMS", &c.TransactionMaxItems, 0}, {"WRITE_CONCURRENCY", &c.WriteConcurrency, 16},
 		{"MAX_READINGS_PER_BATCH", &c.Limits.MaxReadings, c.Limits.MaxReadings}} {
 		n, err := positiveInt(getenv, v.name, int64(v.def))
 		if err != nil {
@@ -88,8 +89,8 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			return c, err
 		}
 	}
-	if c.TransactionMaxItems < 2 || c.TransactionMaxItems > 100 {
-		return c, fmt.Errorf("TRANSACTION_MAX_ITEMS: %d must be between 2 and 100", c.TransactionMaxItems)
+	if c.TransactionMaxItems != 0 && (c.TransactionMaxItems < 2 || c.TransactionMaxItems > 100) {
+		return c, fmt.Errorf("TRANSACTION_MAX_ITEMS: %d must be between 2 and 100 (unset: probed)", c.TransactionMaxItems)
 	}
 	return c, nil
 }

@@ -39,6 +39,7 @@ type Function struct {
 
 	mu      sync.Mutex
 	touched map[string]time.Time // key_id → last_used_at written by this environment
+	limit   txLimit
 }
 
 // New returns the function; it does no I/O. logger nil discards logs.
@@ -49,15 +50,16 @@ func New(cfg Config, db *dynamodb.Client, logger *slog.Logger) (*Function, error
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Function{
+	f := &Function{
 		cfg:     cfg,
 		db:      db,
-		writer:  tablewrite.New(db, cfg.Tables, tablewrite.Options{}),
 		keys:    cloud.NewKeys(db, cfg.Tables.APIKeys, cfg.Pepper),
 		logger:  logger,
 		now:     time.Now,
 		touched: map[string]time.Time{},
-	}, nil
+	}
+	f.writer = tablewrite.New(db, cfg.Tables, tablewrite.Options{LimitRefused: f.forgetLimit, Refused: f.requestRefused})
+	return f, nil
 }
 
 // errUnknownEvent is an invocation that is neither event.

@@ -1,0 +1,104 @@
+package function_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/function"
+	"greenhouse-gateway/harness/dynamotest"
+)
+
+// postEvent sends body to /v1/readings as an API Gateway event and returns
+// the whole response, headers included.
+func (r *rig) postEvent(t *testing.T, headers map[string]string, body string) events.APIGatewayV2HTTPResponse {
+	t.Helper()
+	h := map[string]string{"content-type": "application/json", "authorization": "Bearer " + r.key}
+	for k, v := range headers {
+		h[strings.ToLower(k)] = v
+	}
+	ev := events.APIGatewayV2HTTPRequest{
+		Version: "2.0", RouteKey: "POST /v1/readings", RawPath: "/v1/readings", Headers: h, Body: body,
+		RequestContext: events.APIGatewayV2HTTPRequestContext{RouteKey: "POST /v1/readings", Stage: "$default", RequestID: "req-1",
+			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: "POST", Path: "/v1/readings", Protocol: "HTTP/1.1", SourceIP: "192.0.2.1"}},
+	}
+	var resp events.APIGatewayV2HTTPResponse
+	r.invoke(t, ev, &resp)
+	return resp
+}
+
+// With the three documented variables alone (no TRANSACTION_MAX_ITEMS),
+// the function finds DynamoDB Local's limit of 10 actions: a 10-reading
+// batch (11 actions) is stored, over HTTP and in a gateway's event.
+func TestThreeVariablesSufficeAgainstDynamoDBLocal(t *testing.T) {
+	r := newRig(t, map[string]string{"TRANSACTION_MAX_ITEMS": ""})
+	hw := "AA:BB:CC:00:15:31"
+	b := batch(hw, base(), 0, 10, 21)
+	code, resp := r.readings(t, nil, jsonOf(t, b))
+	require.Equal(t, http.StatusOK, code, "%+v", resp)
+	require.Equal(t, contract.StatusAccepted, resp.Results[0].Status)
+	require.Len(t, r.items(t, hw), 10)
+	require.NotEmpty(t, r.marker(t, b.BatchID))
+
+	next := batch(hw, base(), 20, 10, 21)
+	var out function.BatchResponse
+	r.invoke(t, nativeEvent(t, map[string]*contract.Batch{"c-1": next}, []string{"c-1"}), &out)
+	require.Equal(t, function.StatusDelivered, out.Results[0].Status, "%+v", out.Results[0])
+	require.Len(t, r.items(t, hw), 20)
+}
+
+// refusingEndpoint is DynamoDB Local behind a proxy that refuses every
+// TransactWriteItems with a ValidationException about the request
+// (message): what an endpoint does with a request it does not take,
+// whatever the batch holds.
+func refusingEndpoint(t *testing.T, message string) string {
+	t.Helper()
+	target, err := url.Parse(dynamotest.Shared(t).Endpoint)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		switch op := req.Header.Get("X-Amz-Target"); {
+		case strings.HasSuffix(op, ".TransactWriteItems"):
+			w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write([]byte(`{"__type":"com.amazon.coral.validate#ValidationException","message":"` + message + `"}`))
+		default:
+			proxy.ServeHTTP(w, req)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A refusal of the request, not of the batch, is answered as to be
+// retried: 503 with Retry-After to a device, error (not rejected, which
+// a gateway dead-letters) in a gateway's event; the function logs its
+// cause.
+func TestRequestRefusalIsRetriedNotRejected(t *testing.T) {
+	r := newRig(t, map[string]string{"DYNAMODB_ENDPOINT": refusingEndpoint(t, "Transaction request cannot be larger than 4 MB")})
+	hw := "AA:BB:CC:00:15:32"
+
+	resp := r.postEvent(t, nil, jsonOf(t, batch(hw, base(), 0, 3, 21)))
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, resp.Body)
+	require.Equal(t, "2", resp.Headers["Retry-After"])
+	require.Contains(t, resp.Body, `"buffer_full"`)
+	require.NotContains(t, resp.Body, `"validation_error"`)
+
+	var out function.BatchResponse
+	r.invoke(t, nativeEvent(t, map[string]*contract.Batch{"c-1": batch(hw, base(), 5, 3, 21)}, []string{"c-1"}), &out)
+	require.Equal(t, function.StatusError, out.Results[0].Status, "%+v", out.Results[0])
+	require.Contains(t, out.Results[0].Message, "request_limit")
+	require.Empty(t, r.items(t, hw))
+
+	require.Eventually(t, func() bool {
+		return strings.Contains(r.em.Output(), `"cause":"request_limit"`)
+	}, 30*time.Second, 50*time.Millisecond, "the refusal is logged with its cause:\n%s", r.em.Output())
+}
