@@ -514,11 +514,29 @@ func (in *Ingest) prepare(ctx context.Context, transport string, payload []byte,
 		fixed = true
 	}
 	if in.cfg.Ordering == "reject_older" {
-		if err := b.CheckOrder(in.devices.LastTimestamp(b.HardwareID), in.cfg.OrderingGrace); err != nil {
+		if err := b.CheckOrder(in.devices.LastTimestamp(b.HardwareID), in.cfg.OrderingGrace); err != nil && !in.known(b.BatchID) {
 			return p, false, err
 		}
 	}
 	return p, fixed, nil
+}
+
+// lookup is the part of the buffer that tells a batch_id it holds.
+type lookup interface {
+	Lookup(batchID string) (string, error)
+}
+
+// known reports whether the store holds a marker of batchID (pending,
+// delivered or dead-lettered): a resend, which its commit answers
+// duplicate (or conflict), so that the ordering rule, against a newest
+// reading that includes the batch itself, does not refuse it.
+func (in *Ingest) known(batchID string) bool {
+	l, ok := in.store.(lookup)
+	if !ok {
+		return false
+	}
+	_, err := l.Lookup(batchID)
+	return err == nil
 }
 
 func resultLabel(r contract.Result) string {
