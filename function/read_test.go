@@ -18,6 +18,7 @@ import (
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/function"
 	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/harness/gatewaytest"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/readquery"
 )
@@ -261,4 +262,77 @@ func awsCLI(t *testing.T, endpoint string, args ...string) []byte {
 	}
 	require.NoError(t, err, "aws %s: %s", strings.Join(args, " "), stderr)
 	return out
+}
+
+// TestCloudAnswersAsTheGateway posts the same batches to a gateway and to
+// the function, and asks both the same summaries and readings pages: the
+// summaries are the same JSON, the pages the same rows with the same
+// cursors (the cloud's rows are delivered; each API scores quality its own
+// way, so scores are not compared).
+func TestCloudAnswersAsTheGateway(t *testing.T) {
+	r := newRig(t, nil)
+	g := gatewaytest.Start(t, nil)
+	hw := "AA:BB:CC:00:16:05"
+	from := base().Add(-80 * time.Hour)
+	batches := spread(hw, from.Add(7*time.Minute), 10*time.Minute, 470, 12)
+	// Two batches share their readings' timestamps: rows of one time in
+	// batch_id order.
+	twin := spread(hw, from.Add(7*time.Minute), 10*time.Minute, 12, 12)[0]
+	twin.BootID = "3f2a6c1e-8d4b-4c9a-9e7f-1b2c3d4e5f60"
+	twin.BatchID = strings.Replace(twin.BatchID, testBoot, twin.BootID, 1)
+	batches = append(batches, twin)
+	r.store(t, batches)
+	for _, b := range batches {
+		resp, out := gatewaytest.PostJSON(t, g.HTTPURL+"/v1/readings", gatewaytest.GoodKey, []byte(jsonOf(t, b)))
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%+v", out)
+	}
+	window := func(extra url.Values) url.Values {
+		q := url.Values{"from": {from.Format(time.RFC3339)}, "to": {base().Format(time.RFC3339)}}
+		for k, v := range extra {
+			q[k] = v
+		}
+		return q
+	}
+	summaries := []url.Values{
+		{"granularity": {"hour"}},
+		{"granularity": {"day"}, "tz": {"America/New_York"}, "include_empty": {"false"}},
+		{"granularity": {"day"}, "tz": {"Asia/Kolkata"}},
+		{"granularity": {"month"}, "tz": {"Europe/Berlin"}},
+	}
+	for _, extra := range summaries {
+		t.Run("summary "+extra.Encode(), func(t *testing.T) {
+			q := window(extra)
+			var atGateway, inCloud any
+			require.Equal(t, http.StatusOK, gatewaytest.AdminGet(t, g, "/v1/devices/"+hw+"/summary?"+q.Encode(), &atGateway))
+			r.getJSON(t, "/v1/devices/"+hw+"/summary", q, &inCloud)
+			require.Equal(t, atGateway, inCloud)
+			var s readquery.Summary
+			r.getJSON(t, "/v1/devices/"+hw+"/summary", q, &s)
+			require.EqualValues(t, 482, s.Totals["bme280_temp_c"].Count, "every reading of the window counted")
+		})
+	}
+
+	q := window(url.Values{"limit": {"97"}})
+	rows := 0
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 20)
+		var atGateway, inCloud readquery.ReadingsPage
+		require.Equal(t, http.StatusOK, gatewaytest.AdminGet(t, g, "/v1/devices/"+hw+"/readings?"+q.Encode(), &atGateway))
+		r.getJSON(t, "/v1/devices/"+hw+"/readings", q, &inCloud)
+		require.Equal(t, atGateway.NextCursor, inCloud.NextCursor, "the same cursor")
+		require.Equal(t, atGateway.Count, inCloud.Count)
+		for i := range atGateway.Readings {
+			a, c := atGateway.Readings[i], inCloud.Readings[i]
+			require.Equal(t, readquery.StatePending, a.State)
+			require.Equal(t, readquery.StateDelivered, c.State)
+			a.State, a.Delivered, a.QualityScore = c.State, c.Delivered, c.QualityScore
+			require.Equal(t, a, c, "row %d", rows+i)
+		}
+		rows += inCloud.Count
+		if !inCloud.Truncated {
+			break
+		}
+		q.Set("cursor", inCloud.NextCursor)
+	}
+	require.Equal(t, 2*482, rows)
 }
