@@ -223,8 +223,18 @@ func (f *Function) prepareDevice(ctx context.Context, hw string, jobs []*job) {
 	for _, j := range jobs {
 		if f.cfg.Ordering == "reject_older" {
 			if err := j.batch.CheckOrder(last, f.cfg.OrderingGrace); err != nil {
-				j.settle(tablewrite.Rejected, err)
-				continue
+				// A retry of a batch whose readings were written but not
+				// its marker is checked against its own readings: it
+				// passed the rule when they were written.
+				stored, lerr := f.hasReadings(ctx, j.batch)
+				switch {
+				case lerr != nil:
+					j.settle(cloudFailure(lerr), fmt.Errorf("looking up the batch's readings for the ordering rule: %w", lerr))
+					continue
+				case !stored:
+					j.settle(tablewrite.Rejected, err)
+					continue
+				}
 			}
 		} else if older(j.batch, last) {
 			f.logger.Info("batch older than the device's newest reading accepted", "batch_id", j.batch.BatchID,
