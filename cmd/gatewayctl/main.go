@@ -10,6 +10,8 @@
 //	gatewayctl keys list [flags] [--json]
 //	gatewayctl devices reset-key [--url URL] [--admin-token-file FILE] HW
 //	gatewayctl readings latest [flags]
+//	gatewayctl readings range --hardware-id HW [--from T] [--to T] [--limit N] [--cursor C] [--all] [--json]
+//	gatewayctl readings summary --hardware-id HW --granularity hour|day|month [--from T] [--to T] [--tz ZONE] [--include-empty B] [--json]
 //	gatewayctl status [--url URL] [--admin-token-file FILE] [--json]
 //	gatewayctl buffer inspect|export|dead-letters|reforward [flags]
 //	gatewayctl --version
@@ -85,6 +87,9 @@ commands:
   devices reset-key  let a device that lost its device key enroll again (asks a running
                   gatewayd): gatewayctl devices reset-key [--url URL] HW
   readings latest print the newest readings in device_readings
+  readings range  print a device's readings in a time range from device_readings, paginated
+  readings summary  summarise a device's readings from device_readings in hour, day or month
+                  buckets of a time zone (the operator APIs' summary)
   status          ask a running gatewayd for its readiness, uplink, devices and dead letters
   buffer inspect  check a stopped gatewayd's buffer and print what it holds
   buffer export   write a stopped gatewayd's pending and dead-lettered batches as NDJSON
@@ -132,6 +137,14 @@ var commands = []command{
 			"token comes from --admin-token-file or GATEWAY_ADMIN_TOKEN.", setup: setupDevicesResetKey},
 	{name: "readings latest", args: "[--hardware-id HW] [--limit N]", about: "Print the newest readings in device_readings, read straight from DynamoDB.",
 		setup: setupReadingsLatest},
+	{name: "readings range", args: "--hardware-id HW [--from T] [--to T] [--limit N] [--cursor C] [--all] [--json]",
+		about: "Print a device's readings in [--from, --to) from device_readings (a Query with BETWEEN on ts_batch),\n" +
+			"one sensor value a row, oldest first: the rows, cursor and JSON (--json) of the operator APIs'\n" +
+			"GET /v1/devices/HW/readings, computed by the same code.", setup: setupReadingsRange},
+	{name: "readings summary", args: "--hardware-id HW --granularity hour|day|month [--from T] [--to T] [--tz ZONE] [--include-empty B] [--json]",
+		about: "Summarise a device's readings in [--from, --to) from device_readings, in calendar buckets of --tz:\n" +
+			"the operator APIs' GET /v1/devices/HW/summary (its JSON with --json), computed by the same code.",
+		setup: setupReadingsSummary},
 	{name: "status", local: true, args: "[--url URL] [--admin-token-file FILE] [--json]", about: "Ask a running gatewayd (GET /readyz, /v1/uplink, /v1/devices, /v1/dead-letters)\n" +
 		"and print a summary. The admin token comes from --admin-token-file or GATEWAY_ADMIN_TOKEN.", setup: setupStatus},
 	{name: "buffer inspect", local: true, args: "--data-dir DIR [--top N] [--json]", about: "Check a stopped gatewayd's buffer as gatewayd does at start and print what it holds:\n" +
