@@ -29,7 +29,7 @@ const operatorARN = "arn:aws:iam::123456789012:user/operator"
 // get sends an API Gateway GET event for path and query. With iam the
 // event carries the IAM authorizer's context, as API Gateway's AWS_IAM
 // authorization adds it; key, when set, is sent as a Bearer API key.
-func (r *rig) get(t *testing.T, path string, q url.Values, iam bool, key string) (int, string) {
+func (r *rig) get(t testing.TB, path string, q url.Values, iam bool, key string) (int, string) {
 	t.Helper()
 	h := map[string]string{}
 	if key != "" {
