@@ -5,6 +5,10 @@
 // "gateway_batches"). It writes the tables of the locked schema through
 // internal/tablewrite, the same code as the gateway's direct uplink, and
 // authenticates devices with the api_keys table through internal/cloud.
+// Operators read the tables through it too (read.go: GET /v1/devices and a
+// device's item, readings and summaries, answered by the gateway's query
+// code through internal/cloudread), only with API Gateway's AWS_IAM
+// authorization.
 //
 // The function holds no state that matters between invocations: batch
 // idempotency is the processed_batches marker with its payload hash, the
