@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -12,6 +11,7 @@ import (
 
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/firmware-contract/quality"
+	"greenhouse-gateway/internal/cloudread"
 	"greenhouse-gateway/internal/tablewrite"
 )
 
@@ -34,20 +34,7 @@ func (f *Function) recentReadings(ctx context.Context, hw string) ([]contract.Re
 	}
 	readings := make([]contract.Reading, 0, len(out.Items))
 	for _, item := range out.Items {
-		r := contract.Reading{Sensors: map[string]float64{}}
-		if n, ok := item["timestamp_ms"].(*types.AttributeValueMemberN); ok {
-			r.TimestampMS, _ = strconv.ParseInt(n.Value, 10, 64)
-		}
-		if m, ok := item["sensors"].(*types.AttributeValueMemberM); ok {
-			for k, v := range m.Value {
-				if n, ok := v.(*types.AttributeValueMemberN); ok {
-					if x, err := strconv.ParseFloat(n.Value, 64); err == nil {
-						r.Sensors[k] = x
-					}
-				}
-			}
-		}
-		readings = append(readings, r)
+		readings = append(readings, cloudread.ItemReading(item))
 	}
 	slices.Reverse(readings)
 	return readings, nil

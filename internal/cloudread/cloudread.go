@@ -161,8 +161,9 @@ func (r *Reader) Summary(ctx context.Context, hw string, q readquery.SummaryQuer
 	return s.Result(hw), st, nil
 }
 
-// reading decodes a reading item's timestamp and sensor values.
-func reading(item map[string]types.AttributeValue) (contract.Reading, time.Time) {
+// ItemReading decodes a device_readings item's timestamp_ms and sensors
+// (the attributes a projection of "timestamp_ms, sensors" returns).
+func ItemReading(item map[string]types.AttributeValue) contract.Reading {
 	rd := contract.Reading{Sensors: map[string]float64{}}
 	if n, ok := item["timestamp_ms"].(*types.AttributeValueMemberN); ok {
 		rd.TimestampMS, _ = strconv.ParseInt(n.Value, 10, 64)
@@ -176,5 +177,11 @@ func reading(item map[string]types.AttributeValue) (contract.Reading, time.Time)
 			}
 		}
 	}
+	return rd
+}
+
+// reading is ItemReading with the reading's time.
+func reading(item map[string]types.AttributeValue) (contract.Reading, time.Time) {
+	rd := ItemReading(item)
 	return rd, time.UnixMilli(rd.TimestampMS)
 }
