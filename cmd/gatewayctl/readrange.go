@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/url"
 	"sort"
 	"strconv"
@@ -29,8 +30,18 @@ type queryFlags struct {
 	jsonOut *bool
 }
 
+// windowFlags are the flags of both queries' window.
+var windowFlags = map[string]string{
+	"from": "the window's start, inclusive: " + timeFlagUsage + " (default: 24 hours before --to)",
+	"to":   "the window's end, exclusive: " + timeFlagUsage + " (default: now)",
+}
+
+// registerQueryFlags registers --hardware-id, --json, the window's flags
+// and params (parameter name → usage).
 func registerQueryFlags(fs *flag.FlagSet, params map[string]string) *queryFlags {
 	q := &queryFlags{values: map[string]*string{}}
+	params = maps.Clone(params)
+	maps.Copy(params, windowFlags)
 	q.hw = fs.String("hardware-id", "", "the device (required)")
 	for name, usage := range params {
 		q.params = append(q.params, name)
@@ -77,8 +88,6 @@ const timeFlagUsage = "an RFC 3339 time (2024-05-01T12:00:00Z) or epoch millisec
 
 func setupReadingsRange(fs *flag.FlagSet, _ func(string) string) func(context.Context, *cmdEnv, []string) error {
 	qf := registerQueryFlags(fs, map[string]string{
-		"from":   "the window's start, inclusive: " + timeFlagUsage + " (default: 24 hours before --to)",
-		"to":     "the window's end, exclusive: " + timeFlagUsage + " (default: now)",
 		"limit":  fmt.Sprintf("sensor values per page, 1 to %d (default %d)", readquery.MaxReadingsLimit, readquery.DefaultReadingsLimit),
 		"cursor": "start after the page that returned this next_cursor",
 	})
@@ -149,8 +158,6 @@ func printReadingRows(w io.Writer, page readquery.ReadingsPage, header bool) err
 
 func setupReadingsSummary(fs *flag.FlagSet, _ func(string) string) func(context.Context, *cmdEnv, []string) error {
 	qf := registerQueryFlags(fs, map[string]string{
-		"from":          "the window's start, inclusive: " + timeFlagUsage + " (default: 24 hours before --to)",
-		"to":            "the window's end, exclusive: " + timeFlagUsage + " (default: now)",
 		"granularity":   "the buckets: hour, day or month (required)",
 		"tz":            "the buckets' IANA time zone, e.g. Europe/Berlin (default UTC)",
 		"include_empty": "true (default): averages divide by every bucket of the window and empty buckets are listed; false: by the active ones",
