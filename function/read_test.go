@@ -94,18 +94,22 @@ func (r *rig) store(t *testing.T, batches []*contract.Batch) {
 func TestReadRoutesUnderTheEmulator(t *testing.T) {
 	r := newRig(t, nil)
 	hw, other := "AA:BB:CC:00:16:01", "AA:BB:CC:00:16:02"
-	for _, dev := range []string{other, hw} { // hw registers last: seen most recently
+	for _, dev := range []string{other, hw} {
 		reg := `{"hardware_id":"` + dev + `","boot_id":"` + testBoot + `","firmware_version":"1.0.16",
 			"friendly_name":"greenhouse-sensor","capabilities":{"sensors":["bme280"],"features":{"tft_display":true}}}`
 		code, body := r.post(t, "/v1/register", r.key, nil, reg)
 		require.Equal(t, http.StatusCreated, code, body)
-		time.Sleep(1100 * time.Millisecond) // last_seen_at has whole seconds
 	}
+	// awscli moves other's last activity an hour back, and writes a third
+	// device, seen long ago, as the schema's item.
+	endpoint := dynamotest.Shared(t).Endpoint
+	hourAgo := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	awsCLI(t, endpoint, "dynamodb", "update-item", "--table-name", r.tables.Devices,
+		"--key", `{"hardware_id":{"S":"`+other+`"}}`, "--update-expression", "SET last_seen_at = :t, gsi1sk = :t",
+		"--expression-attribute-values", `{":t":{"S":"`+hourAgo+`"}}`)
 	batches := spread(hw, base().Add(-30*time.Minute), 30*time.Second, 40, 10)
 	r.store(t, batches)
 
-	// awscli writes a third device, seen long ago, as the schema's item.
-	endpoint := dynamotest.Shared(t).Endpoint
 	awsDev := "AA:BB:CC:00:16:0A"
 	awsCLI(t, endpoint, "dynamodb", "put-item", "--table-name", r.tables.Devices, "--item", `{"hardware_id":{"S":"`+awsDev+`"},
 		"confirmation_id":{"S":"550e8400-e29b-41d4-a716-446655440000"},"capabilities":{"M":{"sensors":{"L":[{"S":"ds18b20"}]},"features":{"M":{}}}},
