@@ -27,7 +27,8 @@ type rig struct {
 	tables cloud.Tables
 	db     *dynamodb.Client
 	em     *lambdatest.Emulator
-	key    string // a raw fleet key
+	key    string            // a raw fleet key
+	env    map[string]string // the function's environment
 }
 
 // newRig starts the function with its tables, a fleet key and env added to
@@ -51,6 +52,7 @@ func newRig(t testing.TB, env map[string]string) *rig {
 	for k, v := range env {
 		all[k] = v
 	}
+	r.env = all
 	r.em = lambdatest.Start(t, lambdatest.BuildFunction(t), all)
 	return r
 }

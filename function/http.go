@@ -29,6 +29,8 @@ const retryAfterSeconds = 2
 type answer struct {
 	code int
 	body any
+	// retryAfter sets Retry-After on an answer that is neither 429 nor 503.
+	retryAfter bool
 }
 
 func jsonAnswer(code int, body any) answer { return answer{code: code, body: body} }
@@ -44,7 +46,7 @@ func (a answer) response() (events.APIGatewayV2HTTPResponse, error) {
 		return events.APIGatewayV2HTTPResponse{}, fmt.Errorf("encoding the answer: %w", err)
 	}
 	h := map[string]string{"Content-Type": "application/json", "X-Content-Type-Options": "nosniff"}
-	if a.code == http.StatusTooManyRequests || a.code == http.StatusServiceUnavailable {
+	if a.code == http.StatusTooManyRequests || a.code == http.StatusServiceUnavailable || a.retryAfter {
 		h["Retry-After"] = strconv.Itoa(retryAfterSeconds)
 	}
 	return events.APIGatewayV2HTTPResponse{StatusCode: a.code, Headers: h, Body: string(body)}, nil

@@ -17,21 +17,26 @@ import (
 	"greenhouse-gateway/harness/dynamotest"
 )
 
-// postEvent sends body to /v1/readings as an API Gateway event and returns
-// the whole response, headers included.
-func (r *rig) postEvent(t *testing.T, headers map[string]string, body string) events.APIGatewayV2HTTPResponse {
-	t.Helper()
+// postRequest is body posted to /v1/readings with the rig's key and
+// headers, as an API Gateway event.
+func (r *rig) postRequest(headers map[string]string, body string) events.APIGatewayV2HTTPRequest {
 	h := map[string]string{"content-type": "application/json", "authorization": "Bearer " + r.key}
 	for k, v := range headers {
 		h[strings.ToLower(k)] = v
 	}
-	ev := events.APIGatewayV2HTTPRequest{
+	return events.APIGatewayV2HTTPRequest{
 		Version: "2.0", RouteKey: "POST /v1/readings", RawPath: "/v1/readings", Headers: h, Body: body,
 		RequestContext: events.APIGatewayV2HTTPRequestContext{RouteKey: "POST /v1/readings", Stage: "$default", RequestID: "req-1",
 			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: "POST", Path: "/v1/readings", Protocol: "HTTP/1.1", SourceIP: "192.0.2.1"}},
 	}
+}
+
+// postEvent posts body to /v1/readings and returns the whole response,
+// headers included.
+func (r *rig) postEvent(t *testing.T, headers map[string]string, body string) events.APIGatewayV2HTTPResponse {
+	t.Helper()
 	var resp events.APIGatewayV2HTTPResponse
-	r.invoke(t, ev, &resp)
+	r.invoke(t, r.postRequest(headers, body), &resp)
 	return resp
 }
 
@@ -55,27 +60,37 @@ func TestThreeVariablesSufficeAgainstDynamoDBLocal(t *testing.T) {
 	require.Len(t, r.items(t, hw), 20)
 }
 
-// refusingEndpoint is DynamoDB Local behind a proxy that refuses every
-// TransactWriteItems with a ValidationException about the request
-// (message): what an endpoint does with a request it does not take,
-// whatever the batch holds.
-func refusingEndpoint(t *testing.T, message string) string {
+// interceptedEndpoint is DynamoDB Local behind a proxy that hands each
+// request to intercept first, which answers it itself when it returns
+// true; the others go on to DynamoDB Local.
+func interceptedEndpoint(t *testing.T, intercept func(w http.ResponseWriter, op string) bool) string {
 	t.Helper()
 	target, err := url.Parse(dynamotest.Shared(t).Endpoint)
 	require.NoError(t, err)
 	proxy := httputil.NewSingleHostReverseProxy(target)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		switch op := req.Header.Get("X-Amz-Target"); {
-		case strings.HasSuffix(op, ".TransactWriteItems"):
-			w.Header().Set("Content-Type", "application/x-amz-json-1.0")
-			w.WriteHeader(http.StatusBadRequest)
-			_, _ = w.Write([]byte(`{"__type":"com.amazon.coral.validate#ValidationException","message":"` + message + `"}`))
-		default:
+		_, op, _ := strings.Cut(req.Header.Get("X-Amz-Target"), ".")
+		if !intercept(w, op) {
 			proxy.ServeHTTP(w, req)
 		}
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// refusingEndpoint refuses every TransactWriteItems with a
+// ValidationException about the request (message): what an endpoint does
+// with a request it does not take, whatever the batch holds.
+func refusingEndpoint(t *testing.T, message string) string {
+	return interceptedEndpoint(t, func(w http.ResponseWriter, op string) bool {
+		if op != "TransactWriteItems" {
+			return false
+		}
+		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"__type":"com.amazon.coral.validate#ValidationException","message":"` + message + `"}`))
+		return true
+	})
 }
 
 // A refusal of the request, not of the batch, is answered as to be
