@@ -115,6 +115,7 @@ func (f *Function) readings(ctx context.Context, key cloud.KeyInfo, body []byte)
 		jobs[i] = newJob(b, err)
 	}
 	f.store(ctx, jobs)
+	observed(ctx).jobs(jobs)
 	results := make([]contract.Result, len(jobs))
 	throttled := false
 	for i, j := range jobs {

@@ -19,6 +19,7 @@ func (f *Function) HandleBatches(ctx context.Context, ev BatchEvent) (BatchRespo
 	if ev.V != EventVersion {
 		return BatchResponse{}, fmt.Errorf("gateway_batches event: v %d is not %d", ev.V, EventVersion)
 	}
+	observed(ctx).gatewayEvent(ev)
 	resp := BatchResponse{V: EventVersion, Results: make([]ItemResult, 0, len(ev.Items)+len(ev.Devices)+len(ev.Keys))}
 	var extra []ItemResult
 	for _, d := range ev.Devices {
@@ -32,6 +33,8 @@ func (f *Function) HandleBatches(ctx context.Context, ev BatchEvent) (BatchRespo
 		jobs[i] = newJob(f.decodeBuffered(it.Batch))
 	}
 	f.store(ctx, jobs)
+	observed(ctx).jobs(jobs)
+	observed(ctx).writes(extra)
 	for i, j := range jobs {
 		resp.Results = append(resp.Results, itemResult(ev.Items[i].ID, j))
 	}

@@ -1,11 +1,13 @@
 // Command function is the readings function's Lambda bootstrap (runtime
 // provided.al2023): it reads its configuration from the environment
 // (function.ConfigFromEnv: API_KEY_PEPPER, TABLE_PREFIX, DYNAMODB_ENDPOINT,
-// ...) and serves invocations with function.Function.Handle. `make lambda`
+// ...; LOG_LEVEL) and serves invocations with function.Observe(...).Handle,
+// which logs one line per invocation and prints its EMF metrics. `make lambda`
 // builds it into bin/lambda/bootstrap and bin/lambda/function.zip.
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -18,13 +20,16 @@ import (
 )
 
 func main() {
-	logger := slog.New(slog.NewJSONHandler(os.Stdout, nil))
+	level, levelErr := function.LogLevelFromEnv(os.Getenv)
+	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: level}))
 	f, err := setup(context.Background(), logger)
-	if err != nil {
+	if err = cmp.Or(levelErr, err); err != nil {
 		logger.Error("the readings function cannot start", "err", err)
 		os.Exit(1)
 	}
-	lambda.Start(f.Handle)
+	// One log line per invocation and its EMF metrics, on stdout: the
+	// function's CloudWatch log stream.
+	lambda.Start(function.Observe(f, os.Stdout).Handle)
 }
 
 func setup(ctx context.Context, logger *slog.Logger) (*function.Function, error) {

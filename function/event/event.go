@@ -37,7 +37,43 @@ type BatchEvent struct {
 	Items     []BatchItem  `json:"items"`
 	Devices   []DeviceItem `json:"devices,omitempty"`
 	Keys      []KeyItem    `json:"keys,omitempty"`
+	// Report is the gateway's uplink state when it sent the event; nil
+	// from a gateway that does not report (the function then emits no
+	// gateway metrics for the event).
+	Report *UplinkReport `json:"report,omitempty"`
 }
+
+// UplinkReport is a gateway's uplink state, carried by every event it
+// sends, its empty-event probes and idle reports included, so that the
+// cloud sees each gateway's backlog without reaching the gateway:
+//
+//	"report":{"pending_batches":120,"oldest_pending_age_s":42.5,
+//	          "delivered_batches":300,"last_error_class":"unreachable"}
+type UplinkReport struct {
+	// PendingBatches is how many batches the gateway holds for the cloud.
+	PendingBatches int64 `json:"pending_batches"`
+	// OldestPendingAgeSeconds is how long the oldest of them has waited
+	// since the gateway received it; 0 without a backlog.
+	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_s"`
+	// DeliveredBatches counts the batches the gateway recorded as in the
+	// cloud since the last report the function answered (so each
+	// delivery is reported once when invocations succeed).
+	DeliveredBatches int64 `json:"delivered_batches"`
+	// LastErrorClass is the class of the last failed uplink round since
+	// the last report the function answered; empty when none failed. One
+	// of ErrorClasses.
+	LastErrorClass string `json:"last_error_class,omitempty"`
+}
+
+// ErrorClasses are the values of UplinkReport.LastErrorClass: unreachable
+// (no answer: network, timeout), invocation_throttled (Lambda refused the
+// invocation: TooManyRequestsException, 429), function_error (the
+// function failed), invocation_error (any other failed invocation),
+// throttled (the function answered throttled for a batch), cloud_error
+// (the function answered error, or no result, for a batch), gateway (the
+// gateway's own side: its buffer, its clock).
+var ErrorClasses = []string{"unreachable", "invocation_throttled", "function_error", "invocation_error",
+	"throttled", "cloud_error", "gateway"}
 
 // BatchItem is one device batch of a BatchEvent.
 type BatchItem struct {
