@@ -70,10 +70,9 @@ func (r *rig) invoke(t testing.TB, v, out any) {
 	require.NoError(t, json.Unmarshal(answer, out), "%s", answer)
 }
 
-// post sends an API Gateway HTTP API event and returns the status code and
-// the body.
-func (r *rig) post(t *testing.T, path, key string, headers map[string]string, body string) (int, string) {
-	t.Helper()
+// postRequest is an API Gateway HTTP API event posting body to path with
+// key (none when empty) and headers.
+func postRequest(path, key string, headers map[string]string, body string) events.APIGatewayV2HTTPRequest {
 	h := map[string]string{"content-type": "application/json"}
 	if key != "" {
 		h["authorization"] = "Bearer " + key
@@ -81,13 +80,19 @@ func (r *rig) post(t *testing.T, path, key string, headers map[string]string, bo
 	for k, v := range headers {
 		h[strings.ToLower(k)] = v
 	}
-	ev := events.APIGatewayV2HTTPRequest{
+	return events.APIGatewayV2HTTPRequest{
 		Version: "2.0", RouteKey: "POST " + path, RawPath: path, Headers: h, Body: body,
 		RequestContext: events.APIGatewayV2HTTPRequestContext{RouteKey: "POST " + path, Stage: "$default", RequestID: "req-1",
 			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: "POST", Path: path, Protocol: "HTTP/1.1", SourceIP: "192.0.2.1"}},
 	}
+}
+
+// post sends an API Gateway HTTP API event and returns the status code and
+// the body.
+func (r *rig) post(t *testing.T, path, key string, headers map[string]string, body string) (int, string) {
+	t.Helper()
 	var resp events.APIGatewayV2HTTPResponse
-	r.invoke(t, ev, &resp)
+	r.invoke(t, postRequest(path, key, headers, body), &resp)
 	return resp.StatusCode, resp.Body
 }
 

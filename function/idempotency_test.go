@@ -40,7 +40,7 @@ func TestConcurrentRequestsWithOneIdempotencyKeyDoTheWorkOnce(t *testing.T) {
 	first := make(chan events.APIGatewayV2HTTPResponse, 1)
 	go func() {
 		defer close(first)
-		payload, _ := json.Marshal(r.postRequest(key, body))
+		payload, _ := json.Marshal(postRequest("/v1/readings", r.key, key, body))
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		out, err := r.em.Invoke(ctx, payload)

@@ -17,26 +17,12 @@ import (
 	"greenhouse-gateway/harness/dynamotest"
 )
 
-// postRequest is body posted to /v1/readings with the rig's key and
-// headers, as an API Gateway event.
-func (r *rig) postRequest(headers map[string]string, body string) events.APIGatewayV2HTTPRequest {
-	h := map[string]string{"content-type": "application/json", "authorization": "Bearer " + r.key}
-	for k, v := range headers {
-		h[strings.ToLower(k)] = v
-	}
-	return events.APIGatewayV2HTTPRequest{
-		Version: "2.0", RouteKey: "POST /v1/readings", RawPath: "/v1/readings", Headers: h, Body: body,
-		RequestContext: events.APIGatewayV2HTTPRequestContext{RouteKey: "POST /v1/readings", Stage: "$default", RequestID: "req-1",
-			HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: "POST", Path: "/v1/readings", Protocol: "HTTP/1.1", SourceIP: "192.0.2.1"}},
-	}
-}
-
 // postEvent posts body to /v1/readings and returns the whole response,
 // headers included.
 func (r *rig) postEvent(t *testing.T, headers map[string]string, body string) events.APIGatewayV2HTTPResponse {
 	t.Helper()
 	var resp events.APIGatewayV2HTTPResponse
-	r.invoke(t, r.postRequest(headers, body), &resp)
+	r.invoke(t, postRequest("/v1/readings", r.key, headers, body), &resp)
 	return resp
 }
 
