@@ -76,6 +76,16 @@ var Metrics = []Metric{
 	{"GatewayReports", "Count", dimsGateway},            // 1 per report received
 }
 
+// MetricOf returns the declaration of the metric name (Metrics).
+func MetricOf(name string) (unit string, dims []string, ok bool) {
+	for _, m := range Metrics {
+		if m.Name == name {
+			return m.Unit, m.Dimensions, true
+		}
+	}
+	return "", nil, false
+}
+
 // BatchStatuses are the values of the Status dimension: the statuses of a
 // gateway_batches answer (event.StatusDelivered ...), which POST
 // /v1/readings answers map to (accepted is delivered).
@@ -331,15 +341,6 @@ type emfDoc struct {
 	metrics map[string]float64
 }
 
-// units are the metrics' units by name.
-var units = func() map[string]string {
-	m := make(map[string]string, len(Metrics))
-	for _, d := range Metrics {
-		m[d.Name] = d.Unit
-	}
-	return m
-}()
-
 type emfMetric struct {
 	Name string `json:"Name"`
 	Unit string `json:"Unit"`
@@ -361,7 +362,7 @@ func (d emfDoc) encode(now time.Time) ([]byte, error) {
 		root[k] = v
 	}
 	for _, name := range slices.Sorted(maps.Keys(d.metrics)) {
-		unit, ok := units[name]
+		unit, _, ok := MetricOf(name)
 		if !ok {
 			return nil, fmt.Errorf("metric %s is not in Metrics", name)
 		}

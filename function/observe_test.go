@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strings"
 	"testing"
 
@@ -24,14 +23,8 @@ func emitted(t *testing.T, output string) []emftest.Doc {
 	docs, err := emftest.Parse(output)
 	require.NoError(t, err)
 	require.NotEmpty(t, docs, "output:\n%s", output)
+	require.NoError(t, emftest.Conform(docs, function.MetricNamespace, function.MetricOf))
 	for _, d := range docs {
-		for _, m := range d.Metrics {
-			require.Equal(t, function.MetricNamespace, m.Namespace)
-			i := slices.IndexFunc(function.Metrics, func(def function.Metric) bool { return def.Name == m.Name })
-			require.GreaterOrEqual(t, i, 0, "metric %s is in function.Metrics", m.Name)
-			require.Equal(t, function.Metrics[i].Unit, m.Unit, m.Name)
-			require.Equal(t, function.Metrics[i].Dimensions, m.Dimensions, m.Name)
-		}
 		if s := d.Dimension(function.DimStatus); s != "" {
 			require.Contains(t, function.BatchStatuses, s)
 		}

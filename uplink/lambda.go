@@ -32,6 +32,8 @@ type lambdaTarget struct {
 	limiter   *aimd     // invocations in flight
 	ready     *ewmaRate // device batches becoming ready to send, per second
 	metrics   *lambdaMetrics
+	reports   *reportState // what each event's report says
+	started   time.Time    // SetLambda's time: the idle report's first due time counts from it
 }
 
 // SetLambda gives the lambda target (uplink.target: lambda) its client and
@@ -42,6 +44,7 @@ func (u *Uplink) SetLambda(inv Invoker, gatewayID string) {
 	u.lambda = &lambdaTarget{cfg: lc, inv: inv, gatewayID: gatewayID, metrics: m,
 		limiter: newAIMD(lc.Concurrency, lc.MaxConcurrency, func(n int) { m.concurrency.Set(float64(n)) }),
 		ready:   newEWMARate(time.Second),
+		reports: &reportState{u: u}, started: time.Now(),
 	}
 }
 
@@ -62,14 +65,19 @@ func (e *invocationError) Unwrap() error { return e.err }
 // waits for a slot of the invocations' AIMD limit; a throttling answer
 // (TooManyRequestsException, HTTP 429, or a throttled result) halves it.
 func (t *lambdaTarget) invoke(ctx context.Context, ev *event.BatchEvent) (map[string]event.ItemResult, error) {
-	ev.V, ev.Kind, ev.GatewayID = event.EventVersion, event.KindGatewayBatches, t.gatewayID
-	payload, err := json.Marshal(ev)
-	if err != nil {
-		return nil, fmt.Errorf("encoding the batch event: %w", err)
-	}
 	gen, err := t.limiter.acquire(ctx)
 	if err != nil {
 		return nil, err
+	}
+	// The report is taken once a slot is free, so that it says how things
+	// stand when the event goes.
+	report, reported := t.reports.take()
+	ev.V, ev.Kind, ev.GatewayID, ev.Report = event.EventVersion, event.KindGatewayBatches, t.gatewayID, report
+	payload, err := json.Marshal(ev)
+	if err != nil {
+		t.limiter.release(gen, outcomeSuccess, "", 0)
+		reported(false)
+		return nil, fmt.Errorf("encoding the batch event: %w", err)
 	}
 	ictx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 	defer cancel()
@@ -78,6 +86,7 @@ func (t *lambdaTarget) invoke(ctx context.Context, ev *event.BatchEvent) (map[st
 	t.metrics.seconds.Observe(time.Since(start).Seconds())
 	t.metrics.batches.Observe(float64(len(ev.Items)))
 	results, err := answerOf(out, err)
+	reported(err == nil)
 	o := outcomeSuccess
 	switch {
 	case err != nil && invocationKind(err) == "throttled":
@@ -156,9 +165,9 @@ func anyThrottled(results map[string]event.ItemResult) bool {
 // refusal: the item is retried.
 func resultError(id string, r event.ItemResult, ok bool) error {
 	if !ok {
-		return fmt.Errorf("the function's answer has no result for id %s", id)
+		return &resultErr{msg: fmt.Sprintf("the function's answer has no result for id %s", id)}
 	}
-	return fmt.Errorf("the function answered %s for id %s: %s %s", r.Status, id, r.Reason, r.Message)
+	return &resultErr{status: r.Status, msg: fmt.Sprintf("the function answered %s for id %s: %s %s", r.Status, id, r.Reason, r.Message)}
 }
 
 // syncLambda sends the pending device records and device keys through the

@@ -59,12 +59,20 @@ type LambdaConfig struct {
 	// sent again (the function answers duplicate for those it wrote).
 	// Default 60s.
 	Timeout time.Duration `yaml:"timeout"`
+	// ReportInterval is how often an idle uplink (nothing to send) invokes
+	// the function with an empty event, so that the gateway's report
+	// (pending batches, oldest pending age, deliveries, last error class,
+	// which every event carries) reaches the cloud's metrics even when
+	// nothing else does: the function's GatewayReports metric then shows
+	// a silent gateway. The report goes when no invocation was answered
+	// for this long. Default 1m.
+	ReportInterval time.Duration `yaml:"report_interval"`
 }
 
 // DefaultLambdaConfig returns the defaults documented on LambdaConfig.
 func DefaultLambdaConfig() LambdaConfig {
 	return LambdaConfig{MaxItems: 200, MaxBytes: 5 << 20, MaxWait: 50 * time.Millisecond,
-		Concurrency: 4, MaxConcurrency: 16, Timeout: time.Minute}
+		Concurrency: 4, MaxConcurrency: 16, Timeout: time.Minute, ReportInterval: time.Minute}
 }
 
 // validate reports the first invalid field; target is uplink.target.
@@ -86,6 +94,8 @@ func (c LambdaConfig) validate(target string) error {
 		return errors.New("uplink.lambda.concurrency: must not exceed uplink.lambda.max_concurrency")
 	case c.Timeout < 0:
 		return errors.New("uplink.lambda.timeout: must not be negative")
+	case c.ReportInterval < 0:
+		return errors.New("uplink.lambda.report_interval: must not be negative")
 	}
 	if err := (cloud.Config{Endpoint: c.Endpoint}).Validate(); err != nil {
 		return fmt.Errorf("uplink.lambda.endpoint: %q must be an http or https URL with a host", c.Endpoint)
@@ -103,5 +113,6 @@ func (c LambdaConfig) withDefaults() LambdaConfig {
 		c.MaxConcurrency = max(d.MaxConcurrency, c.Concurrency)
 	}
 	c.Timeout = cmp.Or(c.Timeout, d.Timeout)
+	c.ReportInterval = cmp.Or(c.ReportInterval, d.ReportInterval)
 	return c
 }

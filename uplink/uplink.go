@@ -420,7 +420,8 @@ func (u *Uplink) Run(ctx context.Context) error {
 			continue // a backlog: the next round is full already
 		}
 		if n == 0 {
-			poll.Reset(u.cfg.PollInterval)
+			u.idleReport(ctx)
+			poll.Reset(u.idleWait(u.cfg.PollInterval))
 			select {
 			case <-ctx.Done():
 				return nil
@@ -762,6 +763,9 @@ func (u *Uplink) markDelivered(done []buffer.Pending) error {
 		u.index.remove(done)
 	}
 	u.drain.add(len(done), time.Now())
+	if u.lambda != nil {
+		u.lambda.reports.addDelivered(len(done))
+	}
 	now := u.clock.Now()
 	u.mu.Lock()
 	u.lastDelivery = now
@@ -845,6 +849,9 @@ func (u *Uplink) setDown(err error) {
 	u.status.LastError = err.Error()
 	u.status.Failures++
 	u.lastErr, u.lastErrAt = err.Error(), u.clock.Now()
+	if u.lambda != nil {
+		u.lambda.reports.failed(err)
+	}
 	if u.status.Up {
 		u.status.Up = false
 		u.status.Since = u.clock.Now()

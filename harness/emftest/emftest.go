@@ -161,3 +161,23 @@ func Select(docs []Doc, dims map[string]string) []Doc {
 	}
 	return out
 }
+
+// Conform checks that every metric of docs is in namespace and that lookup
+// knows its name, with the unit and the dimension set it has.
+func Conform(docs []Doc, namespace string, lookup func(name string) (unit string, dims []string, ok bool)) error {
+	var errs []error
+	for _, d := range docs {
+		for _, m := range d.Metrics {
+			unit, dims, ok := lookup(m.Name)
+			switch {
+			case m.Namespace != namespace:
+				errs = append(errs, fmt.Errorf("metric %s: namespace %q, want %q", m.Name, m.Namespace, namespace))
+			case !ok:
+				errs = append(errs, fmt.Errorf("metric %s: not a metric the code declares", m.Name))
+			case m.Unit != unit || !slices.Equal(m.Dimensions, dims):
+				errs = append(errs, fmt.Errorf("metric %s: unit %s, dimensions %v; declared %s, %v", m.Name, m.Unit, m.Dimensions, unit, dims))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
