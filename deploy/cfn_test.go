@@ -106,12 +106,17 @@ func cfnValue(n *yaml.Node) (any, error) {
 }
 
 // template is a parsed CloudFormation template with an evaluator for the intrinsic functions
-// the project's templates use (Ref, Fn::Sub, Fn::GetAtt). Anything else is an error, so a
-// template that starts using more fails these tests instead of being half-understood.
+// the project's templates use (Ref, Fn::Sub, Fn::GetAtt; Fn::If on Conditions made of
+// Fn::Equals and Fn::Not, with AWS::NoValue). Anything else is an error, so a template that
+// starts using more fails these tests instead of being half-understood.
 type template struct {
 	Resources  map[string]map[string]any
 	Parameters map[string]any // parameter values
+	Conditions map[string]any
 }
+
+// noValue is AWS::NoValue: the property or list element holding it is dropped.
+type noValue struct{}
 
 func parseTemplate(src []byte, params map[string]any) (*template, error) {
 	var root yaml.Node
@@ -127,6 +132,7 @@ func parseTemplate(src []byte, params map[string]any) (*template, error) {
 		return nil, errors.New("template is not a mapping")
 	}
 	t := &template{Resources: map[string]map[string]any{}, Parameters: map[string]any{}}
+	t.Conditions, _ = doc["Conditions"].(map[string]any)
 	declared, _ := doc["Parameters"].(map[string]any)
 	for name, p := range declared {
 		if v, ok := params[name]; ok {
@@ -189,13 +195,15 @@ func (t *template) eval(v any, depth int) (any, error) {
 	}
 	switch x := v.(type) {
 	case []any:
-		out := make([]any, len(x))
-		for i, e := range x {
+		out := make([]any, 0, len(x))
+		for _, e := range x {
 			ev, err := t.eval(e, depth+1)
 			if err != nil {
 				return nil, err
 			}
-			out[i] = ev
+			if _, drop := ev.(noValue); !drop {
+				out = append(out, ev)
+			}
 		}
 		return out, nil
 	case map[string]any:
@@ -212,7 +220,9 @@ func (t *template) eval(v any, depth int) (any, error) {
 			if err != nil {
 				return nil, err
 			}
-			out[k] = ev
+			if _, drop := ev.(noValue); !drop {
+				out[k] = ev
+			}
 		}
 		return out, nil
 	}
@@ -278,8 +288,64 @@ func (t *template) intrinsic(fn string, arg any, depth int) (any, error) {
 			return fmt.Sprint(v)
 		})
 		return out, firstErr
+	case "Fn::If":
+		a, ok := arg.([]any)
+		if !ok || len(a) != 3 {
+			return nil, fmt.Errorf("Fn::If %v: want [Condition, IfTrue, IfFalse]", arg)
+		}
+		name, _ := a[0].(string)
+		c, err := t.condition(name, depth)
+		if err != nil {
+			return nil, err
+		}
+		if c {
+			return t.eval(a[1], depth+1)
+		}
+		return t.eval(a[2], depth+1)
+	case "Fn::Equals":
+		a, ok := arg.([]any)
+		if !ok || len(a) != 2 {
+			return nil, fmt.Errorf("Fn::Equals %v: want [A, B]", arg)
+		}
+		x, err := t.eval(a[0], depth+1)
+		if err != nil {
+			return nil, err
+		}
+		y, err := t.eval(a[1], depth+1)
+		if err != nil {
+			return nil, err
+		}
+		return fmt.Sprint(x) == fmt.Sprint(y), nil
+	case "Fn::Not":
+		a, ok := arg.([]any)
+		if !ok || len(a) != 1 {
+			return nil, fmt.Errorf("Fn::Not %v: want [Condition]", arg)
+		}
+		v, err := t.eval(a[0], depth+1)
+		b, ok := v.(bool)
+		if err != nil || !ok {
+			return nil, fmt.Errorf("Fn::Not %v: not a condition (%v)", arg, err)
+		}
+		return !b, nil
 	}
 	return nil, fmt.Errorf("intrinsic function %s is not understood by this test's evaluator", fn)
+}
+
+// condition evaluates the template's condition name.
+func (t *template) condition(name string, depth int) (bool, error) {
+	c, ok := t.Conditions[name]
+	if !ok {
+		return false, fmt.Errorf("condition %s: not declared", name)
+	}
+	v, err := t.eval(c, depth+1)
+	if err != nil {
+		return false, fmt.Errorf("condition %s: %w", name, err)
+	}
+	b, ok := v.(bool)
+	if !ok {
+		return false, fmt.Errorf("condition %s: not a boolean", name)
+	}
+	return b, nil
 }
 
 func (t *template) ref(name string, depth int) (any, error) {
@@ -292,6 +358,8 @@ func (t *template) ref(name string, depth int) (any, error) {
 		return cfnPartition, nil
 	case "AWS::StackName":
 		return cfnStack, nil
+	case "AWS::NoValue":
+		return noValue{}, nil
 	}
 	if v, ok := t.Parameters[name]; ok {
 		return v, nil
@@ -327,6 +395,13 @@ func (t *template) getAtt(res, attr string, depth int) (any, error) {
 		return fmt.Sprintf("arn:%s:lambda:%s:%s:function:%s", cfnPartition, cfnRegion, cfnAccount, name), nil
 	case r["Type"] == "AWS::IAM::Role" && attr == "Arn":
 		return fmt.Sprintf("arn:%s:iam::%s:role/%s", cfnPartition, cfnAccount, res), nil
+	case r["Type"] == "AWS::CloudWatch::Alarm" && attr == "Arn":
+		props, _ := r["Properties"].(map[string]any)
+		name, err := t.eval(props["AlarmName"], depth+1)
+		if err != nil {
+			return nil, err
+		}
+		return fmt.Sprintf("arn:%s:cloudwatch:%s:%s:alarm:%v", cfnPartition, cfnRegion, cfnAccount, name), nil
 	case r["Type"] == "AWS::ApiGatewayV2::Api" && attr == "ApiEndpoint":
 		return fmt.Sprintf("https://%s.execute-api.%s.amazonaws.com", res, cfnRegion), nil
 	}

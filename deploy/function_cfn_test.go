@@ -135,6 +135,9 @@ func compareFunction(tmpl *template) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	if _, err := function.LogLevelFromEnv(func(name string) string { read[name] = true; return "" }); err != nil {
+		errs = append(errs, err)
+	}
 	vars, _ := props["Environment"].(map[string]any)["Variables"].(map[string]any)
 	for name := range vars {
 		if !read[name] {
