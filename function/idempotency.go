@@ -69,14 +69,16 @@ func (f *Function) idempotent(ctx context.Context, key cloud.KeyInfo, header str
 	}
 	a = f.readings(ctx, key, batches)
 	if a.code == http.StatusTooManyRequests || a.code == http.StatusServiceUnavailable {
-		if err := f.releaseRequest(ctx, rk, owner); err != nil {
-			f.logger.Warn("the in-progress record of an Idempotency-Key was not deleted; a retry waits for its lease", "err", err)
-		}
+		f.releaseRequest(ctx, rk, owner)
 		return a
 	}
 	stored, err := f.storeAnswer(ctx, rk, owner, bodyHash, a)
 	if err != nil {
+		// A retry does the work again (its batches are duplicates then)
+		// rather than wait for the lease: the delete is conditional on the
+		// record still being this request's in-progress one.
 		f.logger.Warn("the answer of an Idempotency-Key was not stored", "err", err)
+		f.releaseRequest(ctx, rk, owner)
 		return a
 	}
 	return stored
@@ -172,8 +174,17 @@ func (f *Function) putInProgress(ctx context.Context, rk, bodyHash string) (stri
 	return owner, nil
 }
 
-// releaseRequest deletes owner's in-progress record under rk.
-func (f *Function) releaseRequest(ctx context.Context, rk, owner string) error {
+// releaseRequest deletes owner's in-progress record under rk, so that a
+// retry does the work (again); when it cannot, the retry waits for the
+// record's lease to end.
+func (f *Function) releaseRequest(ctx context.Context, rk, owner string) {
+	if err := f.deleteInProgress(ctx, rk, owner); err != nil {
+		f.logger.Warn("the in-progress record of an Idempotency-Key was not deleted; a retry waits for its lease", "err", err)
+	}
+}
+
+// deleteInProgress deletes owner's in-progress record under rk.
+func (f *Function) deleteInProgress(ctx context.Context, rk, owner string) error {
 	_, err := f.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
 		TableName:                 aws.String(f.cfg.Tables.ProcessedBatches),
 		Key:                       map[string]types.AttributeValue{"batch_id": &types.AttributeValueMemberS{Value: rk}},
