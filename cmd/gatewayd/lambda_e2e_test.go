@@ -29,13 +29,14 @@ type readingsFunction struct {
 }
 
 // startFunction runs the readings function under the Runtime Interface
-// Emulator against the tables of prefix at endpoint.
+// Emulator against the tables of prefix at endpoint, configured with the
+// three documented variables alone (it probes DynamoDB Local's
+// transaction limit itself).
 func startFunction(t *testing.T, endpoint, prefix string) *readingsFunction {
 	t.Helper()
 	em := lambdatest.Start(t, lambdatest.BuildFunction(t), map[string]string{
 		"API_KEY_PEPPER": e2ePepper, "TABLE_PREFIX": prefix, "DYNAMODB_ENDPOINT": endpoint,
-		"TRANSACTION_MAX_ITEMS": "10", // DynamoDB Local's limit
-		"AWS_REGION":            "us-east-1", "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
+		"AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
 	})
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -167,6 +168,28 @@ func TestLambdaUplinkEndToEnd(t *testing.T) {
 		require.Contains(t, []string{"", "0"}, d.metric(t, `gateway_uplink_request_duration_seconds_count{operation="`+op+`"}`),
 			"the gateway wrote no table itself (%s)", op)
 	}
+}
+
+// A gateway in lambda mode forwards batches of 10 readings, which take 11
+// actions in one transaction, one more than DynamoDB Local takes: none is
+// dead-lettered, every one is in the tables once.
+func TestLambdaUplinkDeliversBatchesAboveDynamoDBLocalsTransactionLimit(t *testing.T) {
+	local, view, key, prefix := setup(t)
+	fn := startFunction(t, local.Endpoint, prefix)
+	d := startDaemon(t, t.TempDir(), local.Endpoint, prefix, lambdaEnv(fn.url)...)
+	l := &ackedLoad{acked: map[string]int{}}
+	hw := "02:00:00:A4:01:00"
+	dev := connect(t, d.mqttAddr, hw, key)
+	boot := uuid.NewString()
+	for k := range 20 {
+		a := dev.send(t, batch(hw, boot, k, 10))
+		require.Equal(t, contract.StatusAccepted, a.Status)
+		l.add(a.BatchID, 10)
+	}
+	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" },
+		60*time.Second, 100*time.Millisecond, "logs:\n%s", d.logs.String())
+	require.Equal(t, 0.0, metricFloat(t, d, `gateway_uplink_batches_total{result="dead_lettered"}`), "logs:\n%s", d.logs.String())
+	checkExactlyOnce(t, view, []string{hw}, l)
 }
 
 // killAtMidDrain waits until d delivered some batches and more are
