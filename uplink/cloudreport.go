@@ -64,11 +64,17 @@ func (s *reportState) addDelivered(n int) {
 	s.delivered += int64(n)
 }
 
-// failed notes a failed round.
-func (s *reportState) failed(err error) {
+// failed notes a failure: an invocation or a batch's result as they
+// happen (invoke, apply), anything else when its round fails (setDown:
+// classes other than gateway were noted already).
+func (s *reportState) failed(err error, round bool) {
+	c := errorClass(err)
+	if round && c != "gateway" {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.errClass = errorClass(err)
+	s.errClass = c
 }
 
 // quietFor returns how long ago the function last answered an invocation

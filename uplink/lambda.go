@@ -87,6 +87,9 @@ func (t *lambdaTarget) invoke(ctx context.Context, ev *event.BatchEvent) (map[st
 	t.metrics.batches.Observe(float64(len(ev.Items)))
 	results, err := answerOf(out, err)
 	reported(err == nil)
+	if err != nil {
+		t.reports.failed(err, false)
+	}
 	o := outcomeSuccess
 	switch {
 	case err != nil && invocationKind(err) == "throttled":
@@ -209,7 +212,9 @@ func (u *Uplink) syncLambda(ctx context.Context) (int, error) {
 		r, ok := results[id]
 		u.lambda.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
 		if !ok || r.Status != event.StatusDelivered {
-			firstErr = cmp.Or(firstErr, fmt.Errorf("device record %s: %w", d.HardwareID, resultError(id, r, ok)))
+			err := resultError(id, r, ok)
+			u.lambda.reports.failed(err, false)
+			firstErr = cmp.Or(firstErr, fmt.Errorf("device record %s: %w", d.HardwareID, err))
 			continue
 		}
 		u.devices.Upserted(d)

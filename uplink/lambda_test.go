@@ -51,6 +51,14 @@ type fakeFunction struct {
 	keys        []cloud.KeyWrite
 	inflight    map[string]int // devices in invocations being answered
 	overlap     bool           // a device was in two invocations at once
+	reports     []answeredReport
+}
+
+// answeredReport is the report of an answered invocation, with how many
+// batches it carried.
+type answeredReport struct {
+	report *event.UplinkReport
+	items  int
 }
 
 func newFakeFunction(t *testing.T) (*fakeFunction, string) {
@@ -80,6 +88,9 @@ func (f *fakeFunction) serve(w http.ResponseWriter, r *http.Request) {
 	require.Equal(f.t, 1, ev.V)
 	require.Equal(f.t, "gateway_batches", ev.Kind)
 	require.Equal(f.t, "gw-test", ev.GatewayID)
+	f.mu.Lock()
+	f.reports = append(f.reports, answeredReport{report: ev.Report, items: len(ev.Items)})
+	f.mu.Unlock()
 	devices := f.enter(ev)
 	defer f.leave(devices)
 	w.Header().Set("Content-Type", "application/json")

@@ -277,7 +277,9 @@ func (m *microBatcher) apply(rb readyBatch, id string, r event.ItemResult, ok bo
 		m.u.logger.Error("cloud refused a batch permanently; moved to the dead-letter area",
 			"batch_id", rb.p.BatchID, "hardware_id", hw, "status", r.Status, "reason", r.Reason, "message", r.Message)
 	default:
-		m.firstErr = cmp.Or(m.firstErr, fmt.Errorf("batch %s: %w", rb.p.BatchID, resultError(id, r, ok)))
+		err := resultError(id, r, ok)
+		m.t.reports.failed(err, false)
+		m.firstErr = cmp.Or(m.firstErr, fmt.Errorf("batch %s: %w", rb.p.BatchID, err))
 		return false
 	}
 	return true

@@ -850,7 +850,7 @@ func (u *Uplink) setDown(err error) {
 	u.status.Failures++
 	u.lastErr, u.lastErrAt = err.Error(), u.clock.Now()
 	if u.lambda != nil {
-		u.lambda.reports.failed(err)
+		u.lambda.reports.failed(err, true)
 	}
 	if u.status.Up {
 		u.status.Up = false

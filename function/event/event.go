@@ -59,9 +59,10 @@ type UplinkReport struct {
 	// cloud since the last report the function answered (so each
 	// delivery is reported once when invocations succeed).
 	DeliveredBatches int64 `json:"delivered_batches"`
-	// LastErrorClass is the class of the last failed uplink round since
-	// the last report the function answered; empty when none failed. One
-	// of ErrorClasses.
+	// LastErrorClass is the class of the gateway's last uplink failure (an
+	// invocation, a batch's or device record's result, a round) since the
+	// last report the function answered; empty when none failed. One of
+	// ErrorClasses.
 	LastErrorClass string `json:"last_error_class,omitempty"`
 }
 
