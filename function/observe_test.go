@@ -144,6 +144,15 @@ func TestInvocationsAreLoggedAndMeasuredUnderTheEmulator(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	lines = invocationLines(t, r.em.Output())
 	require.Equal(t, "body-req-1", lines[len(lines)-1]["correlation_id"])
+
+	// Members the function does not know (a newer gateway's) are ignored,
+	// in the event and in its report.
+	r.invoke(t, json.RawMessage(`{"v":1,"kind":"gateway_batches","gateway_id":"gw-obs-new","items":[],"next":{"x":1},
+		"report":{"pending_batches":2,"oldest_pending_age_s":1.5,"delivered_batches":0,"next":true}}`), &resp)
+	require.Empty(t, resp.Results)
+	gw = emftest.Select(emitted(t, r.em.Output()), map[string]string{function.DimGatewayID: "gw-obs-new"})
+	require.Len(t, gw, 1)
+	require.Equal(t, 2.0, value(t, gw[0], "GatewayPendingBatches"))
 }
 
 func TestLogLevelSilencesTheInvocationLineNotTheMetrics(t *testing.T) {
