@@ -708,6 +708,17 @@ func TestTemplateDriftIsCaught(t *testing.T) {
 }
 
 // at walks a YAML node tree by mapping keys (string) and sequence indexes (int).
+// mutateTemplate returns the template src changed by change, encoded again.
+func mutateTemplate(t *testing.T, src []byte, change func(*testing.T, *yaml.Node)) []byte {
+	t.Helper()
+	var root yaml.Node
+	require.NoError(t, yaml.Unmarshal(src, &root))
+	change(t, &root)
+	out, err := yaml.Marshal(&root)
+	require.NoError(t, err)
+	return out
+}
+
 func at(t *testing.T, n *yaml.Node, path ...any) *yaml.Node {
 	t.Helper()
 	if n.Kind == yaml.DocumentNode {

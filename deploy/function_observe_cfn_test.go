@@ -350,12 +350,7 @@ func TestFunctionTemplateObservabilityDriftIsCaught(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var root yaml.Node
-			require.NoError(t, yaml.Unmarshal(src, &root))
-			tc.mutate(t, &root)
-			mutated, err := yaml.Marshal(&root)
-			require.NoError(t, err)
-			err = compareObservability(mutated)
+			err := compareObservability(mutateTemplate(t, src, tc.mutate))
 			require.Error(t, err)
 			require.Contains(t, err.Error(), tc.want)
 		})

@@ -45,13 +45,6 @@ func invocationLines(t *testing.T, output string) []map[string]any {
 	return out
 }
 
-func value(t *testing.T, d emftest.Doc, name string) float64 {
-	t.Helper()
-	v, ok := d.Value(name)
-	require.True(t, ok, "the document has %s: %+v", name, d.Root)
-	return v
-}
-
 func TestInvocationsAreLoggedAndMeasuredUnderTheEmulator(t *testing.T) {
 	r := newRig(t, nil)
 	hw := "AA:BB:CC:00:16:01"
@@ -86,20 +79,20 @@ func TestInvocationsAreLoggedAndMeasuredUnderTheEmulator(t *testing.T) {
 
 	gw := emftest.Select(docs, map[string]string{function.DimGatewayID: "gw-obs-1"})
 	require.Len(t, gw, 2, "one gateway document per report")
-	require.Equal(t, 7.0, value(t, gw[0], "GatewayPendingBatches"))
-	require.Equal(t, 42.5, value(t, gw[0], "GatewayOldestPendingAge"))
-	require.Equal(t, 3.0, value(t, gw[0], "GatewayDeliveredBatches"))
-	require.Equal(t, 1.0, value(t, gw[0], "GatewayUplinkErrors"))
-	require.Equal(t, 1.0, value(t, gw[0], "GatewayReports"))
+	require.Equal(t, 7.0, gw[0].MustValue(t, "GatewayPendingBatches"))
+	require.Equal(t, 42.5, gw[0].MustValue(t, "GatewayOldestPendingAge"))
+	require.Equal(t, 3.0, gw[0].MustValue(t, "GatewayDeliveredBatches"))
+	require.Equal(t, 1.0, gw[0].MustValue(t, "GatewayUplinkErrors"))
+	require.Equal(t, 1.0, gw[0].MustValue(t, "GatewayReports"))
 	require.Equal(t, "unreachable", gw[0].Root["LastErrorClass"])
-	require.Equal(t, 0.0, value(t, gw[1], "GatewayPendingBatches"))
-	require.Equal(t, 0.0, value(t, gw[1], "GatewayUplinkErrors"))
+	require.Equal(t, 0.0, gw[1].MustValue(t, "GatewayPendingBatches"))
+	require.Equal(t, 0.0, gw[1].MustValue(t, "GatewayUplinkErrors"))
 	require.Empty(t, emftest.Select(docs, map[string]string{function.DimGatewayID: "gw-obs-old"}), "no report, no gateway metrics")
 
 	byStatus := func(s string) (batches, readings float64) {
 		for _, d := range emftest.Select(docs, map[string]string{function.DimStatus: s}) {
-			batches += value(t, d, "Batches")
-			readings += value(t, d, "Readings")
+			batches += d.MustValue(t, "Batches")
+			readings += d.MustValue(t, "Readings")
 		}
 		return batches, readings
 	}
@@ -117,11 +110,11 @@ func TestInvocationsAreLoggedAndMeasuredUnderTheEmulator(t *testing.T) {
 		}
 	}
 	require.Len(t, inv, 4, "one invocation document per invocation")
-	require.Equal(t, []float64{2, 2, 0, 1}, []float64{value(t, inv[0], "BatchesPerInvocation"), value(t, inv[1], "BatchesPerInvocation"),
-		value(t, inv[2], "BatchesPerInvocation"), value(t, inv[3], "BatchesPerInvocation")})
-	require.Equal(t, 1.0, value(t, inv[0], "DeadLetters"))
-	require.Equal(t, 0.0, value(t, inv[0], "Conflicts"))
-	require.Positive(t, value(t, inv[0], "Duration"))
+	require.Equal(t, []float64{2, 2, 0, 1}, []float64{inv[0].MustValue(t, "BatchesPerInvocation"), inv[1].MustValue(t, "BatchesPerInvocation"),
+		inv[2].MustValue(t, "BatchesPerInvocation"), inv[3].MustValue(t, "BatchesPerInvocation")})
+	require.Equal(t, 1.0, inv[0].MustValue(t, "DeadLetters"))
+	require.Equal(t, 0.0, inv[0].MustValue(t, "Conflicts"))
+	require.Positive(t, inv[0].MustValue(t, "Duration"))
 
 	lines := invocationLines(t, out)
 	require.Len(t, lines, 4, "one log line per invocation:\n%s", out)
@@ -152,7 +145,7 @@ func TestInvocationsAreLoggedAndMeasuredUnderTheEmulator(t *testing.T) {
 	require.Empty(t, resp.Results)
 	gw = emftest.Select(emitted(t, r.em.Output()), map[string]string{function.DimGatewayID: "gw-obs-new"})
 	require.Len(t, gw, 1)
-	require.Equal(t, 2.0, value(t, gw[0], "GatewayPendingBatches"))
+	require.Equal(t, 2.0, gw[0].MustValue(t, "GatewayPendingBatches"))
 }
 
 func TestLogLevelSilencesTheInvocationLineNotTheMetrics(t *testing.T) {
@@ -164,7 +157,7 @@ func TestLogLevelSilencesTheInvocationLineNotTheMetrics(t *testing.T) {
 	require.Empty(t, invocationLines(t, out))
 	gw := emftest.Select(emitted(t, out), map[string]string{function.DimGatewayID: "gw-quiet"})
 	require.Len(t, gw, 1)
-	require.Equal(t, 5.0, value(t, gw[0], "GatewayPendingBatches"))
+	require.Equal(t, 5.0, gw[0].MustValue(t, "GatewayPendingBatches"))
 }
 
 func TestLogLevelFromEnv(t *testing.T) {

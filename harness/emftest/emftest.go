@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"testing"
 )
 
 // Units are CloudWatch's metric units (MetricDatum.Unit).
@@ -57,6 +58,17 @@ func (d Doc) Value(name string) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// MustValue returns the value of metric name, failing tb when the
+// document lacks it.
+func (d Doc) MustValue(tb testing.TB, name string) float64 {
+	tb.Helper()
+	v, ok := d.Value(name)
+	if !ok {
+		tb.Fatalf("the EMF document has no metric %s: %v", name, d.Root)
+	}
+	return v
 }
 
 // Parse returns the EMF documents among output's lines (lines that are
