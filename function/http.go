@@ -58,6 +58,7 @@ func (f *Function) handleHTTPEvent(ctx context.Context, raw json.RawMessage) (ev
 	if err := json.Unmarshal(raw, &req); err != nil {
 		return requestError(http.StatusBadRequest, "reading the API Gateway event: "+err.Error()).response()
 	}
+	observed(ctx).httpRequest(req)
 	return f.serveHTTP(ctx, req).response()
 }
 

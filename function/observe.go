@@ -153,10 +153,6 @@ func (o *Observer) Handle(ctx context.Context, raw json.RawMessage) (any, error)
 	if lc, ok := lambdacontext.FromContext(ctx); ok {
 		inv.requestID = lc.AwsRequestID
 	}
-	var req events.APIGatewayV2HTTPRequest
-	if json.Unmarshal(raw, &req) == nil && req.Version == "2.0" {
-		inv.httpRequest(req)
-	}
 	out, err := o.f.Handle(context.WithValue(ctx, invocationKey{}, inv), raw)
 	if resp, ok := out.(events.APIGatewayV2HTTPResponse); ok {
 		inv.statusCode = resp.StatusCode
