@@ -61,14 +61,16 @@ var (
 // Metrics are every metric the function emits. Status takes the values of
 // BatchStatuses.
 var Metrics = []Metric{
-	// Per invocation.
+	// One document per invocation.
 	{"Duration", "Milliseconds", dimsFunction},          // the handler's time
 	{"BatchesPerInvocation", "Count", dimsFunction},     // device batches in the event or request
 	{"Throttles", "Count", dimsFunction},                // batches, device records and keys DynamoDB throttled
 	{"Conflicts", "Count", dimsFunction},                // batches answered conflict
 	{"DeadLetters", "Count", dimsFunction},              // batches answered conflict or rejected: refused for good
+	// One per status that occurred.
 	{"Batches", "Count", dimsStatus},                    // device batches by status
 	{"Readings", "Count", dimsStatus},                   // their readings
+	// One per gateway report.
 	{"GatewayPendingBatches", "Count", dimsGateway},     // event.UplinkReport.PendingBatches
 	{"GatewayOldestPendingAge", "Seconds", dimsGateway}, // event.UplinkReport.OldestPendingAgeSeconds
 	{"GatewayDeliveredBatches", "Count", dimsGateway},   // event.UplinkReport.DeliveredBatches
