@@ -62,14 +62,14 @@ var (
 // BatchStatuses.
 var Metrics = []Metric{
 	// One document per invocation.
-	{"Duration", "Milliseconds", dimsFunction},          // the handler's time
-	{"BatchesPerInvocation", "Count", dimsFunction},     // device batches in the event or request
-	{"Throttles", "Count", dimsFunction},                // batches, device records and keys DynamoDB throttled
-	{"Conflicts", "Count", dimsFunction},                // batches answered conflict
-	{"DeadLetters", "Count", dimsFunction},              // batches answered conflict or rejected: refused for good
+	{"Duration", "Milliseconds", dimsFunction},      // the handler's time
+	{"BatchesPerInvocation", "Count", dimsFunction}, // device batches in the event or request
+	{"Throttles", "Count", dimsFunction},            // batches, device records and keys DynamoDB throttled
+	{"Conflicts", "Count", dimsFunction},            // batches answered conflict
+	{"DeadLetters", "Count", dimsFunction},          // batches answered conflict or rejected: refused for good
 	// One per status that occurred.
-	{"Batches", "Count", dimsStatus},                    // device batches by status
-	{"Readings", "Count", dimsStatus},                   // their readings
+	{"Batches", "Count", dimsStatus},  // device batches by status
+	{"Readings", "Count", dimsStatus}, // their readings
 	// One per gateway report.
 	{"GatewayPendingBatches", "Count", dimsGateway},     // event.UplinkReport.PendingBatches
 	{"GatewayOldestPendingAge", "Seconds", dimsGateway}, // event.UplinkReport.OldestPendingAgeSeconds
