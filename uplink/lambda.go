@@ -264,7 +264,7 @@ func newLambdaMetrics(reg prometheus.Registerer) *lambdaMetrics {
 		}, []string{"outcome"}),
 		batches: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocation_batches",
-			Help:    "Device batches per invocation of the readings function (0: device records and keys only).",
+			Help:    "Device batches per invocation of the readings function (0: device records and keys only, or an empty event: a probe or an idle report).",
 			Buckets: []float64{0, 1, 2, 5, 10, 25, 50, 100, 200, 500, 1000},
 		}),
 		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
