@@ -42,7 +42,7 @@ const maxIdempotencyKey = 256
 // (or only a stale one): a concurrent request with the key waits for the
 // answer a little (inProgressWait), then gets 409 with Retry-After, and
 // never does the work a second time. Only final answers are stored: after
-// a 429 or 503 the record is deleted, and a retry does the work again.
+// a 429 or 503 the record's lease is ended, and a retry does the work again.
 func (f *Function) idempotent(ctx context.Context, key cloud.KeyInfo, header string, body []byte) answer {
 	requestID, batches, err := splitRequestID(body)
 	if err != nil {
@@ -69,16 +69,16 @@ func (f *Function) idempotent(ctx context.Context, key cloud.KeyInfo, header str
 	}
 	a = f.readings(ctx, key, batches)
 	if a.code == http.StatusTooManyRequests || a.code == http.StatusServiceUnavailable {
-		f.releaseRequest(ctx, rk, owner)
+		f.releaseRequest(ctx, rk, bodyHash, owner)
 		return a
 	}
 	stored, err := f.storeAnswer(ctx, rk, owner, bodyHash, a)
 	if err != nil {
 		// A retry does the work again (its batches are duplicates then)
-		// rather than wait for the lease: the delete is conditional on the
+		// rather than wait for the lease: ending it is conditional on the
 		// record still being this request's in-progress one.
 		f.logger.Warn("the answer of an Idempotency-Key was not stored", "err", err)
-		f.releaseRequest(ctx, rk, owner)
+		f.releaseRequest(ctx, rk, bodyHash, owner)
 		return a
 	}
 	return stored
@@ -174,32 +174,36 @@ func (f *Function) putInProgress(ctx context.Context, rk, bodyHash string) (stri
 	return owner, nil
 }
 
-// releaseRequest deletes owner's in-progress record under rk, so that a
-// retry does the work (again); when it cannot, the retry waits for the
-// record's lease to end.
-func (f *Function) releaseRequest(ctx context.Context, rk, owner string) {
-	if err := f.deleteInProgress(ctx, rk, owner); err != nil {
-		f.logger.Warn("the in-progress record of an Idempotency-Key was not deleted; a retry waits for its lease", "err", err)
+// releaseRequest ends owner's in-progress lease under rk, so that a retry
+// does the work (again); when it cannot, the retry waits for the lease to
+// end.
+func (f *Function) releaseRequest(ctx context.Context, rk, bodyHash, owner string) {
+	if err := f.endLease(ctx, rk, bodyHash, owner); err != nil {
+		f.logger.Warn("the in-progress record of an Idempotency-Key was not released; a retry waits for its lease", "err", err)
 	}
 }
 
-// deleteInProgress deletes owner's in-progress record under rk.
-func (f *Function) deleteInProgress(ctx context.Context, rk, owner string) error {
-	_, err := f.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
-		TableName:                 aws.String(f.cfg.Tables.ProcessedBatches),
-		Key:                       map[string]types.AttributeValue{"batch_id": &types.AttributeValueMemberS{Value: rk}},
+// endLease rewrites owner's in-progress record under rk with a lease that
+// has ended, which the next request with the key takes over as if there
+// were none. A conditional put, not a delete: the function is granted no
+// DeleteItem on processed_batches, whose items are the batches' markers.
+func (f *Function) endLease(ctx context.Context, rk, bodyHash, owner string) error {
+	_, err := f.db.PutItem(ctx, &dynamodb.PutItemInput{
+		TableName: aws.String(f.cfg.Tables.ProcessedBatches),
+		Item: f.recordItem(rk, bodyHash, f.now(), map[string]types.AttributeValue{
+			"in_progress_until": &types.AttributeValueMemberN{Value: "0"},
+			"in_progress_owner": &types.AttributeValueMemberS{Value: owner},
+		}),
 		ConditionExpression:       aws.String("in_progress_owner = :owner"),
 		ExpressionAttributeValues: map[string]types.AttributeValue{":owner": &types.AttributeValueMemberS{Value: owner}},
 	})
 	var ccf *types.ConditionalCheckFailedException
-	if err != nil && !errors.As(err, &ccf) { // taken over since: not ours to delete
-		return fmt.Errorf("DeleteItem of an in-progress request record: %w", err)
+	if err != nil && !errors.As(err, &ccf) { // taken over since: not ours to release
+		return fmt.Errorf("PutItem ending an in-progress request record's lease: %w", err)
 	}
 	return nil
 }
 
-// recordItem is a request record's item: the table's required attributes,
-// request_hash and extra.
 func (f *Function) recordItem(rk, bodyHash string, now time.Time, extra map[string]types.AttributeValue) map[string]types.AttributeValue {
 	item := map[string]types.AttributeValue{
 		"batch_id":        &types.AttributeValueMemberS{Value: rk},
