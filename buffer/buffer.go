@@ -449,7 +449,8 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 	freeNow, known := free.bytes()
 	reserve.keep(freeNow, known, opts.MinFreeBytes)
 	vlogSyncFailed := new(atomic.Bool)
-	db, err := badger.Open(badgerOptions(dir, bopts, badgerLogger{l: logger, vlogSyncFailed: vlogSyncFailed}))
+	failed := newFailure(dir, logger, opts.failCommit)
+	db, err := badger.Open(badgerOptions(dir, bopts, badgerLogger{l: logger, vlogSyncFailed: vlogSyncFailed, failure: failed}))
 	if err != nil {
 		return nil, openError(dir, err)
 	}
@@ -464,7 +465,7 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 		notify:         make(chan struct{}, 1),
 		free:           free,
 		ballast:        reserve,
-		failure:        newFailure(dir, logger, opts.failCommit),
+		failure:        failed,
 		dirSync:        dirSyncer{dir: dir},
 		vlogSyncFailed: vlogSyncFailed,
 		fullLog:        logEvery{interval: time.Minute},
@@ -1342,13 +1343,25 @@ func (d *dirSyncer) sync() (bool, error) {
 type badgerLogger struct {
 	l              *slog.Logger
 	vlogSyncFailed *atomic.Bool
+	// failure, when set, is failed by a memtable flush that could not
+	// write its table: Badger retries it for ever in the background, while
+	// the memtables fill and every later commit waits for one to be free.
+	failure *failure
 }
+
+// flushFailedPrefix begins what Badger logs when a memtable flush fails
+// (DB.flushMemtable).
+const flushFailedPrefix = "error flushing memtable to disk"
 
 func (b badgerLogger) Errorf(f string, a ...any) {
 	if strings.HasPrefix(f, "Error while curlf sync") && b.vlogSyncFailed != nil {
 		b.vlogSyncFailed.Store(true)
 	}
-	b.l.Error(strings.TrimSpace(fmt.Sprintf(f, a...)))
+	msg := strings.TrimSpace(fmt.Sprintf(f, a...))
+	if strings.HasPrefix(f, flushFailedPrefix) && b.failure != nil {
+		b.failure.fail(errors.New(msg))
+	}
+	b.l.Error(msg)
 }
 func (b badgerLogger) Warningf(f string, a ...any) {
 	b.l.Warn(strings.TrimSpace(fmt.Sprintf(f, a...)))

@@ -231,11 +231,15 @@
 // # Failing disks
 //
 // A write to the data directory that fails (Badger's commit of a
-// transaction, or the directory's fsync: EIO, EROFS, EACCES, EPERM, or
-// ENOSPC where Badger could not allocate a new write-ahead log) leaves
-// Badger unsafe to use: without a memtable its next write or read crashes
-// the process, and after a failed fsync what the page cache holds is not
-// known to be on disk. So the first failure is final for the open buffer
+// transaction, the directory's fsync, or a memtable flush that cannot
+// write its table: EIO, EROFS, EACCES, EPERM, or ENOSPC where Badger could
+// not allocate a new write-ahead log) leaves Badger unsafe to use: after a
+// failed fsync what the page cache holds is not known to be on disk, and a
+// flush that fails is retried by Badger for ever while the memtables fill
+// and every later commit waits (the buffer sees it in what Badger logs,
+// badgerLogger). A memtable rotation that cannot create its write-ahead
+// log keeps the full memtable (third_party/badger: upstream left none, and
+// the next read crashed the process). So the first failure is final for the open buffer
 // (failure.go): that group's batches are not acknowledged, every later
 // write is refused with ErrFailed without calling Badger, and Failed is
 // closed. gatewayd then logs one line naming the directory and the error,

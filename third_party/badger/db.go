@@ -1079,7 +1079,6 @@ var errNoRoom = errors.New("No room for write")
 // ensureRoomForWrite is always called serially. It blocks (without busy-polling)
 // until the current memtable can be flushed, i.e. until flushChan has room.
 func (db *DB) ensureRoomForWrite() error {
-	var err error
 	db.lock.Lock()
 	defer db.lock.Unlock()
 
@@ -1089,6 +1088,15 @@ func (db *DB) ensureRoomForWrite() error {
 	}
 	db.flushRequested.Store(false)
 
+	// The next memtable is made before the full one is handed to the flusher:
+	// if its file cannot be created (a full, failing or read-only disk), the
+	// full memtable stays the mutable one and this write fails with the error.
+	// Made after the hand-over, a failure left db.mt nil, and the next read
+	// (getMemTables) or write dereferenced it.
+	next, err := db.newMemTable()
+	if err != nil {
+		return y.Wrapf(err, "cannot create new mem table")
+	}
 	for {
 		select {
 		case db.flushChan <- db.mt:
@@ -1096,11 +1104,8 @@ func (db *DB) ensureRoomForWrite() error {
 				db.mt.sl.MemSize(), len(db.flushChan))
 			// We manage to push this task. Let's modify imm.
 			db.imm = append(db.imm, db.mt)
-			db.mt, err = db.newMemTable()
-			if err != nil {
-				return y.Wrapf(err, "cannot create new mem table")
-			}
 			// New memtable is empty. We certainly have room.
+			db.mt = next
 			return nil
 		default:
 			// flushChan is full. Rather than busy-sleep, wait to be signalled when
@@ -1120,6 +1125,7 @@ func (db *DB) ensureRoomForWrite() error {
 			// drain, so waiting for room is safe and cannot deadlock). This matches
 			// the pre-cond behavior, which looped until the push succeeded.
 			if db.IsClosed() {
+				next.DecrRef() // deletes its write-ahead log
 				return errNoRoom
 			}
 			db.flushCond.Wait()
