@@ -200,7 +200,7 @@ uplink_flags=()
 if [[ "${UPLINK}" == lambda ]]; then
 	# The function reads its tables, pepper and endpoint from its
 	# environment, which the emulator passes on.
-	DYNAMODB_ENDPOINT="${ENDPOINT}" TABLE_PREFIX="" API_KEY_PEPPER="${GATEWAY_API_KEY_PEPPER}" TRANSACTION_MAX_ITEMS=10 \
+	DYNAMODB_ENDPOINT="${ENDPOINT}" TABLE_PREFIX="" API_KEY_PEPPER="${GATEWAY_API_KEY_PEPPER}" \
 		setsid "${RIE_BIN}" --runtime-interface-emulator-address "127.0.0.1:${RIE_PORT}" \
 		--runtime-api-address "127.0.0.1:${RIE_API_PORT}" "${REPO_ROOT}/bin/lambda/bootstrap" \
 		>"${RUN_DIR}/function.log" 2>&1 </dev/null &
