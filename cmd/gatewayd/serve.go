@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -68,7 +69,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	}
 	defer closeBuffer(buf, logger) // 5.
 	clk := clock.New(time.Time{}, reg)
-	db, err := newCloud(ctx, cfg, clk, sec.peppers.Current)
+	db, err := newCloud(ctx, cfg, clk, sec.peppers.Current, reg)
 	if err != nil {
 		return err
 	}
@@ -206,21 +207,22 @@ type cloudSide struct {
 	gatewayID string
 }
 
-func newCloud(ctx context.Context, cfg Config, clk *clock.Clock, pepper string) (cloudSide, error) {
+func newCloud(ctx context.Context, cfg Config, clk *clock.Clock, pepper string, reg prometheus.Registerer) (cloudSide, error) {
 	tables := cloud.TableNames(cfg.TablePrefix)
-	keysClient, err := cloud.NewClient(ctx, cfg.cloud(), clk.DynamoDBOption())
+	keysBytes, uplinkBytes, lambdaBytes := registerCloudBytes(reg)
+	keysClient, err := cloud.NewClient(ctx, cfg.cloud(), clk.DynamoDBOption(), cloud.WithByteCounts(keysBytes))
 	if err != nil {
 		return cloudSide{}, fmt.Errorf("configuring DynamoDB: %w", err)
 	}
 	uplinkClient, err := cloud.NewClient(ctx, cfg.cloud(), cloud.WithRetryMaxAttempts(1), clk.DynamoDBOption(),
-		cloud.WithConnections(cfg.Uplink.MaxInFlight()))
+		cloud.WithConnections(cfg.Uplink.MaxInFlight()), cloud.WithByteCounts(uplinkBytes))
 	if err != nil {
 		return cloudSide{}, fmt.Errorf("configuring DynamoDB: %w", err)
 	}
 	side := cloudSide{tables: tables, keys: cloud.NewKeys(keysClient, tables.APIKeys, pepper), uplink: uplinkClient}
 	if cfg.Uplink.Target == uplink.TargetLambda {
 		lc := cloud.Config{Endpoint: cfg.Uplink.Lambda.Endpoint, Region: cfg.AWSRegion}
-		if side.lambda, err = cloud.NewLambdaClient(ctx, lc); err != nil {
+		if side.lambda, err = cloud.NewLambdaClient(ctx, lc, cloud.WithLambdaByteCounts(lambdaBytes)); err != nil {
 			return cloudSide{}, fmt.Errorf("configuring Lambda: %w", err)
 		}
 		if side.gatewayID, err = os.Hostname(); err != nil {
@@ -228,6 +230,27 @@ func newCloud(ctx context.Context, cfg Config, clk *clock.Clock, pepper string) 
 		}
 	}
 	return side, nil
+}
+
+// registerCloudBytes exports what the gateway's cloud clients send and
+// receive, at the socket, as gateway_uplink_bytes_total: what a metered
+// link is billed for. client is "dynamodb" (the uplink's writes), "lambda"
+// (its invocations, with uplink.target lambda) or "keys" (API key
+// lookups and device key writes).
+func registerCloudBytes(reg prometheus.Registerer) (keys, dynamo, invoke *cloud.ByteCounts) {
+	keys, dynamo, invoke = new(cloud.ByteCounts), new(cloud.ByteCounts), new(cloud.ByteCounts)
+	for client, c := range map[string]*cloud.ByteCounts{"keys": keys, "dynamodb": dynamo, "lambda": invoke} {
+		for direction, n := range map[string]*atomic.Int64{"sent": &c.Sent, "received": &c.Received} {
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Namespace: "gateway", Subsystem: "uplink", Name: "bytes_total",
+				Help: "Bytes the gateway's cloud clients sent and received, counted at the socket (TLS, HTTP " +
+					"headers, retries and connection set-ups included), by client: dynamodb (the uplink's " +
+					"writes), lambda (its invocations of the readings function), keys (API key lookups).",
+				ConstLabels: prometheus.Labels{"client": client, "direction": direction},
+			}, func() float64 { return float64(n.Load()) }))
+		}
+	}
+	return keys, dynamo, invoke
 }
 
 // deviceSide is what devices talk to: the authenticator and device keys,

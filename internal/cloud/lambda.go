@@ -11,16 +11,16 @@ import (
 // credential rules: cfg.Endpoint (e.g. the Runtime Interface Emulator's
 // URL) becomes the client's BaseEndpoint, with us-east-1 and the static
 // "local" credentials when the chain has none. cfg.TablePrefix is not used.
-// The SDK makes no retries: the caller owns them.
-func NewLambdaClient(ctx context.Context, cfg Config) (*lambda.Client, error) {
+// The SDK makes no retries: the caller owns them. opts are applied last.
+func NewLambdaClient(ctx context.Context, cfg Config, opts ...func(*lambda.Options)) (*lambda.Client, error) {
 	awsCfg, err := loadAWS(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return lambda.NewFromConfig(awsCfg, func(o *lambda.Options) {
+	return lambda.NewFromConfig(awsCfg, append([]func(*lambda.Options){func(o *lambda.Options) {
 		if cfg.Endpoint != "" {
 			o.BaseEndpoint = aws.String(cfg.Endpoint)
 		}
 		o.RetryMaxAttempts = 1
-	}), nil
+	}}, opts...)...), nil
 }
