@@ -43,6 +43,11 @@ const (
 	// Full means nothing was stored because the buffer reached its disk
 	// budget or the disk's free-space watermark.
 	Full
+	// Limited means nothing was stored because the batch's device or key
+	// holds its share of the buffer (Options.DeviceShare, KeyShare), or
+	// the device sent new batches faster than Options.DeviceBatchRate;
+	// other devices are still stored. Retry later, as for Full.
+	Limited
 )
 
 func (o Outcome) String() string {
@@ -55,6 +60,8 @@ func (o Outcome) String() string {
 		return "conflict"
 	case Full:
 		return "full"
+	case Limited:
+		return "limited"
 	}
 	return fmt.Sprintf("outcome(%d)", int(o))
 }
@@ -69,6 +76,9 @@ type Entry struct {
 	// Payload is the batch as it will be forwarded (canonical JSON).
 	Payload    []byte
 	ReceivedAt time.Time
+	// Key identifies the API key the batch came with (its key_id), for
+	// Options.KeyShare; empty when it came with none.
+	Key string
 }
 
 // Pending is a queued batch handed to the uplink.
@@ -163,6 +173,30 @@ type Options struct {
 	MemTableSize int64 `yaml:"memtable_size"`
 	// BlockCacheSize is Badger's block cache in bytes. Default 8 MiB.
 	BlockCacheSize int64 `yaml:"block_cache_size"`
+	// DeviceShare is the fraction of the capacity one device (hardware_id)
+	// may hold in undelivered batches; past it the device's new batches
+	// are refused with Limited while every other device is still stored.
+	// The capacity is MaxPendingBytes, or less when the disk has less
+	// room above MinFreeBytes: what the buffer holds plus that room. A
+	// device may always hold its fair share of the devices seen (1/N of
+	// the N devices with batches queued or that stored one in the last 10
+	// minutes) when that is more, so a lone device may fill the buffer. A
+	// device holding nothing is always let in with one batch. Default
+	// 0.125 (one eighth); 1 turns it off.
+	DeviceShare float64 `yaml:"device_share"`
+	// KeyShare is the fraction of the capacity the devices one API key
+	// last sent for may hold together (a fleet key's devices; a device
+	// key's device), or 1/K of the K keys with batches queued when that
+	// is more. Default 0.5; 1 turns it off.
+	KeyShare float64 `yaml:"key_share"`
+	// DeviceBatchRate is how many new batches (batch_ids not seen before)
+	// a second one device may store, sustained, after a burst of
+	// DeviceBatchBurst; past it its new batches are refused with
+	// Limited. Default 20; a negative value turns it off.
+	DeviceBatchRate float64 `yaml:"device_batch_rate"`
+	// DeviceBatchBurst is how many new batches one device may store at
+	// once before DeviceBatchRate applies. Default 10000.
+	DeviceBatchBurst int `yaml:"device_batch_burst"`
 
 	// now replaces time.Now in tests.
 	now func() time.Time
@@ -192,6 +226,10 @@ func DefaultOptions() Options {
 		GroupWaitRate:    2000,
 		MemTableSize:     8 << 20,
 		BlockCacheSize:   8 << 20,
+		DeviceShare:      defaultDeviceShare,
+		KeyShare:         defaultKeyShare,
+		DeviceBatchRate:  defaultDeviceBatchRate,
+		DeviceBatchBurst: defaultDeviceBatchBurst,
 	}
 }
 
@@ -261,6 +299,14 @@ func (o Options) Validate() error {
 		return fmt.Errorf("buffer.group_wait_rate: %v is not a non-negative number of commits per second", o.GroupWaitRate)
 	case o.BlockCacheSize < 0:
 		return errors.New("buffer.block_cache_size: must not be negative")
+	case !(o.DeviceShare >= 0 && o.DeviceShare <= 1):
+		return fmt.Errorf("buffer.device_share: %v is not a fraction between 0 and 1", o.DeviceShare)
+	case !(o.KeyShare >= 0 && o.KeyShare <= 1):
+		return fmt.Errorf("buffer.key_share: %v is not a fraction between 0 and 1", o.KeyShare)
+	case math.IsNaN(o.DeviceBatchRate) || math.IsInf(o.DeviceBatchRate, 0):
+		return fmt.Errorf("buffer.device_batch_rate: %v is not a number of batches per second", o.DeviceBatchRate)
+	case o.DeviceBatchBurst < 0:
+		return errors.New("buffer.device_batch_burst: must not be negative")
 	}
 	return nil
 }
@@ -299,6 +345,18 @@ func (o Options) withDefaults() Options {
 	}
 	if o.BlockCacheSize == 0 {
 		o.BlockCacheSize = d.BlockCacheSize
+	}
+	if o.DeviceShare == 0 {
+		o.DeviceShare = d.DeviceShare
+	}
+	if o.KeyShare == 0 {
+		o.KeyShare = d.KeyShare
+	}
+	if o.DeviceBatchRate == 0 {
+		o.DeviceBatchRate = d.DeviceBatchRate
+	}
+	if o.DeviceBatchBurst == 0 {
+		o.DeviceBatchBurst = d.DeviceBatchBurst
 	}
 	if o.now == nil {
 		o.now = time.Now
@@ -418,6 +476,11 @@ type Buffer struct {
 
 	fullLog  logEvery
 	evictLog logEvery
+	shareLog logEvery
+
+	// shares is what each device and key holds (shares.go); guarded by
+	// wmu.
+	shares shares
 }
 
 // Open opens or creates the buffer in dir and starts its committer.
@@ -470,6 +533,7 @@ func Open(dir string, opts Options, logger *slog.Logger, reg prometheus.Register
 		vlogSyncFailed: vlogSyncFailed,
 		fullLog:        logEvery{interval: time.Minute},
 		evictLog:       logEvery{interval: time.Minute},
+		shareLog:       logEvery{interval: time.Minute},
 		arrivals:       newArrivalRate(),
 	}
 	if err := b.restore(clean); err != nil {
@@ -566,6 +630,7 @@ func (b *Buffer) store(s scanResult) {
 	b.usage.historyBatches.Store(s.usage.HistoryBatches)
 	b.usage.stateRecords.Store(s.stateRecords)
 	b.noteSpan(s.historySpan)
+	b.shares = newShares(s.devices)
 }
 
 type scanResult struct {
@@ -574,6 +639,8 @@ type scanResult struct {
 	stateRecords                 int64
 	historySpan                  int64
 	usage                        Usage
+	// devices is the pending bytes of each hardware_id (shares).
+	devices map[string]int64
 }
 
 // scan reads every record and decodes it.
@@ -764,6 +831,9 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 	b.pendingBatches.Add(-d.n)
 	b.pendingBytes.Add(-d.payload)
 	b.usage.pending.Add(-d.pendingFreed)
+	for hw, cost := range d.byDevice {
+		b.shares.remove(hw, cost)
+	}
 	b.usage.delivered.Add(d.deliveredAdded)
 	b.usage.deliveredMarkers.Add(d.n)
 	b.usage.history.Add(d.historyAdded)
@@ -779,6 +849,8 @@ type deliveryCounts struct {
 	// historyAdded is the bytes of the history records kept for kept
 	// batches.
 	historyAdded, kept int64
+	// byDevice is the pending bytes freed per hardware_id (shares).
+	byDevice map[string]int64
 }
 
 // markOneDelivered turns p's marker to delivered, indexes it for
@@ -836,6 +908,10 @@ func (b *Buffer) markOneDelivered(wb *txnWriter, p Pending, now time.Time, d *de
 	d.n++
 	d.payload += int64(q.size)
 	d.pendingFreed += pendingCost(len(p.BatchID), q.size)
+	if d.byDevice == nil {
+		d.byDevice = map[string]int64{}
+	}
+	d.byDevice[p.HardwareID] += pendingCost(len(p.BatchID), q.size)
 	d.deliveredAdded += deliveredCost(len(p.BatchID))
 	return nil
 }
@@ -914,6 +990,7 @@ func (b *Buffer) DeadLetter(p Pending, reason string) error {
 	b.pendingBatches.Add(-1)
 	b.pendingBytes.Add(-int64(valLen))
 	b.usage.pending.Add(-pendingCost(len(p.BatchID), valLen))
+	b.shares.remove(p.HardwareID, pendingCost(len(p.BatchID), valLen))
 	b.usage.dead.Add(deadRecord(len(p.BatchID), len(val)) + markerRecord(len(p.BatchID)))
 	b.usage.deadBatches.Add(1)
 	b.metrics.deadLettered.Inc()

@@ -126,6 +126,8 @@ type evicted struct {
 	payloadBytes int64
 	// first and last describe the dropped batches, for the log.
 	first, last Pending
+	// droppedBy is the pending bytes dropped per hardware_id (shares).
+	droppedBy map[string]int64
 }
 
 // evictMarkers deletes delivered markers, oldest delivery first, through w
@@ -214,6 +216,10 @@ func (b *Buffer) dropOldest(w *txnWriter, need int64, ev *evicted) error {
 		}
 		ev.dropped++
 		ev.droppedBytes += pendingCost(len(v.p.BatchID), v.n)
+		if ev.droppedBy == nil {
+			ev.droppedBy = map[string]int64{}
+		}
+		ev.droppedBy[v.p.HardwareID] += pendingCost(len(v.p.BatchID), v.n)
 		ev.payloadBytes += int64(v.n)
 		if i == 0 {
 			ev.first = v.p

@@ -131,10 +131,15 @@ type groupResult struct {
 	refusedBy        string
 	free, used, need int64
 	ev               evicted
+	// limited counts the batches refused for a share or rate, by reason
+	// (limitShares); limitedDevice is each refused device's last reason.
+	limited       map[string]int64
+	limitedDevice map[string]string
 }
 
 // report counts and logs refusals and evictions.
 func (b *Buffer) report(res groupResult) {
+	b.reportLimits(res)
 	if res.refused > 0 {
 		b.metrics.refused.WithLabelValues(res.refusedBy).Add(float64(res.refused))
 		if ok, suppressed := b.fullLog.allow(res.refused); ok {
@@ -218,6 +223,7 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 		w.discard()
 		return res, err
 	}
+	cands, followers = b.limitShares(cands, followers, &res)
 	adm, err := b.admit(w, cands, &res)
 	if err != nil {
 		w.discard()
@@ -460,6 +466,11 @@ func (b *Buffer) account(admitted []candidate, admittedCost int64, res groupResu
 	var payload int64
 	for _, c := range admitted {
 		payload += int64(len(c.val))
+		e := c.req.entries[c.i]
+		b.shares.add(e.HardwareID, e.Key, c.cost)
+	}
+	for hw, cost := range res.ev.droppedBy {
+		b.shares.remove(hw, cost)
 	}
 	b.pendingBatches.Add(int64(res.stored) - res.ev.dropped)
 	b.pendingBytes.Add(payload - res.ev.payloadBytes)

@@ -211,6 +211,7 @@ func (b *Buffer) Reforward(batchID string) (Pending, error) {
 	b.pendingBatches.Add(1)
 	b.pendingBytes.Add(int64(len(val)))
 	b.usage.pending.Add(pendingCost(len(batchID), len(val)))
+	b.shares.add(p.HardwareID, "", pendingCost(len(batchID), len(val)))
 	b.usage.dead.Add(-(deadRecord(len(batchID), deadLen) + markerRecord(len(batchID))))
 	b.usage.deadBatches.Add(-1)
 	b.metrics.reforwarded.Inc()

@@ -85,17 +85,18 @@ func newMetrics(reg prometheus.Registerer, b *Buffer) *metrics {
 		}, []string{"reason"}),
 		refused: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gateway", Subsystem: "buffer", Name: "refused_batches_total",
-			Help: "New batches refused as full, by reason: budget (buffer.max_pending_bytes) or " +
-				"free_space (buffer.min_free_bytes).",
+			Help: "New batches refused, by reason: budget (buffer.max_pending_bytes), " +
+				"free_space (buffer.min_free_bytes), device_share (buffer.device_share), key_share " +
+				"(buffer.key_share) or device_rate (buffer.device_batch_rate).",
 		}, []string{"reason"}),
 	}
-	for _, o := range []Outcome{Stored, Duplicate, Conflict, Full} {
+	for _, o := range []Outcome{Stored, Duplicate, Conflict, Full, Limited} {
 		m.outcomes.WithLabelValues(o.String())
 	}
 	for _, r := range []string{reasonHistoryEvicted, reasonMarkerEvicted, reasonDroppedOldest} {
 		m.evicted.WithLabelValues(r)
 	}
-	for _, r := range []string{refusedBudget, refusedFreeSpace} {
+	for _, r := range []string{refusedBudget, refusedFreeSpace, refusedDeviceShare, refusedKeyShare, refusedDeviceRate} {
 		m.refused.WithLabelValues(r)
 	}
 	registerGauges(f, b)

@@ -61,6 +61,13 @@ func scanDB(db *badger.DB) (scanResult, error) {
 		s.stateRecords += p.stateRecords
 		s.historySpan = max(s.historySpan, p.historySpan)
 		s.usage.add(p.usage)
+		if s.devices == nil {
+			s.devices = p.devices
+		} else {
+			for hw, n := range p.devices {
+				s.devices[hw] += n
+			}
+		}
 	}
 	s.nextSeq = max(s.nextSeq, s.storedSeq)
 	return s, nil
@@ -138,9 +145,14 @@ func (s *scanResult) record(k, v []byte) error {
 		if !ok {
 			return fmt.Errorf("malformed queue key %q", k)
 		}
-		if _, err := decodePendingHeader(seq, v); err != nil {
+		p, err := decodePendingHeader(seq, v)
+		if err != nil {
 			return fmt.Errorf("queue entry %d: %w", seq, err)
 		}
+		if s.devices == nil {
+			s.devices = map[string]int64{}
+		}
+		s.devices[p.HardwareID] += pendingCost(len(p.BatchID), len(v))
 		s.nextSeq = max(s.nextSeq, seq+1)
 		s.pendingBatches++
 		s.pendingBytes += int64(len(v))
