@@ -34,6 +34,7 @@ type lambdaTarget struct {
 	metrics   *lambdaMetrics
 	reports   *reportState // what each event's report says
 	started   time.Time    // SetLambda's time: the idle report's first due time counts from it
+	poison    poisonState  // suspected poison batches (poison.go)
 }
 
 // SetLambda gives the lambda target (uplink.target: lambda) its client and
@@ -254,6 +255,7 @@ type lambdaMetrics struct {
 	seconds     prometheus.Histogram
 	results     *prometheus.CounterVec
 	concurrency prometheus.Gauge
+	splits      prometheus.Counter
 }
 
 func newLambdaMetrics(reg prometheus.Registerer) *lambdaMetrics {
@@ -280,10 +282,14 @@ func newLambdaMetrics(reg prometheus.Registerer) *lambdaMetrics {
 			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_concurrency",
 			Help: "Invocations the uplink may have in flight now (AIMD: grows on success, halves on throttling).",
 		}),
+		splits: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocation_splits_total",
+			Help: "Failed invocations of several batches sent again as two halves, to find the batch that makes them fail (a function error, or another invocation error while other batches are delivered).",
+		}),
 	}
 	for _, o := range []string{"ok", "throttled", "function_error", "error"} {
 		m.invocations.WithLabelValues(o)
 	}
-	reg.MustRegister(m.invocations, m.batches, m.seconds, m.results, m.concurrency)
+	reg.MustRegister(m.invocations, m.batches, m.seconds, m.results, m.concurrency, m.splits)
 	return m
 }

@@ -36,6 +36,9 @@ type fakeFunction struct {
 	// invocation, when set, may answer a whole invocation itself (n counts
 	// from 1); it returns false to answer normally.
 	invocation func(n int, w http.ResponseWriter) bool
+	// event, when set, may answer a decoded event itself, given its
+	// batch_ids; it returns false to answer normally.
+	event func(batchIDs []string, w http.ResponseWriter) bool
 	// status, when set, gives a batch's result status at its k-th sending
 	// (from 1); "" means the normal answer, "missing" leaves its id out.
 	status func(batchID string, k int) string
@@ -88,6 +91,9 @@ func (f *fakeFunction) serve(w http.ResponseWriter, r *http.Request) {
 	require.Equal(f.t, 1, ev.V)
 	require.Equal(f.t, "gateway_batches", ev.Kind)
 	require.Equal(f.t, "gw-test", ev.GatewayID)
+	if f.event != nil && f.event(eventBatchIDs(f.t, ev), w) {
+		return
+	}
 	f.mu.Lock()
 	f.reports = append(f.reports, answeredReport{report: ev.Report, items: len(ev.Items)})
 	f.mu.Unlock()
@@ -135,13 +141,13 @@ func (f *fakeFunction) answer(ev event.BatchEvent) []map[string]any {
 		var b contract.Batch
 		require.NoError(f.t, json.Unmarshal(it.Batch, &b))
 		f.sent[b.BatchID]++
-		st := ""
+		st, reason := "", "r"
 		if f.status != nil {
 			st = f.status(b.BatchID, f.sent[b.BatchID])
 		}
 		switch {
 		case failed[b.HardwareID]:
-			st = "error"
+			st, reason = "error", "not_attempted"
 		case st == "missing":
 			failed[b.HardwareID] = true
 			continue
@@ -154,7 +160,7 @@ func (f *fakeFunction) answer(ev event.BatchEvent) []map[string]any {
 			f.isDelivered[b.BatchID] = true
 			f.delivered = append(f.delivered, b.BatchID)
 		}
-		results = append(results, map[string]any{"id": it.ID, "status": st, "reason": "r", "message": "m"})
+		results = append(results, map[string]any{"id": it.ID, "status": st, "reason": reason, "message": "m"})
 	}
 	f.sizes = append(f.sizes, len(ev.Items))
 	for _, d := range ev.Devices {
@@ -166,6 +172,17 @@ func (f *fakeFunction) answer(ev event.BatchEvent) []map[string]any {
 		results = append(results, map[string]any{"id": k.ID, "status": "delivered"})
 	}
 	return results
+}
+
+// eventBatchIDs returns an event's batch_ids in event order.
+func eventBatchIDs(t *testing.T, ev event.BatchEvent) []string {
+	var ids []string
+	for _, it := range ev.Items {
+		var b contract.Batch
+		require.NoError(t, json.Unmarshal(it.Batch, &b))
+		ids = append(ids, b.BatchID)
+	}
+	return ids
 }
 
 func (f *fakeFunction) snapshot() (delivered []string, sizes []int, overlap bool) {

@@ -67,12 +67,25 @@ type LambdaConfig struct {
 	// a silent gateway. The report goes when no invocation was answered
 	// for this long. Default 1m.
 	ReportInterval time.Duration `yaml:"report_interval"`
+	// PoisonFailures is how many times a batch's forwarding may fail with
+	// the same answer that follows the batch (a function error or an
+	// invocation error on an invocation of that batch alone, found by
+	// splitting the failing invocations, or a per-item error result),
+	// each while other batches were delivered, before the batch is
+	// dead-lettered with its last error and its device's later batches go
+	// on. Failures while nothing else is delivered (an outage, a function
+	// that fails on every batch) are not counted. Default 5.
+	PoisonFailures int `yaml:"poison_failures"`
+	// PoisonTime dead-letters such a batch at a counted failure this long
+	// after its first, whatever the count. Default 10m.
+	PoisonTime time.Duration `yaml:"poison_time"`
 }
 
 // DefaultLambdaConfig returns the defaults documented on LambdaConfig.
 func DefaultLambdaConfig() LambdaConfig {
 	return LambdaConfig{MaxItems: 200, MaxBytes: 5 << 20, MaxWait: 50 * time.Millisecond,
-		Concurrency: 4, MaxConcurrency: 16, Timeout: time.Minute, ReportInterval: time.Minute}
+		Concurrency: 4, MaxConcurrency: 16, Timeout: time.Minute, ReportInterval: time.Minute,
+		PoisonFailures: 5, PoisonTime: 10 * time.Minute}
 }
 
 // validate reports the first invalid field; target is uplink.target.
@@ -96,6 +109,10 @@ func (c LambdaConfig) validate(target string) error {
 		return errors.New("uplink.lambda.timeout: must not be negative")
 	case c.ReportInterval < 0:
 		return errors.New("uplink.lambda.report_interval: must not be negative")
+	case c.PoisonFailures < 0 || c.PoisonFailures > 1000:
+		return errors.New("uplink.lambda.poison_failures: must be between 1 and 1000")
+	case c.PoisonTime < 0:
+		return errors.New("uplink.lambda.poison_time: must not be negative")
 	}
 	if err := (cloud.Config{Endpoint: c.Endpoint}).Validate(); err != nil {
 		return fmt.Errorf("uplink.lambda.endpoint: %q must be an http or https URL with a host", c.Endpoint)
@@ -114,5 +131,7 @@ func (c LambdaConfig) withDefaults() LambdaConfig {
 	}
 	c.Timeout = cmp.Or(c.Timeout, d.Timeout)
 	c.ReportInterval = cmp.Or(c.ReportInterval, d.ReportInterval)
+	c.PoisonFailures = cmp.Or(c.PoisonFailures, d.PoisonFailures)
+	c.PoisonTime = cmp.Or(c.PoisonTime, d.PoisonTime)
 	return c
 }

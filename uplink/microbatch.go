@@ -52,6 +52,16 @@ type packDone struct {
 	pack    []readyBatch
 	results map[string]event.ItemResult
 	err     error
+	since   time.Time // when its attempt began: its sending, or that of the invocation it was split from
+	// answering: the function answered an empty event sent after the
+	// failed invocation of one batch.
+	answering bool
+}
+
+// splitPack is a half of a failed invocation, sent as it is (poison.go).
+type splitPack struct {
+	pack  []readyBatch
+	since time.Time
 }
 
 type microBatcher struct {
@@ -65,6 +75,11 @@ type microBatcher struct {
 	inflight               int
 	done                   chan packDone
 	firstErr               error
+	// splits are halves of failed invocations, sent before anything else;
+	// held are a device's batches waiting for the half of a split that
+	// has its earlier ones (poison.go).
+	splits []splitPack
+	held   map[string][]readyBatch
 
 	marks   sync.WaitGroup
 	markMu  sync.Mutex
@@ -75,14 +90,17 @@ type microBatcher struct {
 // function and returns the first error; a device whose batch failed stops
 // for the round.
 func (u *Uplink) forwardInvocations(ctx context.Context, order []string, byDevice map[string][]buffer.Pending) error {
-	m := &microBatcher{u: u, t: u.lambda, byDevice: byDevice, sent: make(map[string]int, len(order)), done: make(chan packDone)}
+	m := &microBatcher{u: u, t: u.lambda, byDevice: byDevice, sent: make(map[string]int, len(order)), done: make(chan packDone),
+		held: map[string][]readyBatch{}}
 	now := time.Now()
 	for _, hw := range order {
 		m.enqueue(hw, now)
 	}
-	for len(m.queue) > 0 || m.inflight > 0 {
+	for len(m.queue) > 0 || len(m.splits) > 0 || m.inflight > 0 {
 		if ctx.Err() != nil {
 			m.queue, m.readyItems, m.readyBytes = nil, 0, 0
+			m.splits = nil
+			clear(m.held)
 			m.firstErr = cmp.Or(m.firstErr, ctx.Err())
 		}
 		wait, send := m.due(time.Now())
@@ -113,7 +131,13 @@ func (u *Uplink) forwardInvocations(ctx context.Context, order []string, byDevic
 // due reports whether an invocation should go now, or else how long until
 // the oldest ready batch's wait is over (0: wait for an invocation to end).
 func (m *microBatcher) due(now time.Time) (time.Duration, bool) {
-	if len(m.queue) == 0 || m.inflight >= m.t.limiter.current() {
+	if m.inflight >= m.t.limiter.current() {
+		return 0, false
+	}
+	if len(m.splits) > 0 {
+		return 0, true
+	}
+	if len(m.queue) == 0 {
 		return 0, false
 	}
 	if m.inflight == 0 || m.readyItems >= m.t.cfg.MaxItems || m.readyBytes >= m.t.cfg.MaxBytes {
@@ -129,8 +153,15 @@ func (m *microBatcher) due(now time.Time) (time.Duration, bool) {
 
 // send packs the queued devices' batches, oldest devices first, into one
 // invocation, in flight on its own goroutine until settle receives its
-// outcome. A device whose batches do not all fit sends the first ones.
+// outcome. A device whose batches do not all fit sends the first ones. The
+// half of a split invocation goes first, as it is.
 func (m *microBatcher) send(ctx context.Context) {
+	if len(m.splits) > 0 {
+		sp := m.splits[0]
+		m.splits = m.splits[1:]
+		m.launch(ctx, sp.pack, sp.since)
+		return
+	}
 	var pack []readyBatch
 	bytes, taken, full := envelopeOverhead, 0, false
 	for taken < len(m.queue) && !full {
@@ -158,6 +189,11 @@ func (m *microBatcher) send(ctx context.Context) {
 	if len(pack) == 0 {
 		return
 	}
+	m.launch(ctx, pack, time.Now())
+}
+
+// launch sends one invocation of pack on its own goroutine.
+func (m *microBatcher) launch(ctx context.Context, pack []readyBatch, since time.Time) {
 	ev := &event.BatchEvent{Items: make([]event.BatchItem, 0, len(pack))}
 	for _, rb := range pack {
 		ev.Items = append(ev.Items, event.BatchItem{ID: itemID(rb.p), Batch: rb.p.Payload})
@@ -165,7 +201,13 @@ func (m *microBatcher) send(ctx context.Context) {
 	m.inflight++
 	go func() {
 		results, err := m.t.invoke(ctx, ev)
-		m.done <- packDone{pack: pack, results: results, err: err}
+		answering := false
+		if err != nil && len(pack) == 1 && blamable(err) {
+			// Does the function answer without this batch?
+			_, cerr := m.t.invoke(ctx, &event.BatchEvent{})
+			answering = cerr == nil
+		}
+		m.done <- packDone{pack: pack, results: results, err: err, since: since, answering: answering}
 	}()
 }
 
@@ -218,10 +260,19 @@ func itemID(p buffer.Pending) string { return strconv.FormatUint(p.Seq, 10) }
 // settle applies an invocation's results, each device's in order:
 // delivered and duplicate batches are recorded as delivered, conflict and
 // rejected ones dead-lettered; any other result (or a failed invocation)
-// stops the device for this round. A device that did not stop has its
-// remaining batches queued again.
+// stops the device for this round, unless it made the batch a poison
+// batch (poison.go). A failed invocation of several batches that may
+// follow one of them is split instead. A device that did not stop has its
+// held batches sent, or else its remaining batches queued again.
 func (m *microBatcher) settle(d packDone) {
 	now := time.Now()
+	if d.err != nil && len(d.pack) > 1 && m.splittable(d) {
+		m.split(d)
+		return
+	}
+	if d.err == nil {
+		m.noteDelivered(d, now)
+	}
 	var delivered []buffer.Pending
 	stopped := map[string]bool{}
 	var devices []string
@@ -234,17 +285,26 @@ func (m *microBatcher) settle(d packDone) {
 			continue
 		}
 		if d.err != nil {
+			if len(d.pack) == 1 && blamable(d.err) && m.poisoned(rb, "invocation "+invocationKind(d.err), d.err.Error(), d.since, d.answering) {
+				continue
+			}
 			m.firstErr, stopped[hw] = cmp.Or(m.firstErr, d.err), true
 			continue
 		}
 		r, ok := d.results[id]
 		m.t.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
-		if !m.apply(rb, id, r, ok, &delivered) {
+		if !m.apply(rb, id, r, ok, d.since, &delivered) {
 			stopped[hw] = true
 		}
 	}
 	for _, hw := range devices {
-		if !stopped[hw] {
+		held := m.held[hw]
+		delete(m.held, hw)
+		switch {
+		case stopped[hw]:
+		case len(held) > 0:
+			m.splits = append(m.splits, splitPack{pack: held, since: d.since})
+		default:
 			m.enqueue(hw, now)
 		}
 	}
@@ -260,7 +320,7 @@ func (m *microBatcher) settle(d packDone) {
 
 // apply settles one batch by its result and reports whether its device
 // goes on.
-func (m *microBatcher) apply(rb readyBatch, id string, r event.ItemResult, ok bool, delivered *[]buffer.Pending) bool {
+func (m *microBatcher) apply(rb readyBatch, id string, r event.ItemResult, ok bool, since time.Time, delivered *[]buffer.Pending) bool {
 	hw := rb.p.HardwareID
 	switch {
 	case ok && (r.Status == event.StatusDelivered || r.Status == event.StatusDuplicate):
@@ -279,6 +339,10 @@ func (m *microBatcher) apply(rb readyBatch, id string, r event.ItemResult, ok bo
 	default:
 		err := resultError(id, r, ok)
 		m.t.reports.failed(err, false)
+		if ok && r.Status == event.StatusError && blamableReason(r.Reason) &&
+			m.poisoned(rb, "result "+r.Reason, err.Error(), since, true) {
+			return true
+		}
 		m.firstErr = cmp.Or(m.firstErr, fmt.Errorf("batch %s: %w", rb.p.BatchID, err))
 		return false
 	}

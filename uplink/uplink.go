@@ -26,6 +26,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -296,6 +297,10 @@ type Uplink struct {
 	lastSeq  uint64 // the newest queue entry seen (Run's goroutine only)
 	seqKnown bool   // lastSeq was read from the queue
 	startSeq uint64 // the newest queue entry at start
+	// progress counts the batches recorded delivered or dead-lettered
+	// and the failures blamed on one batch (poison.go): a failed round
+	// that made progress is not the uplink down.
+	progress atomic.Int64
 
 	mu           sync.Mutex
 	txLimit      int // 0 until known
@@ -303,6 +308,7 @@ type Uplink struct {
 	lastErr      string
 	lastErrAt    time.Time
 	lastDelivery time.Time
+	partial      bool            // a failure while others were delivered was logged
 	uncertain    map[string]bool // batch_ids whose write may have been applied
 	startChecked bool            // the first lease after start was checked
 	settled      map[string]bool // devices leased since the start (uncertain.go)
@@ -392,6 +398,7 @@ func (u *Uplink) Run(ctx context.Context) error {
 			full bool
 			err  error
 		)
+		before := u.progress.Load()
 		if probe {
 			err = u.reach(ctx)
 		}
@@ -403,9 +410,18 @@ func (u *Uplink) Run(ctx context.Context) error {
 		}
 		probe = err != nil && unreachable(err)
 		if err != nil {
-			u.setDown(err)
 			wait := jitter(backoff)
-			backoff = min(backoff*2, u.cfg.MaxBackoff)
+			if u.progress.Load() != before {
+				// Others were delivered (or the failure follows one
+				// batch): the uplink is up, and what failed is tried
+				// again soon.
+				u.setPartial(err)
+				probe, backoff = false, u.cfg.MinBackoff
+				wait = jitter(backoff)
+			} else {
+				u.setDown(err)
+				backoff = min(backoff*2, u.cfg.MaxBackoff)
+			}
 			u.metrics.retries.Inc()
 			select {
 			case <-ctx.Done():
@@ -415,6 +431,9 @@ func (u *Uplink) Run(ctx context.Context) error {
 			continue
 		}
 		u.setUp()
+		u.mu.Lock()
+		u.partial = false
+		u.mu.Unlock()
 		backoff = u.cfg.MinBackoff
 		if full {
 			continue // a backlog: the next round is full already
@@ -763,6 +782,7 @@ func (u *Uplink) markDelivered(done []buffer.Pending) error {
 		u.index.remove(done)
 	}
 	u.drain.add(len(done), time.Now())
+	u.progress.Add(int64(len(done)))
 	if u.lambda != nil {
 		u.lambda.reports.addDelivered(len(done))
 	}
@@ -779,6 +799,7 @@ func (u *Uplink) deadLetter(p buffer.Pending, reason string) error {
 	if err := u.store.DeadLetter(p, reason); err != nil {
 		return err
 	}
+	u.progress.Add(1)
 	if u.index != nil {
 		u.index.remove([]buffer.Pending{p})
 	}
@@ -858,6 +879,23 @@ func (u *Uplink) setDown(err error) {
 		u.metrics.up.Set(0)
 		// Logged once per state change; repeats are counted, not logged.
 		u.logger.Warn("uplink down; batches stay buffered and are retried", "err", err)
+	}
+}
+
+// setPartial records a round that failed while it delivered other
+// batches: the uplink is up (recovered, if it was down), and the first
+// such failure since the last clean round is logged.
+func (u *Uplink) setPartial(err error) {
+	u.setUp()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.lastErr, u.lastErrAt = err.Error(), u.clock.Now()
+	if u.lambda != nil {
+		u.lambda.reports.failed(err, true)
+	}
+	if !u.partial {
+		u.partial = true
+		u.logger.Warn("some batches failed and stay buffered, retried; others are delivered", "err", err)
 	}
 }
 
