@@ -322,7 +322,12 @@ func OpenSnapshot(dir string, logger *slog.Logger) (*Snapshot, error) {
 	}
 	logger = logger.With("component", "buffer")
 	if _, err := os.Stat(filepath.Join(dir, manifestName)); errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("no buffer at %s (no %s file): check the data directory", dir, manifestName)
+		// Without a MANIFEST, tables or write-ahead logs are a damaged
+		// buffer (checkDirectory says so, as gatewayd does), not none.
+		entries, _ := os.ReadDir(dir)
+		if tables, mems := listBadgerFiles(entries); len(tables) == 0 && len(mems) == 0 {
+			return nil, fmt.Errorf("no buffer at %s (no %s file): check the data directory", dir, manifestName)
+		}
 	} else if err != nil {
 		return nil, fmt.Errorf("opening buffer %s: %w", dir, err)
 	}

@@ -43,8 +43,9 @@ type DamagedError struct {
 }
 
 func (e *DamagedError) Error() string {
-	return fmt.Sprintf("buffer at %s is damaged: %s; move the directory aside to start empty "+
-		"(undelivered batches in it are lost), or restore it from a backup", e.Dir, e.Problem)
+	return fmt.Sprintf("buffer at %s is damaged: %s; salvage what is readable into a new buffer with "+
+		"'gatewayctl buffer salvage --data-dir %s --out NEWDIR' and start on that, or move the directory aside to start empty "+
+		"(undelivered batches in it are lost), or restore it from a backup", e.Dir, e.Problem, e.Dir)
 }
 
 // Is makes errors.Is(err, ErrDamaged) true.

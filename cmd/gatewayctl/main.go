@@ -152,6 +152,10 @@ var commands = []command{
 		setup: setupBufferInspect},
 	{name: "buffer export", local: true, args: "--data-dir DIR [--what pending|dead|all] [--hardware-id HW] [--out FILE]",
 		about: "Write a stopped gatewayd's batches as NDJSON, one batch a line with its payload as JSON.", setup: setupBufferExport},
+	{name: "buffer salvage", local: true, args: "--data-dir DIR --out NEWDIR [--json]",
+		about: "Read every readable table block and write-ahead log entry of a damaged buffer (DIR is only read)\n" +
+			"and write its pending batches, dead letters and state records into a new buffer at NEWDIR,\n" +
+			"for gatewayd to start on; report what was recovered and what was skipped.", setup: setupBufferSalvage},
 	{name: "buffer dead-letters", local: true, args: "(--data-dir DIR | --url URL) [--limit N] [--json]",
 		about: "List dead-lettered batches with the cloud's reason.", setup: setupBufferDeadLetters},
 	{name: "buffer reforward", local: true, args: "(--data-dir DIR | --url URL) BATCH_ID", npos: 1,
