@@ -272,8 +272,9 @@ func TestDamagedBufferStopsGatewayd(t *testing.T) {
 	}
 	var exit *exec.ExitError
 	require.ErrorAs(t, err, &exit, "output:\n%s", out.String())
-	require.NotZero(t, exit.ExitCode())
+	require.Equal(t, exitDamagedBuffer, exit.ExitCode(), "the status the unit does not restart on")
 	t.Logf("gatewayd exited %d:\n%s", exit.ExitCode(), out.String())
+	require.Contains(t, out.String(), "gatewayctl buffer salvage --data-dir "+dataDir+" --out NEWDIR")
 	require.Contains(t, out.String(), "buffer at "+dataDir+" is damaged")
 	require.Contains(t, out.String(), "is not listed in the MANIFEST")
 	require.Contains(t, out.String(), "move the directory aside to start empty (undelivered batches in it are lost), or restore it from a backup")

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 
+	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/config"
 )
 
@@ -55,10 +56,19 @@ func run(args, environ []string) int {
 	defer stop()
 	if err := serve(ctx, cfg, environ, logger); err != nil {
 		logger.Error("gatewayd stopped", "err", err)
+		if errors.Is(err, buffer.ErrDamaged) {
+			return exitDamagedBuffer
+		}
 		return 1
 	}
 	return 0
 }
+
+// exitDamagedBuffer is gatewayd's exit status when its buffer is damaged
+// (EX_DATAERR): starting again cannot help, so the systemd unit does not
+// restart on it (RestartPreventExitStatus=); the message logged names the
+// salvage command.
+const exitDamagedBuffer = 65
 
 func newLogger(cfg Config) *slog.Logger {
 	var level slog.Level
