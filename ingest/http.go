@@ -211,7 +211,7 @@ func (h *HTTPServer) Listen() error {
 	if err != nil {
 		return fmt.Errorf("http TLS: %w", err)
 	}
-	l, err := net.Listen("tcp", h.cfg.Addr)
+	l, err := listenTCP(h.cfg.Addr, h.cfg.ReadHeaderTimeout)
 	if err != nil {
 		return fmt.Errorf("listening for HTTP on %s: %w", h.cfg.Addr, err)
 	}

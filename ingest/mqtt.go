@@ -314,7 +314,7 @@ func (b *Broker) Listen() error {
 	if err != nil {
 		return fmt.Errorf("mqtt TLS: %w", err)
 	}
-	l, err := net.Listen("tcp", b.cfg.Addr)
+	l, err := listenTCP(b.cfg.Addr, b.cfg.ConnectTimeout)
 	if err != nil {
 		return fmt.Errorf("listening for MQTT on %s: %w", b.cfg.Addr, err)
 	}

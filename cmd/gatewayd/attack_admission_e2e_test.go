@@ -116,6 +116,13 @@ func rawDeviceTry(addr, hw, key string, limit time.Duration) error {
 	if code != 0 {
 		return fmt.Errorf("CONNACK %#x", code)
 	}
+	return m.publishBatch(hw, deadline)
+}
+
+// publishBatch is the rest of a device's try once connected: SUBSCRIBE to
+// its ack topic, PUBLISH a batch at QoS 1, and wait for the PUBACK and the
+// "accepted" ack.
+func (m *deviceConn) publishBatch(hw string, deadline time.Time) error {
 	if err := m.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, PacketID: 1,
 		Filters: packets.Subscriptions{{Filter: contract.AckTopic(hw), Qos: 1}}}); err != nil {
 		return err
@@ -229,8 +236,9 @@ func durations(took []time.Duration) string {
 	return fmt.Sprintf("p50 %s, max %s", s[len(s)/2].Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
 }
 
-// silentAttack holds sockets open to addr without sending anything, each
-// reopened as soon as the gateway closes it, until stop.
+// silentAttack holds sockets open to addr that send the first byte of a
+// CONNECT and nothing more, each reopened as soon as the gateway closes
+// it, until stop.
 type silentAttack struct {
 	closedByGateway atomic.Int64 // connections the gateway closed
 	opened          atomic.Int64
@@ -261,6 +269,14 @@ func (a *silentAttack) hold(ctx context.Context, addr, src string) {
 		c, err := dialFrom(src, addr, 5*time.Second)
 		if err != nil {
 			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		// One byte, the first of a CONNECT, then nothing: a socket that
+		// sends nothing at all is held in the kernel (TCP_DEFER_ACCEPT),
+		// TestAttackFastSilentSocketFlood's case, and never reaches the
+		// admission this attack fills.
+		if _, err := c.Write([]byte{0x10}); err != nil {
+			c.Close()
 			continue
 		}
 		a.opened.Add(1)
