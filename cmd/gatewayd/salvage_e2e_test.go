@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/harness/dynamotest"
+	"greenhouse-gateway/internal/cloud"
+)
+
+// TestSalvagedBufferIsForwarded: gatewayd acknowledges 800 batches while
+// DynamoDB is paused and stops; 64 bytes of one of its tables are changed
+// and its MANIFEST deleted. gatewayd refuses the directory with exit
+// status 65, naming the salvage command; the salvage leaves the directory
+// as it was and recovers every batch but those of the damaged block, and
+// gatewayd started on the salvaged buffer forwards each of them once.
+func TestSalvagedBufferIsForwarded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs gatewayd")
+	}
+	local := dynamotest.Start(t)
+	view := cloudView{client: local.Client(t), tables: local.NewTables(t)}
+	key, _, err := cloud.NewKeys(view.client, view.tables.APIKeys, e2ePepper).Create(context.Background(), "salvage")
+	require.NoError(t, err)
+	prefix := strings.TrimSuffix(view.tables.Devices, "devices")
+	dataDir := filepath.Join(t.TempDir(), "data")
+	env := []string{"GATEWAY_BUFFER_MEMTABLE_SIZE=1048576", "GATEWAY_BUFFER_HISTORY_RETENTION=-1s"}
+	d := startPlainDaemon(t, dataDir, local.Endpoint, prefix, env...)
+	hw, boot := "02:00:00:00:AA:33", uuid.NewString()
+	code, _, _ := postBatches(t, d, key, [][]byte{denseBatch(hw, boot, 0)}) // the key is verified and cached
+	require.Equal(t, 200, code)
+	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" }, 60*time.Second, 100*time.Millisecond)
+	local.Pause(t)
+	var acked []string
+	for g := range 40 {
+		var batches [][]byte
+		for i := range 20 {
+			batches = append(batches, denseBatch(hw, boot, 1+g*20+i))
+		}
+		code, _, results := postBatches(t, d, key, batches)
+		require.Equal(t, 200, code)
+		for _, r := range results {
+			acked = append(acked, r.BatchID)
+		}
+	}
+	require.NoError(t, d.stop(t, syscall.SIGTERM))
+	local.Resume(t)
+
+	tables, _ := filepath.Glob(filepath.Join(dataDir, "*.sst"))
+	require.GreaterOrEqual(t, len(tables), 2)
+	slices.SortFunc(tables, func(a, b string) int { return int(fileSize(t, b) - fileSize(t, a)) })
+	f, err := os.OpenFile(tables[0], os.O_RDWR, 0)
+	require.NoError(t, err)
+	junk := []byte(strings.Repeat("\xa5", 64))
+	_, err = f.WriteAt(junk, fileSize(t, tables[0])/2)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.NoError(t, os.Remove(filepath.Join(dataDir, "MANIFEST")))
+
+	refused := startRefused(t, dataDir, local.Endpoint, prefix, env...)
+	require.Contains(t, refused, "gatewayctl buffer salvage --data-dir "+dataDir+" --out NEWDIR")
+
+	before := digest(t, dataDir)
+	out := filepath.Join(t.TempDir(), "salvaged")
+	rep, err := buffer.Salvage(context.Background(), dataDir, out, nil)
+	require.NoError(t, err)
+	require.Equal(t, before, digest(t, dataDir), "the damaged directory is unchanged")
+	require.Len(t, rep.Skipped, 1, "one block: %+v", rep.Skipped)
+	require.Equal(t, filepath.Base(tables[0]), rep.Skipped[0].File)
+	lost := len(acked) - rep.PendingBatches
+	require.Positive(t, lost)
+	require.Less(t, lost, 10, "a 16 KiB block holds a few batches of 2.7 KiB")
+	t.Logf("%d acknowledged batches, %d recovered, %d lost with block %d of %s",
+		len(acked), rep.PendingBatches, lost, rep.Skipped[0].Block, rep.Skipped[0].File)
+
+	d = startPlainDaemon(t, out, local.Endpoint, prefix, env...)
+	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" }, 120*time.Second, 200*time.Millisecond)
+	markers := view.markers(t)
+	require.Len(t, markers, 1+rep.PendingBatches)
+	missing := 0
+	for _, id := range acked {
+		if markers[id] == 0 {
+			missing++
+		}
+	}
+	require.Equal(t, lost, missing)
+	for id, n := range markers {
+		require.Equal(t, 1, n, "batch %s forwarded once", id)
+	}
+	require.NoError(t, d.stop(t, syscall.SIGTERM))
+}
+
+func fileSize(t *testing.T, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	return fi.Size()
+}
+
+// digest is every file's name and content (not subdirectories).
+func digest(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range ents {
+		if e.IsDir() {
+			continue // the audit log's
+		}
+		raw, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		require.NoError(t, err)
+		out[e.Name()] = fmt.Sprintf("%x", raw)
+	}
+	return out
+}
+
+// startRefused starts gatewayd on dataDir, which it must refuse with exit
+// status exitDamagedBuffer, and returns its output.
+func startRefused(t *testing.T, dataDir, endpoint, prefix string, env ...string) string {
+	t.Helper()
+	cmd := exec.Command(gatewaydPlainBinary(t), "--data-dir", dataDir, "--dynamodb-endpoint", endpoint,
+		"--table-prefix", prefix, "--mqtt-addr", freeAddr(t), "--http-addr", freeAddr(t))
+	cmd.Env = append(append(os.Environ(), "GATEWAY_API_KEY_PEPPER="+e2ePepper, "AWS_ACCESS_KEY_ID=local",
+		"AWS_SECRET_ACCESS_KEY=local", "AWS_REGION=us-east-1"), env...)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "output:\n%s", out)
+	require.Equal(t, exitDamagedBuffer, exit.ExitCode(), "output:\n%s", out)
+	return string(out)
+}
