@@ -356,14 +356,33 @@ type tableInfo struct {
 // and returns its version range (the minimum only when minVersion is set:
 // it reads every key).
 func inspectTable(path string, compression options.CompressionType, minVersion bool) (info tableInfo, err error) {
+	err = withTable(path, compression, options.OnTableRead, func(t *table.Table) error {
+		info.maxVersion = t.MaxVersion()
+		if minVersion {
+			info.minVersion = math.MaxUint64
+			it := t.NewIterator(0)
+			defer it.Close()
+			for it.Rewind(); it.Valid(); it.Next() {
+				info.minVersion = min(info.minVersion, parseTs(it.Key()))
+			}
+		}
+		return nil
+	})
+	return info, err
+}
+
+// withTable opens a table read-only through Badger's reader, verifying
+// checksums as chk says, and calls fn with it. Badger's panics on some
+// truncated tables (table.go initBiggestAndSmallest re-panics with a dump)
+// are returned as errors.
+func withTable(path string, compression options.CompressionType, chk options.ChecksumVerificationMode,
+	fn func(*table.Table) error) (err error) {
 	mf, err := z.OpenMmapFile(path, os.O_RDONLY, 0)
 	if err != nil {
-		return info, fmt.Errorf("opening: %w", err)
+		return fmt.Errorf("opening: %w", err)
 	}
 	var t *table.Table
 	defer func() {
-		// Badger panics on some truncated tables (table.go
-		// initBiggestAndSmallest re-panics with a dump).
 		if r := recover(); r != nil {
 			err = fmt.Errorf("unreadable (truncated?): %v", firstLine(fmt.Sprint(r)))
 		}
@@ -376,22 +395,13 @@ func inspectTable(path string, compression options.CompressionType, minVersion b
 		}
 	}()
 	t, err = table.OpenTable(mf, table.Options{
-		ChkMode: options.OnTableRead, Compression: compression, BlockSize: 4 << 10, BloomFalsePositive: 0.01,
+		ChkMode: chk, Compression: compression, BlockSize: 16 << 10, BloomFalsePositive: 0.01,
 	})
 	if err != nil {
-		return info, err
+		return err
 	}
 	defer func() { _ = t.MmapFile.Close(-1) }()
-	info.maxVersion = t.MaxVersion()
-	if minVersion {
-		info.minVersion = math.MaxUint64
-		it := t.NewIterator(0)
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			info.minVersion = min(info.minVersion, parseTs(it.Key()))
-		}
-	}
-	return info, nil
+	return fn(t)
 }
 
 func firstLine(s string) string {

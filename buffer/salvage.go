@@ -18,7 +18,6 @@ import (
 	"github.com/dgraph-io/badger/v4/options"
 	"github.com/dgraph-io/badger/v4/table"
 	"github.com/dgraph-io/badger/v4/y"
-	"github.com/dgraph-io/ristretto/v2/z"
 )
 
 // Badger's entry flags (value.go) that salvage reads.
@@ -234,30 +233,22 @@ func (r *salvageReader) readTable(path string, compression options.CompressionTy
 	skip := func(block int, reason string) {
 		r.report.Skipped = append(r.report.Skipped, SkippedPart{File: name, Block: block, Reason: reason})
 	}
-	mf, err := z.OpenMmapFile(path, os.O_RDONLY, 0)
-	if err != nil {
-		skip(-1, fmt.Sprintf("opening: %v", err))
-		return
-	}
-	var t *table.Table
-	defer func() {
-		if p := recover(); p != nil {
-			skip(-1, fmt.Sprintf("unreadable (truncated?): %v", firstLine(fmt.Sprint(p))))
-		}
-		if t == nil {
-			if _, serr := mf.Fd.Stat(); serr == nil {
-				_ = mf.Close(-1)
-			}
-		}
-	}()
-	t, err = table.OpenTable(mf, table.Options{
-		ChkMode: options.OnBlockRead, Compression: compression, BlockSize: 16 << 10, BloomFalsePositive: 0.01,
+	opened := false
+	err := withTable(path, compression, options.OnBlockRead, func(t *table.Table) error {
+		opened = true
+		r.readBlocks(t, name, skip)
+		return nil
 	})
-	if err != nil {
+	switch {
+	case err != nil && !opened:
 		skip(-1, fmt.Sprintf("its index cannot be read, so none of its blocks can be found: %v", err))
-		return
+	case err != nil:
+		skip(-1, fmt.Sprintf("reading stopped: %v", err))
 	}
-	defer func() { _ = t.MmapFile.Close(-1) }()
+}
+
+// readBlocks reads every block of t that passes its checksum.
+func (r *salvageReader) readBlocks(t *table.Table, name string, skip func(block int, reason string)) {
 	r.report.Tables++
 	// The first key of every block, from the index.
 	firsts := t.KeySplits(math.MaxInt32, nil)

@@ -108,17 +108,8 @@ func queuedFrom(t *testing.T, r *salvageReader, pending []string, in func(from s
 // new buffer opens holding exactly want (in order), and returns the report.
 func salvageAndCheck(t *testing.T, dir string, want []string) SalvageReport {
 	t.Helper()
-	before := dirDigest(t, dir)
-	out := filepath.Join(t.TempDir(), "salvaged")
-	rep, err := Salvage(context.Background(), dir, out, nil)
-	require.NoError(t, err)
-	require.Equal(t, before, dirDigest(t, dir), "the damaged directory is not changed")
+	rep := salvageAndCheckSubset(t, dir, want, func(SalvageReport) map[string]bool { return nil })
 	t.Logf("recovered %d pending batches; skipped %+v; lost by marker %d", rep.PendingBatches, rep.Skipped, rep.LostCount)
-	b, err := Open(out, Options{}, nil, nil)
-	require.NoError(t, err, "the salvaged buffer opens")
-	defer func() { require.NoError(t, b.Close()) }()
-	requireIDs(t, want, pendingIDs(t, b))
-	require.Equal(t, len(want), rep.PendingBatches)
 	return rep
 }
 
