@@ -14,8 +14,13 @@ import (
 type reclaimer struct {
 	// refused is when the watermark last refused a batch (unix ns).
 	refused atomic.Int64
-	// last is when space was last reclaimed (Run's goroutine only).
-	last time.Time
+	// last is when space was last reclaimed, and peak the most the budget
+	// counted since then, or since first, the budget's count when Run
+	// first looked (Run's goroutine only).
+	last    time.Time
+	peak    int64
+	first   int64
+	started bool
 }
 
 // reclaimInterval is the least time between two reclaims.
@@ -24,13 +29,29 @@ const reclaimInterval = 30 * time.Second
 // reclaimSpace, while the watermark refuses batches, flushes the memtable
 // (its tombstones reach the tables) and compacts every level into one
 // (Flatten), which drops what the tombstones delete, at most once per
-// reclaimInterval. Called from Run.
+// reclaimInterval, and only once records of at least a table's size were
+// deleted since the last time (while the uplink is down nothing is: a
+// Flatten then would only rewrite every table, taking their size again
+// from the disk it is meant to free, and hold the next reclaim back
+// reclaimInterval after the uplink's deletions come). Called from Run.
 func (b *Buffer) reclaimSpace(now time.Time) {
+	used := b.usage.total()
+	if !b.reclaim.started {
+		b.reclaim.started, b.reclaim.first = true, used
+	}
+	b.reclaim.peak = max(b.reclaim.peak, used)
 	refused := time.Unix(0, b.reclaim.refused.Load())
 	if now.Sub(refused) > 2*ballastInterval || now.Sub(b.reclaim.last) < reclaimInterval {
 		return
 	}
 	if b.failure.failed() != nil {
+		return
+	}
+	// Before the first time, the tables may also hold what an earlier run
+	// deleted, which the budget does not count: that is worth a try while
+	// nothing was added since.
+	deleted := used <= b.reclaim.peak-tableSize(b.opts.MemTableSize)
+	if !deleted && (b.reclaim.last != time.Time{} || used > b.reclaim.first) {
 		return
 	}
 	b.reclaim.last = now
@@ -52,6 +73,7 @@ func (b *Buffer) reclaimSpace(now time.Time) {
 		b.logger.Warn("reclaiming disk space: compacting", "err", err)
 		return
 	}
+	b.reclaim.peak = b.usage.total()
 	after, _ := b.free.bytes()
 	b.logger.Info("free space under buffer.min_free_bytes: flushed and compacted deleted records",
 		"free_bytes_before", before, "free_bytes_after", after, "min_free_bytes", b.opts.MinFreeBytes)
