@@ -467,7 +467,10 @@ func (w *salvageWrite) write(ctx context.Context, out string, logger *slog.Logge
 	if err := os.MkdirAll(out, 0o700); err != nil {
 		return fmt.Errorf("salvage: %w", err)
 	}
-	b, err := Open(out, Options{MaxPendingBytes: math.MaxInt64 / 2}, logger, nil)
+	// Everything salvaged was acknowledged once: no budget, share or rate
+	// of a device applies to putting it back.
+	b, err := Open(out, Options{MaxPendingBytes: math.MaxInt64 / 2, DeviceShare: 1, KeyShare: 1, DeviceBatchRate: -1},
+		logger, nil)
 	if err != nil {
 		return fmt.Errorf("salvage: creating the new buffer: %w", err)
 	}
