@@ -177,7 +177,13 @@ func salvageAndCheckChange(t *testing.T, dir string, pending []string,
 	b, err := Open(out, Options{}, nil, nil)
 	require.NoError(t, err, "the salvaged buffer opens")
 	defer func() { require.NoError(t, b.Close()) }()
-	requireIDs(t, want, pendingIDs(t, b))
+	pend, err := b.Pending(0, len(want)+10)
+	require.NoError(t, err)
+	var got []string
+	for _, p := range pend {
+		got = append(got, p.BatchID)
+	}
+	requireIDs(t, want, got)
 	require.Equal(t, len(want), rep.PendingBatches)
 	for _, id := range rep.LostBatches {
 		require.True(t, gone[id], "a batch reported lost was lost: %s", id)
@@ -338,4 +344,24 @@ func fromFiles(from []string) []string {
 		}
 	}
 	return out
+}
+
+// TestSalvageKeepsADevicesWholeBacklog: one device's backlog larger than
+// the burst of its rate, and than its share, is salvaged whole.
+func TestSalvageKeepsADevicesWholeBacklog(t *testing.T) {
+	opts := Options{MemTableSize: 1 << 20, DeviceBatchRate: -1, DeviceShare: 1, KeyShare: 1}
+	b := open(t, t.TempDir(), opts)
+	n := DefaultOptions().DeviceBatchBurst + 500
+	var ids []string
+	for g := 0; g < n; g += 500 {
+		var entries []Entry
+		for i := g; i < g+500; i++ {
+			entries = append(entries, entry(fmt.Sprintf("batch-%05d", i), fmt.Sprintf(`{"n":%d}`, i)))
+			ids = append(ids, entries[len(entries)-1].BatchID)
+		}
+		commit(t, b, entries...)
+	}
+	dir := b.dir
+	require.NoError(t, b.Close())
+	salvageAndCheck(t, dir, ids)
 }
