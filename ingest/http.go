@@ -27,7 +27,7 @@ type HTTPConfig struct {
 	// MaxBodyBytes is the largest request body accepted; larger ones get
 	// 413. Default 1048576 (1 MiB).
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
-	// RetryAfter is the Retry-After sent with 503 and 507 answers.
+	// RetryAfter is the Retry-After sent with 429, 503 and 507 answers.
 	// Default 30s.
 	RetryAfter time.Duration `yaml:"retry_after"`
 	// TLSCertFile and TLSKeyFile, when both set, serve HTTPS (TLS 1.2 or
@@ -364,7 +364,11 @@ func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
 	}
 	resp := contract.NewReadingsResponse(results)
 	code := resp.HTTPStatus()
-	if code == http.StatusInsufficientStorage {
+	if code == http.StatusInsufficientStorage && OnlyLimited(results) {
+		// A device or key past its share: the buffer has room for others.
+		code = http.StatusTooManyRequests
+	}
+	if code == http.StatusInsufficientStorage || code == http.StatusTooManyRequests {
 		w.Header().Set("Retry-After", strconv.Itoa(int(h.cfg.RetryAfter.Seconds())))
 	}
 	httpapi.WriteJSON(w, code, resp)

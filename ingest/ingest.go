@@ -382,6 +382,7 @@ func (in *Ingest) startReadings(ctx context.Context, transport, sender string, p
 	c := &readingsCall{in: in, ctx: ctx, transport: transport, start: time.Now(),
 		results: make([]contract.Result, len(payloads))}
 	now := in.clock.Now()
+	principal, _ := principalFrom(ctx)
 	var entries []buffer.Entry
 	if len(payloads) == 1 { // MQTT: one message, one batch
 		entries = make([]buffer.Entry, 0, 1)
@@ -396,7 +397,7 @@ func (in *Ingest) startReadings(ctx context.Context, transport, sender string, p
 		}
 		entries = append(entries, buffer.Entry{
 			BatchID: b.BatchID, HardwareID: b.HardwareID,
-			Hash: b.hash, Payload: b.canonical, ReceivedAt: now,
+			Hash: b.hash, Payload: b.canonical, ReceivedAt: now, Key: principal.KeyID,
 		})
 		c.sent = append(c.sent, committed{i: i, batch: b.Batch, fixed: fixed})
 		c.results[i].BatchID = b.BatchID
@@ -556,9 +557,34 @@ func outcomeResult(batchID string, o buffer.Outcome) contract.Result {
 		reason := contract.ReasonConflict
 		msg := "batch_id was already received with a different payload"
 		return contract.Result{BatchID: batchID, Status: contract.StatusRejected, Reason: &reason, Message: &msg}
+	case buffer.Limited:
+		return fullResult(batchID, limitedMessage)
 	default:
 		return fullResult(batchID, "the gateway's buffer is full; nothing was stored, retry later")
 	}
+}
+
+// limitedMessage is the message of a batch refused because its device or
+// key holds its share of the buffer or sent new batches too fast: reason
+// buffer_full, so that every firmware keeps it and resends it later.
+const limitedMessage = "this device (or its API key) holds its share of the gateway's buffer, or sends new batches " +
+	"faster than the gateway takes from one device; nothing was stored, retry later"
+
+// OnlyLimited reports whether every batch refused as buffer_full in results
+// was refused for its device's or key's share or rate, none for a full
+// buffer: the HTTP answer is then 429, not 507.
+func OnlyLimited(results []contract.Result) bool {
+	limited := false
+	for _, r := range results {
+		if r.Reason == nil || *r.Reason != contract.ReasonBufferFull {
+			continue
+		}
+		if r.Message == nil || *r.Message != limitedMessage {
+			return false
+		}
+		limited = true
+	}
+	return limited
 }
 
 func fullResult(batchID, msg string) contract.Result {
