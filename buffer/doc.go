@@ -127,6 +127,27 @@
 // The write-ahead logs are read, not mapped, by the integrity check at
 // open: on a full tmpfs, a mapped read of a file's hole needs a page too.
 //
+// # Shares
+//
+// Before the budget, each new batch is checked against its device's and
+// its key's share (shares.go): a device (hardware_id) may hold
+// buffer.device_share (1/8) of the capacity, or 1/N of the N devices seen
+// (batches queued, or one stored in the last 10 minutes) when that is
+// more; the devices an API key last sent for may hold buffer.key_share
+// (1/2), or 1/K of the K keys with batches queued. The capacity is the
+// budget, or what the buffer holds plus the disk's room above the
+// watermark when that is less. A device also stores at most
+// buffer.device_batch_rate new batches a second after a burst of
+// buffer.device_batch_burst (a token bucket; resends cost nothing).
+// Past either the batch is Limited (ingest answers buffer_full, HTTP 429),
+// with the device's later batches of the group, counted by reason in
+// gateway_buffer_refused_batches_total. The per-device counts are rebuilt
+// from the queue entries' headers by the scan at open (100,000 batches of
+// 100 devices: open 64-66 ms, against 59-63 ms without them) and follow
+// every store, delivery, dead letter, drop and re-forward; a key's count
+// is that of the devices it last sent for, so after a restart it counts a
+// device again from the key's next batch for it.
+//
 // # Durability
 //
 // Badger runs with SyncWrites on. Verified in badger v4.9.6:
