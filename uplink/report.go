@@ -75,7 +75,7 @@ func (u *Uplink) registerReportMetrics() {
 	f := promauto.With(u.metrics.reg)
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "gateway", Subsystem: "uplink", Name: "drain_rate_batches_per_second",
-		Help: "Recent delivery rate, batches per second (exponentially weighted, 30 s time constant).",
+		Help: "Recent delivery rate, batches per second (exponentially weighted, 30 s time constant); 0 once nothing was delivered for 15 s.",
 	}, func() float64 { return u.drain.at(time.Now()) })
 	f.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "gateway", Subsystem: "uplink", Name: "drain_eta_seconds",

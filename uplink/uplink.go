@@ -35,6 +35,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/function/event"
+	"greenhouse-gateway/internal/adaptive"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
 )
@@ -263,8 +264,10 @@ var errClockImplausible = errors.New("the gateway's clock is not plausible (befo
 // drainTau and arrivalTau are the time constants of the drain-rate and
 // arrival-rate estimates.
 const (
-	drainTau   = 30 * time.Second
-	arrivalTau = 5 * time.Second
+	drainTau = 30 * time.Second
+	// drainStopped is how long without a delivery makes the drain rate 0.
+	drainStopped = 15 * time.Second
+	arrivalTau   = 5 * time.Second
 )
 
 // Prober finds the endpoint's per-transaction item limit
@@ -354,7 +357,7 @@ func New(cfg Config, store Store, devices DeviceSource, clk clock.Source, db Dyn
 		clock:     clk,
 		txLimit:   cfg.TransactionMaxItems,
 		status:    Status{Up: true, Since: time.Now()},
-		drain:     newEWMARate(drainTau),
+		drain:     &ewmaRate{rate: adaptive.Rate{Tau: drainTau}, stopAfter: drainStopped},
 		arrivals:  newEWMARate(arrivalTau),
 		uncertain: map[string]bool{},
 		settled:   map[string]bool{},

@@ -26,6 +26,10 @@ func adaptiveWait(rate float64, maxWait time.Duration, target, steepness float64
 type ewmaRate struct {
 	mu   sync.Mutex
 	rate adaptive.Rate
+	// stopAfter, when set, makes the estimate 0 once no event was counted
+	// for that long (the drain rate: a stopped drain reads 0).
+	stopAfter time.Duration
+	lastEvent time.Time
 }
 
 func newEWMARate(tau time.Duration) *ewmaRate {
@@ -37,11 +41,17 @@ func (e *ewmaRate) add(n int, now time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.rate.Add(n, now)
+	if n > 0 && now.After(e.lastEvent) {
+		e.lastEvent = now
+	}
 }
 
 // at returns the estimate at now, decayed for the time without events.
 func (e *ewmaRate) at(now time.Time) float64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.stopAfter > 0 && now.Sub(e.lastEvent) >= e.stopAfter {
+		return 0
+	}
 	return e.rate.At(now)
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"greenhouse-gateway/internal/adaptive"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
@@ -198,5 +200,23 @@ func TestThrottledAndAmbiguous(t *testing.T) {
 			require.Equal(t, tt.ambiguous, ambiguous(tt.err))
 			require.Equal(t, tt.unreachable, unreachable(tt.err))
 		})
+	}
+}
+
+// TestStoppedDrainReadsZero: the drain rate decays after the last
+// delivery and reads 0 once none came for drainStopped.
+func TestStoppedDrainReadsZero(t *testing.T) {
+	e := &ewmaRate{rate: adaptive.Rate{Tau: drainTau}, stopAfter: drainStopped}
+	t0 := time.Now()
+	e.add(0, t0)
+	for i := 1; i <= 100; i++ {
+		e.add(1, t0.Add(time.Duration(i)*100*time.Millisecond))
+	}
+	end := t0.Add(10 * time.Second)
+	if e.at(end) <= 0 {
+		t.Fatalf("draining: %v", e.at(end))
+	}
+	if got := e.at(end.Add(drainStopped)); got != 0 {
+		t.Fatalf("nothing delivered for %v: got %v, want 0", drainStopped, got)
 	}
 }
