@@ -31,6 +31,9 @@ type answer struct {
 	body any
 	// retryAfter sets Retry-After on an answer that is neither 429 nor 503.
 	retryAfter bool
+	// unfinished is set when some batch was answered buffer_full (the
+	// cloud's trouble): the answer is not a request's final one.
+	unfinished bool
 }
 
 func jsonAnswer(code int, body any) answer { return answer{code: code, body: body} }
@@ -118,10 +121,11 @@ func (f *Function) readings(ctx context.Context, key cloud.KeyInfo, body []byte)
 	f.store(ctx, jobs)
 	observed(ctx).jobs(jobs)
 	results := make([]contract.Result, len(jobs))
-	throttled := false
+	throttled, unfinished := false, false
 	for i, j := range jobs {
 		results[i] = httpResult(j)
 		throttled = throttled || j.outcome == tablewrite.Throttled
+		unfinished = unfinished || results[i].Reason != nil && *results[i].Reason == contract.ReasonBufferFull
 	}
 	resp := contract.NewReadingsResponse(results)
 	code := resp.HTTPStatus()
@@ -131,7 +135,9 @@ func (f *Function) readings(ctx context.Context, key cloud.KeyInfo, body []byte)
 			code = http.StatusTooManyRequests
 		}
 	}
-	return jsonAnswer(code, resp)
+	a := jsonAnswer(code, resp)
+	a.unfinished = unfinished
+	return a
 }
 
 // boundTo refuses a batch or registration of another device than the one

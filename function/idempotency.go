@@ -42,7 +42,7 @@ const maxIdempotencyKey = 256
 // (or only a stale one): a concurrent request with the key waits for the
 // answer a little (inProgressWait), then gets 409 with Retry-After, and
 // never does the work a second time. Only final answers are stored: after
-// a 429 or 503 the record's lease is ended, and a retry does the work again.
+// a 429 or 503, or an answer with a batch told buffer_full, the record's lease is ended, and a retry does the work again.
 func (f *Function) idempotent(ctx context.Context, key cloud.KeyInfo, header string, body []byte) answer {
 	requestID, batches, err := splitRequestID(body)
 	if err != nil {
@@ -68,7 +68,10 @@ func (f *Function) idempotent(ctx context.Context, key cloud.KeyInfo, header str
 		return a
 	}
 	a = f.readings(ctx, key, batches)
-	if a.code == http.StatusTooManyRequests || a.code == http.StatusServiceUnavailable {
+	// Not kept: an answer the device is told to resend some of (429, 503,
+	// or a 207 with buffer_full results); a replay of it would answer
+	// buffer_full until the record expired.
+	if a.code == http.StatusTooManyRequests || a.code == http.StatusServiceUnavailable || a.unfinished {
 		f.releaseRequest(ctx, rk, bodyHash, owner)
 		return a
 	}
@@ -85,7 +88,7 @@ func (f *Function) idempotent(ctx context.Context, key cloud.KeyInfo, header str
 }
 
 // inProgressWait is how long a request waits for the answer of another
-// request with its Idempotency-Key before it answers 409 "in progress";
+// request with its Idempotency-Key before it answers 503 "in progress";
 // inProgressPoll is how often it looks meanwhile.
 const (
 	inProgressWait = time.Second
@@ -107,7 +110,7 @@ type requestRecord struct {
 // claimRequest puts an in-progress record under rk and returns its owner
 // token; done is set, with the answer to give, when rk holds an answer
 // already (or another request body's: 409), or another request with the
-// key is still in progress after inProgressWait (409 with Retry-After).
+// key is still in progress after inProgressWait (503 with Retry-After).
 // A record whose lease ended (its request's invocation died) is taken
 // over.
 func (f *Function) claimRequest(ctx context.Context, rk, bodyHash string) (owner string, a answer, done bool, err error) {
@@ -128,7 +131,9 @@ func (f *Function) claimRequest(ctx context.Context, rk, bodyHash string) (owner
 		case !rec.inProgress:
 			return "", rec.answer, true, nil
 		case !f.now().Before(waitUntil):
-			a := requestError(http.StatusConflict, "Idempotency-Key: a request with this key is in progress; retry later for its answer")
+			// 503, not 409: firmware drops a batch answered 409
+			// (a conflict), and keeps and resends one answered 503.
+			a := requestError(http.StatusServiceUnavailable, "Idempotency-Key: a request with this key is in progress; retry later for its answer")
 			a.retryAfter = true
 			return "", a, true, nil
 		}

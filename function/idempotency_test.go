@@ -16,7 +16,7 @@ import (
 )
 
 // Two requests with one Idempotency-Key at once, in two execution
-// environments: the second finds the first in progress and answers 409
+// environments: the second finds the first in progress and answers 503
 // with Retry-After instead of doing the work again; the first's answer is
 // the key's answer from then on. The first request's transaction is held
 // at the endpoint until the second has answered.
@@ -58,7 +58,7 @@ func TestConcurrentRequestsWithOneIdempotencyKeyDoTheWorkOnce(t *testing.T) {
 
 	second := other.postEvent(t, key, body)
 	close(release)
-	require.Equal(t, http.StatusConflict, second.StatusCode, second.Body)
+	require.Equal(t, http.StatusServiceUnavailable, second.StatusCode, second.Body)
 	require.Equal(t, "2", second.Headers["Retry-After"])
 	require.Contains(t, second.Body, "Idempotency-Key")
 	require.Contains(t, second.Body, "in progress")
