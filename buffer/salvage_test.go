@@ -299,7 +299,9 @@ func TestSalvageWriteAheadLogDamagedInTheMiddleResynchronises(t *testing.T) {
 			_, err := fmt.Sscanf(from, name+" offset %d", &off)
 			return err == nil && off <= damage && entries[from] > damage
 		})
-		require.NotEmpty(t, lost)
+		// The zeroed bytes may fall on a queue entry (its batch is lost) or
+		// on another record of the transaction (none is): either way every
+		// other batch is read after the damage.
 		t.Logf("64 bytes zeroed in one transaction of %s: %d of %d pending batches lost", name, len(lost), len(pending))
 		return lost
 	})

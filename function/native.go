@@ -71,8 +71,12 @@ func itemResult(id string, j *job) ItemResult {
 		r.Reason, r.Message = "throttled", j.err.Error()
 	case tablewrite.Failed:
 		r.Reason, r.Message = "dynamodb", j.err.Error()
-		if errors.Is(j.err, tablewrite.ErrHeldBack) {
+		var refused *tablewrite.RequestRefusedError
+		switch {
+		case errors.Is(j.err, tablewrite.ErrHeldBack):
 			r.Reason = "not_attempted"
+		case errors.As(j.err, &refused):
+			r.Reason = "request_refused"
 		}
 	}
 	return r

@@ -77,7 +77,10 @@ type LambdaConfig struct {
 	// that fails on every batch) are not counted. Default 5.
 	PoisonFailures int `yaml:"poison_failures"`
 	// PoisonTime dead-letters such a batch at a counted failure this long
-	// after its first, whatever the count. Default 10m.
+	// after its first, whatever the count; a batch answered with an error
+	// result (the cloud's own trouble, which may pass) is dead-lettered
+	// only once it has failed both PoisonFailures times and for this long.
+	// Default 10m.
 	PoisonTime time.Duration `yaml:"poison_time"`
 }
 

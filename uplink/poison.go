@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -117,6 +118,13 @@ func (p *poisonState) fail(batchID, class, errText string, since, now time.Time,
 	if s.first.IsZero() {
 		s.first = now
 	}
+	if strings.HasPrefix(class, "result ") {
+		// An error result is the cloud's own trouble with the batch (a
+		// DynamoDB error), which may pass: only one that lasts
+		// PoisonTime too makes it a poison batch. A crash that follows
+		// the batch is one at PoisonFailures.
+		return s.counted >= cfg.PoisonFailures && now.Sub(s.first) >= cfg.PoisonTime, s.counted
+	}
 	return s.counted >= cfg.PoisonFailures || (s.counted > 1 && now.Sub(s.first) >= cfg.PoisonTime), s.counted
 }
 
@@ -129,7 +137,9 @@ func poisonReason(counted int, errText string) string {
 // batch: not a later batch left unattempted behind an earlier one, nor a
 // throttled write.
 func blamableReason(reason string) bool {
-	return reason != "not_attempted" && reason != "throttled"
+	// request_refused: DynamoDB refused the request's shape or the
+	// endpoint's limits, never the batch's content; it is retried.
+	return reason != "not_attempted" && reason != "throttled" && reason != "request_refused"
 }
 
 // blamable reports whether a failed invocation may follow its batches: a

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -89,7 +90,7 @@ func TestLambdaTargetDeadLettersABatchAnsweredErrorWhileOthersAreDelivered(t *te
 		}
 		return ""
 	}
-	up, reg := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{PoisonFailures: 4}}, nil)
+	up, reg := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{PoisonFailures: 4, PoisonTime: time.Millisecond}}, nil)
 	runUntilEmpty(t, up, buf)
 
 	delivered, _, _ := fn.snapshot()
