@@ -73,6 +73,7 @@ if [[ -n "${RUN_FOR}" ]]; then
 		{ say "RUN_FOR=${RUN_FOR} is not a duration such as 60s, 5m or 1h"; exit 2; }
 fi
 
+command -v curl >/dev/null 2>&1 || { say "curl is missing: install it (apt-get install curl), then run 'make run' again"; exit 1; }
 for bin in gatewayd gatewayctl devicesim; do
 	[[ -x "bin/${bin}" ]] || { say "bin/${bin} is missing; start it with 'make run', which builds it"; exit 1; }
 done
@@ -115,7 +116,9 @@ stop_child() {
 }
 
 cleanup() {
-	trap - ERR INT TERM EXIT
+	trap - ERR EXIT
+	# A second Ctrl-C must not leave the emulator or DynamoDB Local behind.
+	trap 'say "still stopping; the processes started are being stopped"' INT TERM
 	[[ -n "${dynamodb_started}" ]] || return 0
 	echo >&2
 	say "stopping..."

@@ -88,6 +88,7 @@ stop_run() {
 on_exit() {
 	local rc=$?
 	trap - ERR EXIT
+	trap 'say "still stopping make run..."' INT TERM
 	if [[ -z "${stopped}" ]]; then
 		stop_run || true
 		# Whatever the run started and left: never outlive the smoke.
@@ -112,7 +113,10 @@ env --default-signal=INT "${tag}" setsid make --no-print-directory run UPLINK="$
 	LAMBDA_PORT="${LAMBDA_PORT}" RIE_PORT="${RIE_PORT}" RIE_API_PORT="${RIE_API_PORT}" \
 	>"${log}" 2>&1 </dev/null &
 pgid=$!
-[[ "$(ps -o pgid= -p "${pgid}" | tr -d ' ')" == "${pgid}" ]] || { say "make run did not get a process group of its own"; exit 1; }
+# setsid(2) runs in the child: give it a moment on a loaded machine.
+own_group() { [[ "$(cut -d' ' -f5 "/proc/${pgid}/stat" 2>/dev/null)" == "${pgid}" ]]; }
+for _ in $(seq 1 50); do own_group && break; sleep 0.1; done
+own_group || { say "make run did not get a process group of its own"; exit 1; }
 
 export AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local AWS_DEFAULT_REGION=us-east-1 AWS_PAGER=""
 endpoint="http://127.0.0.1:${DYNAMODB_PORT}"
