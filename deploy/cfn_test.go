@@ -375,6 +375,13 @@ func (t *template) ref(name string, depth int) (any, error) {
 		return "arn:" + cfnPartition + ":iam::" + cfnAccount + ":policy/" + name, nil
 	case "AWS::Lambda::Function":
 		return t.functionName(name, depth)
+	case "AWS::Lambda::Alias": // its ARN: the function's, qualified by the alias
+		props, _ := r["Properties"].(map[string]any)
+		fn, err := t.eval(props["FunctionName"], depth+1)
+		if err != nil {
+			return nil, err
+		}
+		return fmt.Sprintf("arn:%s:lambda:%s:%s:function:%v:%v", cfnPartition, cfnRegion, cfnAccount, fn, props["Name"]), nil
 	case "AWS::ApiGatewayV2::Api", "AWS::ApiGatewayV2::Integration", "AWS::IAM::Role":
 		return name, nil // the physical ID, which CloudFormation makes up
 	}

@@ -156,7 +156,8 @@ func compareRoutes(tmpl *template) error {
 	if err != nil {
 		return err
 	}
-	wantURI := "arn:aws:lambda:" + cfnRegion + ":" + cfnAccount + ":function:" + functionPlaceholder
+	// Through the alias the function serves HTTP events from (HTTP_ALIAS).
+	wantURI := "arn:aws:lambda:" + cfnRegion + ":" + cfnAccount + ":function:" + functionPlaceholder + ":api"
 	if integ["IntegrationType"] != "AWS_PROXY" || integ["PayloadFormatVersion"] != "2.0" || integ["IntegrationUri"] != wantURI {
 		errs = append(errs, fmt.Errorf("ReadingsIntegration: want AWS_PROXY to the function with payload format 2.0, got %v", integ))
 	}

@@ -45,17 +45,25 @@ type Config struct {
 	IdempotencyTTL time.Duration
 	// Limits are the contract's limits (MAX_READINGS_PER_BATCH).
 	Limits contract.Limits
+	// HTTPAlias, when set (HTTP_ALIAS; the template sets "api"), is the
+	// only alias through which API Gateway events are served: API Gateway
+	// invokes the function through it, and the gateways, allowed to
+	// invoke the function itself, cannot forge an HTTP event carrying an
+	// IAM authorizer context for the read routes. Unset (local runs under
+	// the emulator), HTTP events are served however invoked.
+	HTTPAlias string
 }
 
 // ConfigFromEnv reads the configuration through getenv (os.Getenv).
 // Errors name the variable and the rule.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	c := Config{
-		Tables:   cloud.TableNames(getenv("TABLE_PREFIX")),
-		Pepper:   getenv("API_KEY_PEPPER"),
-		Endpoint: getenv("DYNAMODB_ENDPOINT"),
-		Ordering: cmp.Or(getenv("ORDERING"), "accept_older"),
-		Limits:   contract.DefaultLimits(),
+		Tables:    cloud.TableNames(getenv("TABLE_PREFIX")),
+		Pepper:    getenv("API_KEY_PEPPER"),
+		Endpoint:  getenv("DYNAMODB_ENDPOINT"),
+		HTTPAlias: getenv("HTTP_ALIAS"),
+		Ordering:  cmp.Or(getenv("ORDERING"), "accept_older"),
+		Limits:    contract.DefaultLimits(),
 	}
 	if c.Pepper == "" {
 		return c, fmt.Errorf("API_KEY_PEPPER: must be set (the pepper of the api_keys hashes)")

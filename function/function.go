@@ -23,9 +23,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/aws/aws-lambda-go/lambdacontext"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"greenhouse-gateway/internal/cloud"
@@ -89,7 +91,25 @@ func (f *Function) Handle(ctx context.Context, event json.RawMessage) (any, erro
 		}
 		return f.HandleBatches(ctx, ev)
 	case probe.Version == "2.0":
+		if !f.viaHTTPAlias(ctx) {
+			return nil, errNotViaAPI
+		}
 		return f.handleHTTPEvent(ctx, event)
 	}
 	return nil, errUnknownEvent
+}
+
+// errNotViaAPI refuses an API Gateway event invoked other than through
+// Config.HTTPAlias.
+var errNotViaAPI = errors.New("an HTTP API event must come through the API's alias (HTTP_ALIAS); this invocation did not")
+
+// viaHTTPAlias reports whether the invocation came through Config.HTTPAlias
+// (always, when it is unset): only Lambda sets the invoked ARN, so a
+// direct invoke of the function cannot pass for API Gateway's.
+func (f *Function) viaHTTPAlias(ctx context.Context) bool {
+	if f.cfg.HTTPAlias == "" {
+		return true
+	}
+	lc, ok := lambdacontext.FromContext(ctx)
+	return ok && strings.HasSuffix(lc.InvokedFunctionArn, ":"+f.cfg.HTTPAlias)
 }
