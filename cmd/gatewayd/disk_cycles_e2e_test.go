@@ -283,15 +283,33 @@ func TestFailingDiskEIO(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs gatewayd on a FUSE file system")
 	}
+	failingDiskRounds(t, "02:00:00:00:D1:E0", nil, 200,
+		diskFault{faultfs.Rule{Op: faultfs.OpFsync, Err: syscall.EIO}, "input/output error"},
+		diskFault{faultfs.Rule{Op: faultfs.OpWrite, Err: syscall.EIO}, "input/output error"})
+}
+
+// diskFault is one round of failingDiskRounds: a fault rule and the error
+// gatewayd must say it stopped on.
+type diskFault struct {
+	rule faultfs.Rule
+	says string
+}
+
+// failingDiskRounds runs gatewayd (with env) on the fault-injecting file
+// system once a fault: 20 batches acknowledged, then the fault injected
+// while device hw posts up to sends batches more, until gatewayd stops
+// with one clear line and no crash; once the faults are cleared, a last
+// gatewayd delivers every acknowledged batch exactly once.
+func failingDiskRounds(t *testing.T, hw string, env []string, sends int, faults ...diskFault) {
+	t.Helper()
 	ffs := mountPowerCutDisk(t)
 	local, view, key, prefix := setup(t)
 	dataDir := powerCutDataDir(t, ffs)
-	hw := "02:00:00:00:D1:E0"
 	boot := uuid.NewString()
 	acked := map[string]bool{}
 	next := 0
-	for _, op := range []faultfs.Op{faultfs.OpFsync, faultfs.OpWrite} {
-		d := startDaemon(t, dataDir, local.Endpoint, prefix)
+	for _, f := range faults {
+		d := startDaemon(t, dataDir, local.Endpoint, prefix, env...)
 		for range 20 {
 			code, _, results, err := tryPost(d, key, [][]byte{denseBatch(hw, boot, next)})
 			next++
@@ -299,9 +317,9 @@ func TestFailingDiskEIO(t *testing.T) {
 			require.Equal(t, http.StatusOK, code)
 			acked[results[0].BatchID] = true
 		}
-		id := ffs.Inject(faultfs.Rule{Op: op, Err: syscall.EIO})
-		refused := 0
-		for range 200 {
+		id := ffs.Inject(f.rule)
+		refused, sent := 0, 0
+		for ; sent < sends; sent++ {
 			code, _, results, err := tryPost(d, key, [][]byte{denseBatch(hw, boot, next)})
 			next++
 			if err != nil {
@@ -318,19 +336,20 @@ func TestFailingDiskEIO(t *testing.T) {
 			d.exited <- err
 			require.Error(t, err, "gatewayd exits non-zero")
 		case <-time.After(60 * time.Second):
-			t.Fatalf("gatewayd did not stop on a failing disk (%s: EIO); logs:\n%s", op, d.logs.String())
+			t.Fatalf("gatewayd did not stop on a failing disk (%s %s: %s, %d batches sent); logs:\n%s",
+				f.rule.Op, f.rule.Path, f.says, sent, d.logs.String())
 		}
 		logs := d.logs.String()
-		for _, crash := range []string{"SIGBUS", "unexpected fault address", "fatal error", "panic:", "Assert failed"} {
-			require.NotContains(t, logs, crash)
+		for _, crash := range []string{"SIGBUS", "unexpected fault address", "fatal error", "panic:", "Assert failed", "nil pointer"} {
+			require.NotContains(t, logs, crash, "%s %s", f.rule.Op, f.rule.Path)
 		}
 		require.Contains(t, logs, "a write to the data directory failed")
-		require.Contains(t, logs, "input/output error")
-		require.Positive(t, ffs.Failed(id), "the fault was hit")
-		t.Logf("%s EIO: %d batches refused before gatewayd stopped", op, refused)
+		require.Contains(t, logs, f.says)
+		require.Positive(t, ffs.Failed(id), "the fault (%s %s) was hit", f.rule.Op, f.rule.Path)
+		t.Logf("%s %s (%s): %d batches sent, %d refused before gatewayd stopped", f.rule.Op, f.rule.Path, f.says, sent, refused)
 		ffs.ClearFaults()
 	}
-	d := startDaemon(t, dataDir, local.Endpoint, prefix)
+	d := startDaemon(t, dataDir, local.Endpoint, prefix, env...)
 	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" },
 		60*time.Second, 200*time.Millisecond)
 	markers := view.markers(t)
