@@ -296,7 +296,7 @@ func (o *Observer) finish(ctx context.Context, inv *invocation, d time.Duration,
 				metrics: map[string]float64{"Batches": float64(n), "Readings": float64(inv.readings[s])}})
 		}
 	}
-	if r := inv.report; r != nil && inv.gatewayID != "" {
+	if r := inv.report; r != nil && validGatewayID(inv.gatewayID) {
 		errs := 0.0
 		values := map[string]any{DimFunctionName: fn, DimGatewayID: inv.gatewayID}
 		if r.LastErrorClass != "" {
@@ -373,4 +373,22 @@ func (d emfDoc) encode(now time.Time) ([]byte, error) {
 		return nil, err
 	}
 	return append(b, '\n'), nil
+}
+
+// validGatewayID reports whether a gateway's id (self-asserted in its
+// events: the host name) may be a metric dimension: 1 to 128 characters
+// of letters, digits and ._:- . CloudWatch drops a whole EMF document with
+// a dimension value it cannot take, and an unbounded id is unbounded
+// custom metrics; a report with another id is logged, not measured.
+func validGatewayID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for _, c := range id {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._:-", c)
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
