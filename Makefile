@@ -41,7 +41,7 @@ lambda-local: lambda ## the readings function, the Lambda Runtime Interface Emul
 test: dynamodb-local test-deps lint ## every test, integration and 3-minute soak included, with the race detector; then each fuzz target briefly
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@# Tests that measure the production build (race instrumentation changes what they measure).
-	$(GO) test -count=1 -run '^TestIdleConnectionStacksShrink$$' ./ingest/
+	$(GO) test -count=1 -run '^TestIdleConnectionStacksShrink$$' ./gateway/broker/
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME)
 
 test-deps: ## install (as root, in one apt run) the Debian packages the integration tests use
@@ -99,6 +99,6 @@ bench: dynamodb-local ## benchmarks against same-run baselines (mosquitto, SDK l
 .PHONY: attack
 ATTACK_TIMEOUT ?= 40m
 attack: dynamodb-local test-deps ## the attack tests, and the full-disk cycles, at full size (thousands of sockets, RSS bounds, 10 disk cycles; figures in cmd/bench/MEASUREMENTS.md)
-	GATEWAY_ATTACK_FULL=1 $(GO) test -count=1 -v -run '^(TestAttack|TestFullDiskCycles)' -timeout $(ATTACK_TIMEOUT) ./cmd/gatewayd/ ./ingest/
+	GATEWAY_ATTACK_FULL=1 $(GO) test -count=1 -v -run '^(TestAttack|TestFullDiskCycles)' -timeout $(ATTACK_TIMEOUT) ./cmd/gatewayd/ ./gateway/...
 soak: build dynamodb-local ## fault soak of bin/gatewayd (and bin/devicesim): kill -9, DynamoDB Local outages, fault proxy, SIGTERM, power cuts (FUSE, as root); SOAK_FLAGS (e.g. --duration 30m --kill-cycles 300 --powercut-cycles 100)
 	$(GO) run ./cmd/soak --bin-dir bin $(SOAK_FLAGS)

@@ -44,7 +44,7 @@ type Deps struct {
 }
 
 // DeviceKeys is the device keys as operators see and reset them
-// (*ingest.DeviceKeys).
+// (*auth.DeviceKeys).
 type DeviceKeys interface {
 	// State returns hw's device key state; ok is false when it has none.
 	State(hw string) (s registry.KeyState, ok bool)

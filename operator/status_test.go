@@ -19,8 +19,8 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/gateway/httpserve"
 	"greenhouse-gateway/harness/gatewaytest"
-	"greenhouse-gateway/ingest"
 	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/delivery"
 	"greenhouse-gateway/operator"
@@ -186,7 +186,7 @@ func startStatusServer(t testing.TB, token string, devices *registry.Registry, t
 	reg := prometheus.NewRegistry()
 	ready := func() error { return nil }
 	ops := operator.New(operator.Deps{Devices: devices, AdminToken: token, Status: src, Audit: trail, Ready: ready}, nil)
-	api, err := ingest.NewHTTPServer(ingest.HTTPConfig{Addr: "127.0.0.1:0"}, ingest.HTTPDeps{
+	api, err := httpserve.NewHTTPServer(httpserve.HTTPConfig{Addr: "127.0.0.1:0"}, httpserve.HTTPDeps{
 		Routes: ops.Routes, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: ready,
 	}, nil)
 	require.NoError(t, err)
@@ -662,7 +662,7 @@ func TestStatusPageStates(t *testing.T) {
 			ready := func() error { return tt.ready }
 			ops := operator.New(operator.Deps{Devices: empty, AdminToken: gatewaytest.AdminToken, Status: tt.src,
 				Audit: statusAudit(t, clk, nil), Ready: ready}, nil)
-			api, err := ingest.NewHTTPServer(ingest.HTTPConfig{Addr: "127.0.0.1:0"}, ingest.HTTPDeps{
+			api, err := httpserve.NewHTTPServer(httpserve.HTTPConfig{Addr: "127.0.0.1:0"}, httpserve.HTTPDeps{
 				Routes: ops.Routes, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: ready,
 			}, nil)
 			require.NoError(t, err)

@@ -14,8 +14,8 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/gateway/ingest"
 	"greenhouse-gateway/harness/gatewaytest"
-	"greenhouse-gateway/ingest"
 	"greenhouse-gateway/registry"
 )
 

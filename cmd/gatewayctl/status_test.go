@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/ingest"
+	"greenhouse-gateway/gateway/httpserve"
 	"greenhouse-gateway/internal/delivery"
 	"greenhouse-gateway/operator"
 	"greenhouse-gateway/registry"
@@ -36,7 +36,7 @@ func serveGateway(t *testing.T, buf *buffer.Buffer, reg *prometheus.Registry) st
 	require.NoError(t, err)
 	ready := func() error { return nil }
 	ops := operator.New(operator.Deps{Devices: devices, AdminToken: testAdminToken, DeadLetters: buf, Ready: ready}, nil)
-	api, err := ingest.NewHTTPServer(ingest.HTTPConfig{Addr: "127.0.0.1:0"}, ingest.HTTPDeps{
+	api, err := httpserve.NewHTTPServer(httpserve.HTTPConfig{Addr: "127.0.0.1:0"}, httpserve.HTTPDeps{
 		Routes: ops.Routes, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: ready,
 	}, nil)
 	require.NoError(t, err)

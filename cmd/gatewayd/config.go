@@ -8,7 +8,11 @@ import (
 	"time"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/ingest"
+	"greenhouse-gateway/gateway/auth"
+	"greenhouse-gateway/gateway/bridge"
+	"greenhouse-gateway/gateway/broker"
+	"greenhouse-gateway/gateway/httpserve"
+	"greenhouse-gateway/gateway/ingest"
 	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/config"
@@ -64,15 +68,15 @@ type Config struct {
 	// Debug configures the diagnostics endpoints.
 	Debug DebugConfig `yaml:"debug"`
 
-	MQTT    ingest.MQTTConfig  `yaml:"mqtt"`
-	HTTP    ingest.HTTPConfig  `yaml:"http"`
-	Auth    ingest.AuthConfig  `yaml:"auth"`
-	Ingest  ingest.Config      `yaml:"ingest"`
-	Devices registry.Config    `yaml:"devices"`
-	Buffer  buffer.Options     `yaml:"buffer"`
-	Uplink  uplink.Config      `yaml:"uplink"`
-	Push    pushmetrics.Config `yaml:"push"`
-	Audit   audit.Config       `yaml:"audit"`
+	MQTT    broker.MQTTConfig    `yaml:"mqtt"`
+	HTTP    httpserve.HTTPConfig `yaml:"http"`
+	Auth    auth.AuthConfig      `yaml:"auth"`
+	Ingest  ingest.Config        `yaml:"ingest"`
+	Devices registry.Config      `yaml:"devices"`
+	Buffer  buffer.Options       `yaml:"buffer"`
+	Uplink  uplink.Config        `yaml:"uplink"`
+	Push    pushmetrics.Config   `yaml:"push"`
+	Audit   audit.Config         `yaml:"audit"`
 }
 
 // defaultConfig returns every default, so a printed config documents them.
@@ -85,13 +89,13 @@ func defaultConfig() Config {
 		MemoryLimit:     defaultMemoryLimit,
 
 		MemoryReleaseInterval: defaultMemoryReleaseInterval,
-		MQTT: ingest.MQTTConfig{Mode: "embedded", External: ingest.DefaultExternalConfig(), Addr: ":1883",
+		MQTT: broker.MQTTConfig{Mode: "embedded", External: bridge.DefaultExternalConfig(), Addr: ":1883",
 			MaxPacketSize: 256 << 10, MaxClients: 10000, ConnectTimeout: 10 * time.Second, MaxUnauthenticated: 1024,
 			MaxUnauthenticatedPerAddress: 64, MaxSessionsPerDevice: 8, MaxClientsPerKeyPercent: 90,
 			SessionExpiry: time.Hour, MaxQueuedPerClient: 100, MaxOfflineSessions: 1000, MaxOfflineSessionsPerDevice: 4},
-		HTTP: ingest.DefaultHTTPConfig(),
-		Auth: ingest.AuthConfig{RefreshInterval: time.Minute, NegativeTTL: 30 * time.Second, LookupTimeout: 5 * time.Second,
-			MaxLookupsPerSecond: 20, DeviceKeys: ingest.DeviceKeysPreferred},
+		HTTP: httpserve.DefaultHTTPConfig(),
+		Auth: auth.AuthConfig{RefreshInterval: time.Minute, NegativeTTL: 30 * time.Second, LookupTimeout: 5 * time.Second,
+			MaxLookupsPerSecond: 20, DeviceKeys: auth.DeviceKeysPreferred},
 		Ingest: ingest.DefaultConfig(),
 		Devices: registry.Config{UnknownDevices: "accept", RebootLoopBoots: 5, SeenWriteInterval: 5 * time.Minute,
 			FlushInterval: 5 * time.Second, TakeoverFlagCount: 5},

@@ -17,7 +17,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/ingest"
+	"greenhouse-gateway/gateway/auth"
+	"greenhouse-gateway/gateway/bridge"
+	"greenhouse-gateway/gateway/broker"
+	"greenhouse-gateway/gateway/httpserve"
+	"greenhouse-gateway/gateway/ingest"
 	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
@@ -104,7 +108,7 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 
 // runStages starts every part, in the stages that stop them in the order
 // serve's comment gives.
-func runStages(st *stages, dev *deviceSide, api *ingest.HTTPServer, up *uplink.Uplink, p background) {
+func runStages(st *stages, dev *deviceSide, api *httpserve.HTTPServer, up *uplink.Uplink, p background) {
 	st.then(dev.ingest.Close) // 1.
 	devices := st.stage()     // 2.
 	devices.run(dev.mqttRun)
@@ -141,7 +145,7 @@ func stop(st *stages, timeout time.Duration, logger *slog.Logger) error {
 
 // secrets are the API key peppers and the admin token.
 type secrets struct {
-	peppers    ingest.Peppers
+	peppers    auth.Peppers
 	adminToken string
 }
 
@@ -257,8 +261,8 @@ func registerCloudBytes(reg prometheus.Registerer) (keys, dynamo, invoke *cloud.
 // the device registry, the ingest path with its audit trail, and the MQTT
 // side (the embedded broker or a consumer of an external one).
 type deviceSide struct {
-	auth       *ingest.Authenticator
-	deviceKeys *ingest.DeviceKeys
+	auth       *auth.Authenticator
+	deviceKeys *auth.DeviceKeys
 	devices    *registry.Registry
 	ingest     *ingest.Ingest
 	audit      *audit.Log
@@ -270,14 +274,20 @@ type deviceSide struct {
 	mqttWhere string
 }
 
-func newDeviceSide(cfg Config, peppers ingest.Peppers, db cloudSide, buf *buffer.Buffer, clk *clock.Clock,
+func newDeviceSide(cfg Config, peppers auth.Peppers, db cloudSide, buf *buffer.Buffer, clk *clock.Clock,
 	logger *slog.Logger, reg prometheus.Registerer) (*deviceSide, error) {
 	d := &deviceSide{logger: logger, reg: reg, mqttClose: func() error { return nil }}
 	var err error
-	if d.auth, err = ingest.NewAuthenticator(cfg.Auth, peppers, db.keys, buf, logger, reg); err != nil {
+	if d.auth, err = auth.NewAuthenticator(cfg.Auth, peppers, db.keys, buf, logger, reg); err != nil {
 		return nil, err
 	}
-	if d.deviceKeys, err = ingest.NewDeviceKeys(cfg.Auth.DeviceKeys, peppers, buf, logger, reg); err != nil {
+	if err := d.auth.Load(); err != nil {
+		return nil, err
+	}
+	if d.deviceKeys, err = auth.NewDeviceKeys(cfg.Auth.DeviceKeys, peppers, buf, logger, reg); err != nil {
+		return nil, err
+	}
+	if err := d.deviceKeys.Load(); err != nil {
 		return nil, err
 	}
 	d.auth.UseDeviceKeys(d.deviceKeys)
@@ -301,7 +311,7 @@ func newDeviceSide(cfg Config, peppers ingest.Peppers, db cloudSide, buf *buffer
 // startMQTT builds the MQTT side; the embedded broker binds its listener.
 func (d *deviceSide) startMQTT(cfg Config, memoryLimit int64) error {
 	if cfg.MQTT.Mode == "external" {
-		ext, err := ingest.NewExternal(cfg.MQTT.External, d.ingest, d.logger, d.reg)
+		ext, err := bridge.NewExternal(cfg.MQTT.External, d.ingest, d.logger, d.reg)
 		if err != nil {
 			return err
 		}
@@ -310,14 +320,14 @@ func (d *deviceSide) startMQTT(cfg Config, memoryLimit int64) error {
 	}
 	mqttCfg := cfg.MQTT
 	mqttCfg.SessionMemory = sessionMemory(mqttCfg.SessionMemory, memoryLimit)
-	broker, err := ingest.NewBroker(mqttCfg, d.ingest, d.auth, d.logger, d.reg)
+	b, err := broker.NewBroker(mqttCfg, d.ingest, d.auth, d.logger, d.reg)
 	if err != nil {
 		return err
 	}
-	if err := broker.Listen(); err != nil {
+	if err := b.Listen(); err != nil {
 		return err
 	}
-	d.mqttRun, d.mqttClose, d.mqttWhere = broker.Run, broker.Close, broker.Addr()
+	d.mqttRun, d.mqttClose, d.mqttWhere = b.Run, b.Close, b.Addr()
 	return nil
 }
 
@@ -350,7 +360,7 @@ func newUplink(cfg Config, buf *buffer.Buffer, dev *deviceSide, clk *clock.Clock
 // Readiness fails once the shutdown is asked for, or when the buffer
 // failed.
 func newHTTP(cfg Config, dev *deviceSide, buf *buffer.Buffer, up *uplink.Uplink, st *stages, adminToken string,
-	clk *clock.Clock, startedAt time.Time, logger *slog.Logger, reg *prometheus.Registry) (*ingest.HTTPServer, error) {
+	clk *clock.Clock, startedAt time.Time, logger *slog.Logger, reg *prometheus.Registry) (*httpserve.HTTPServer, error) {
 	ready := func() error {
 		if st.stopping() {
 			return errors.New("shutting down")
@@ -366,7 +376,7 @@ func newHTTP(cfg Config, dev *deviceSide, buf *buffer.Buffer, up *uplink.Uplink,
 				return operator.ClockStatus{OffsetSeconds: clk.Offset().Seconds(), Learned: clk.Learned(), Plausible: clk.Plausible()}
 			}},
 	}, logger)
-	api, err := ingest.NewHTTPServer(cfg.HTTP, ingest.HTTPDeps{
+	api, err := httpserve.NewHTTPServer(cfg.HTTP, httpserve.HTTPDeps{
 		Ingest: dev.ingest, Auth: dev.auth, Routes: ops.Routes, Ready: ready, Registerer: reg,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 	}, logger)

@@ -1,9 +1,11 @@
-// Package gatewaytest runs an in-process gateway for the tests of ingest,
-// registry and operator: the device registry, the ingest path with its
-// device keys and audit trail, the embedded MQTT broker and the HTTP server
-// with the operator API mounted, on loopback ports over a real buffer, and
-// the MQTT and HTTP clients that talk to it. It builds each part through
-// its exported API only.
+// Package gatewaytest runs an in-process gateway for the tests of the
+// packages under gateway/, registry and operator: the device registry, the
+// ingest path with its device keys and audit trail, the embedded MQTT
+// broker and the HTTP server with the operator API mounted, on loopback
+// ports over a real buffer. It also holds what those tests share to talk to
+// it: MQTT and HTTP clients, raw MQTT packets (mqttraw.go), audit queries
+// (audit.go), metric and connection checks (check.go) and a self-signed
+// certificate (tls.go). It builds each part through its exported API only.
 package gatewaytest
 
 import (
@@ -26,7 +28,10 @@ import (
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
-	"greenhouse-gateway/ingest"
+	"greenhouse-gateway/gateway/auth"
+	"greenhouse-gateway/gateway/broker"
+	"greenhouse-gateway/gateway/httpserve"
+	"greenhouse-gateway/gateway/ingest"
 	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
@@ -44,7 +49,7 @@ const (
 	HWBound  = "AA:00:00:00:00:0B"
 )
 
-// FakeKeys is an api_keys table in memory (ingest.KeyStore). Change its
+// FakeKeys is an api_keys table in memory (auth.KeyStore). Change its
 // fields under Set.
 type FakeKeys struct {
 	Mu      sync.Mutex               // guards the fields below
@@ -65,7 +70,7 @@ func NewFakeKeys() *FakeKeys {
 	}, Touched: map[string]int{}}
 }
 
-// LookupHash implements ingest.KeyStore.
+// LookupHash implements auth.KeyStore.
 func (f *FakeKeys) LookupHash(ctx context.Context, hash string) (cloud.KeyInfo, bool, error) {
 	f.Mu.Lock()
 	if wait := f.Wait; wait != nil {
@@ -87,7 +92,7 @@ func (f *FakeKeys) LookupHash(ctx context.Context, hash string) (cloud.KeyInfo, 
 	return cloud.KeyInfo{}, false, nil
 }
 
-// TouchLastUsed implements ingest.KeyStore.
+// TouchLastUsed implements auth.KeyStore.
 func (f *FakeKeys) TouchLastUsed(ctx context.Context, keyID string, t time.Time) error {
 	f.Mu.Lock()
 	defer f.Mu.Unlock()
@@ -95,7 +100,7 @@ func (f *FakeKeys) TouchLastUsed(ctx context.Context, keyID string, t time.Time)
 	return nil
 }
 
-// Rehash implements ingest.KeyStore.
+// Rehash implements auth.KeyStore.
 func (f *FakeKeys) Rehash(ctx context.Context, keyID, oldHash, newHash string) error {
 	f.Mu.Lock()
 	defer f.Mu.Unlock()
@@ -132,7 +137,7 @@ func (f FailingStore) Submit(ctx context.Context, entries []buffer.Entry) (func(
 type Gateway struct {
 	Buf        *buffer.Buffer
 	Devices    *registry.Registry
-	DeviceKeys *ingest.DeviceKeys
+	DeviceKeys *auth.DeviceKeys
 	Reg        *prometheus.Registry
 	Keys       *FakeKeys
 	MQTTAddr   string // tcp://host:port
@@ -144,7 +149,7 @@ type Gateway struct {
 type Options struct {
 	Ingest  ingest.Config
 	Devices registry.Config
-	Auth    ingest.AuthConfig
+	Auth    auth.AuthConfig
 	Clock   clock.Source
 }
 
@@ -168,35 +173,37 @@ func Start(t testing.TB, store ingest.Committer, options ...func(*Options)) *Gat
 	}
 	reg := prometheus.NewRegistry()
 	keys := NewFakeKeys()
-	auth, err := ingest.NewAuthenticator(opts.Auth, ingest.Peppers{Current: Pepper}, keys, buf, nil, reg)
+	authn, err := auth.NewAuthenticator(opts.Auth, auth.Peppers{Current: Pepper}, keys, buf, nil, reg)
 	require.NoError(t, err)
+	require.NoError(t, authn.Load())
 	devices, err := registry.New(opts.Devices, buf, opts.Clock, nil, reg)
 	require.NoError(t, err)
 	in, err := ingest.New(opts.Ingest, store, devices, opts.Clock, nil, reg)
 	require.NoError(t, err)
-	deviceKeys, err := ingest.NewDeviceKeys(opts.Auth.DeviceKeys, ingest.Peppers{Current: Pepper}, buf, nil, reg)
+	deviceKeys, err := auth.NewDeviceKeys(opts.Auth.DeviceKeys, auth.Peppers{Current: Pepper}, buf, nil, reg)
 	require.NoError(t, err)
-	auth.UseDeviceKeys(deviceKeys)
+	require.NoError(t, deviceKeys.Load())
+	authn.UseDeviceKeys(deviceKeys)
 	in.SetDeviceKeys(deviceKeys)
 	auditDir := t.TempDir()
 	auditLog, err := audit.Open(auditDir, audit.Config{}, nil, nil, reg)
 	require.NoError(t, err)
 	in.SetAudit(auditLog)
-	broker, err := ingest.NewBroker(ingest.MQTTConfig{Addr: "127.0.0.1:0"}, in, auth, nil, reg)
+	mqttBroker, err := broker.NewBroker(broker.MQTTConfig{Addr: "127.0.0.1:0"}, in, authn, nil, reg)
 	require.NoError(t, err)
-	require.NoError(t, broker.Listen())
+	require.NoError(t, mqttBroker.Listen())
 	ready := func() error { return nil }
 	ops := operator.New(operator.Deps{Devices: devices, DeviceKeys: deviceKeys, History: buf, AdminToken: AdminToken,
 		DeadLetters: buf, Ready: ready, Audit: auditLog}, nil)
-	api, err := ingest.NewHTTPServer(ingest.HTTPConfig{Addr: "127.0.0.1:0", MaxBodyBytes: 64 << 10}, ingest.HTTPDeps{
-		Ingest: in, Auth: auth, Routes: ops.Routes, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: ready,
+	api, err := httpserve.NewHTTPServer(httpserve.HTTPConfig{Addr: "127.0.0.1:0", MaxBodyBytes: 64 << 10}, httpserve.HTTPDeps{
+		Ingest: in, Auth: authn, Routes: ops.Routes, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: ready,
 	}, nil)
 	require.NoError(t, err)
 	require.NoError(t, api.Listen())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, run := range []func(context.Context) error{broker.Run, api.Run, auth.Run, auditLog.Run} {
+	for _, run := range []func(context.Context) error{mqttBroker.Run, api.Run, authn.Run, auditLog.Run} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -210,7 +217,7 @@ func Start(t testing.TB, store ingest.Committer, options ...func(*Options)) *Gat
 		cancel()
 		wg.Wait()
 	})
-	return &Gateway{Buf: buf, Devices: devices, DeviceKeys: deviceKeys, Reg: reg, Keys: keys, MQTTAddr: "tcp://" + broker.Addr(),
+	return &Gateway{Buf: buf, Devices: devices, DeviceKeys: deviceKeys, Reg: reg, Keys: keys, MQTTAddr: "tcp://" + mqttBroker.Addr(),
 		HTTPURL: "http://" + api.Addr(), AuditDir: auditDir}
 }
 
