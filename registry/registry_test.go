@@ -74,7 +74,7 @@ func TestConfirmationIDSurvivesRestart(t *testing.T) {
 	require.NoError(t, err)
 	reg, err := registry.New(registry.Config{}, buf, nil, nil, nil)
 	require.NoError(t, err)
-	in, err := ingest.New(ingest.Config{}, buf, reg, nil, nil, nil)
+	in, err := ingest.New(ingest.Config{}, ingest.Deps{Store: buf, Devices: reg})
 	require.NoError(t, err)
 	hw := "AA:BB:CC:DD:EE:22"
 	ack, first, err := in.Register(context.Background(), hw, gatewaytest.Registration(hw, gatewaytest.NewBoot()))
@@ -87,7 +87,7 @@ func TestConfirmationIDSurvivesRestart(t *testing.T) {
 	defer buf.Close()
 	reg, err = registry.New(registry.Config{}, buf, nil, nil, nil)
 	require.NoError(t, err)
-	in, err = ingest.New(ingest.Config{}, buf, reg, nil, nil, nil)
+	in, err = ingest.New(ingest.Config{}, ingest.Deps{Store: buf, Devices: reg})
 	require.NoError(t, err)
 	again, first, err := in.Register(context.Background(), hw, gatewaytest.Registration(hw, gatewaytest.NewBoot()))
 	require.NoError(t, err)
@@ -175,7 +175,7 @@ func TestClockRepairIsIdenticalOnResend(t *testing.T) {
 	reg, err := registry.New(registry.Config{}, buf, nil, nil, nil)
 	require.NoError(t, err)
 	store := &toggleStore{buf: buf, failing: true}
-	in, err := ingest.New(ingest.Config{}, store, reg, nil, nil, nil)
+	in, err := ingest.New(ingest.Config{}, ingest.Deps{Store: store, Devices: reg})
 	require.NoError(t, err)
 	hw, boot := "AA:BB:CC:DD:EE:25", gatewaytest.NewBoot()
 
@@ -227,7 +227,7 @@ func TestOrderingModes(t *testing.T) {
 			defer buf.Close()
 			reg, err := registry.New(registry.Config{}, buf, nil, nil, nil)
 			require.NoError(t, err)
-			in, err := ingest.New(ingest.Config{Ordering: mode, OrderingGrace: time.Minute}, buf, reg, nil, nil, nil)
+			in, err := ingest.New(ingest.Config{Ordering: mode, OrderingGrace: time.Minute}, ingest.Deps{Store: buf, Devices: reg})
 			require.NoError(t, err)
 			hw, boot := "AA:BB:CC:DD:EE:26", uuid.NewString()
 			newer := seqBatch(hw, boot, 5, 10)
@@ -277,7 +277,7 @@ func TestGatewayClockNotSynced(t *testing.T) {
 	defer buf.Close()
 	reg, err := registry.New(registry.Config{}, buf, wrongClock{}, nil, nil)
 	require.NoError(t, err)
-	in, err := ingest.New(ingest.Config{}, buf, reg, wrongClock{}, nil, nil)
+	in, err := ingest.New(ingest.Config{}, ingest.Deps{Store: buf, Devices: reg, Clock: wrongClock{}})
 	require.NoError(t, err)
 	hw := "AA:BB:CC:DD:EE:28"
 	// A synced device's batch is not "from the future" for a gateway that

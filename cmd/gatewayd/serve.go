@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,49 +13,21 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/lambda"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/gateway"
 	"greenhouse-gateway/gateway/auth"
-	"greenhouse-gateway/gateway/bridge"
-	"greenhouse-gateway/gateway/broker"
-	"greenhouse-gateway/gateway/httpserve"
-	"greenhouse-gateway/gateway/ingest"
-	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/pushmetrics"
 	"greenhouse-gateway/internal/sdnotify"
 	"greenhouse-gateway/operator"
-	"greenhouse-gateway/registry"
 	"greenhouse-gateway/uplink"
 )
 
-// serve runs the gateway until ctx is done or one of its parts fails.
-//
-// Shutdown order (systemd is told STOPPING=1 first); each step starts once
-// the one before it returned, and the whole is bounded by
-// shutdown_timeout:
-//  1. the ingest path stops taking batches and waits for the commits in
-//     flight, which are stored and answered; later MQTT publishes are left
-//     unacknowledged (the device resends) and HTTP requests answered 503;
-//  2. the device side closes: the MQTT broker closes its listener and
-//     client connections (in external mode the consumer finishes the
-//     messages in progress and disconnects; the broker keeps the rest for
-//     the gateway's session), the HTTP server stops accepting and lets
-//     requests in progress finish, and the API key uses still being
-//     recorded in api_keys are written;
-//  3. the uplink stops; a request it had in flight is forgotten, and the
-//     batch is sent again after a restart (the cloud marker makes that
-//     harmless);
-//  4. the background parts stop: the device registry saves its records
-//     once more, metrics are pushed once more (push.url), the audit trail
-//     writes the records still queued and closes its segment (refusals
-//     after that are not kept), and the buffer's maintenance (collection
-//     of expired records, value-log GC), the pprof listener, the systemd
-//     watchdog and the memory releaser stop;
-//  5. the buffer closes last, when serve returns: commits already queued
-//     are written and answered, then Badger is closed.
+// serve runs the gateway until ctx is done or one of its parts fails. The
+// gateway stops its parts in the order its steps document (systemd is told
+// STOPPING=1 first), within shutdown_timeout, and closes the buffer last.
 func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logger) error {
 	startedAt := time.Now()
 	limit, limitFrom := applyMemoryLimit(cfg.MemoryLimit, environ)
@@ -71,76 +42,57 @@ func serve(ctx context.Context, cfg Config, environ []string, logger *slog.Logge
 	if err != nil {
 		return err
 	}
-	defer closeBuffer(buf, logger) // 5.
+	g, err := newGateway(ctx, cfg, sec, buf, startedAt, limit, logger, reg)
+	if err != nil {
+		closeBuffer(buf, logger)
+		return err
+	}
+	defer g.Close() // what Run opened, when it failed before every part ran
+	return g.Run(ctx)
+}
+
+// newGateway builds the cloud clients and the background parts, and the
+// gateway over buf, which it then owns.
+func newGateway(ctx context.Context, cfg Config, sec secrets, buf *buffer.Buffer, startedAt time.Time, memoryLimit int64,
+	logger *slog.Logger, reg *prometheus.Registry) (*gateway.Gateway, error) {
 	clk := clock.New(time.Time{}, reg)
 	db, err := newCloud(ctx, cfg, clk, sec.peppers.Current, reg)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	dev, err := newDeviceSide(cfg, sec.peppers, db, buf, clk, logger, reg)
-	if err != nil {
-		return err
-	}
-	defer dev.close() // what was opened but never run, on a failed start
-	if err := dev.startMQTT(cfg, limit); err != nil {
-		return err
-	}
-	up, err := newUplink(cfg, buf, dev, clk, db, logger, reg)
-	if err != nil {
-		return err
-	}
-	st := newStages(ctx)
-	api, err := newHTTP(cfg, dev, buf, up, st, sec.adminToken, clk, startedAt, logger, reg)
-	if err != nil {
-		return err
-	}
-	defer api.Close() // releases the listener when the start fails after it
 	p, err := newBackground(cfg, buf, reg, logger)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	logger.Info("gatewayd ready", "mqtt", dev.mqttWhere, "http", api.Addr(),
-		"dynamodb", endpointName(cfg.DynamoDBEndpoint), "tables_prefix", cfg.TablePrefix)
-	notifyReady(dev.mqttWhere, api.Addr(), logger)
-	runStages(st, dev, api, up, p)
-	return stop(st, cfg.ShutdownTimeout, logger)
-}
-
-// runStages starts every part, in the stages that stop them in the order
-// serve's comment gives.
-func runStages(st *stages, dev *deviceSide, api *httpserve.HTTPServer, up *uplink.Uplink, p background) {
-	st.then(dev.ingest.Close) // 1.
-	devices := st.stage()     // 2.
-	devices.run(dev.mqttRun)
-	devices.run(api.Run)
-	devices.run(dev.auth.Run)
-	st.stage().run(up.Run) // 3.
-	rest := st.stage()     // 4.
-	for _, part := range p.parts() {
-		rest.run(part)
-	}
-	rest.run(dev.devices.Run)
-	rest.run(dev.audit.Run)
-}
-
-// stop waits for the shutdown to be asked for, then runs it within
-// timeout.
-func stop(st *stages, timeout time.Duration, logger *slog.Logger) error {
-	st.wait()
-	_ = sdnotify.Stopping()
-	logger.Info("gatewayd stopping", "deadline", timeout.String())
-	done := make(chan error, 1)
-	go func() { done <- st.stop() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			return err
-		}
-		logger.Info("gatewayd stopped")
-		return nil
-	case <-time.After(timeout):
-		return fmt.Errorf("shutdown did not finish within %s", timeout)
-	}
+	mqttCfg := cfg.MQTT
+	mqttCfg.SessionMemory = sessionMemory(mqttCfg.SessionMemory, memoryLimit)
+	return gateway.New(gateway.Config{
+		MQTT: mqttCfg, HTTP: cfg.HTTP, Auth: cfg.Auth, Ingest: cfg.Ingest, Devices: cfg.Devices, Uplink: cfg.Uplink,
+		// The audit trail stops writing before it could take the buffer's
+		// free-space watermark.
+		Audit: cfg.Audit.KeepFree(buf.Space().MinFreeBytes), AuditDir: filepath.Join(cfg.DataDir, "audit"),
+		Peppers: sec.peppers, AdminToken: sec.adminToken, ShutdownTimeout: cfg.ShutdownTimeout,
+	}, gateway.Deps{
+		Buffer: buf, Keys: db.keys, Clock: clk, Metrics: reg, Logger: logger,
+		Uplink: &gateway.UplinkDeps{
+			DynamoDB: db.uplink, Tables: db.tables, KeyWriter: db.keys, Lambda: db.invoker(), GatewayID: db.gatewayID,
+			Probe: func(ctx context.Context) (int, error) {
+				return cloud.ProbeTransactionLimit(ctx, db.uplink, db.tables.ProcessedBatches)
+			},
+		},
+		Status: operator.StatusSources{Version: version, Now: clk.Now,
+			Uptime: func() time.Duration { return time.Since(startedAt) },
+			Clock: func() operator.ClockStatus {
+				return operator.ClockStatus{OffsetSeconds: clk.Offset().Seconds(), Learned: clk.Learned(), Plausible: clk.Plausible()}
+			}},
+		Background: p.parts(),
+		Ready: func(mqttWhere, httpAddr string) {
+			logger.Info("gatewayd ready", "mqtt", mqttWhere, "http", httpAddr,
+				"dynamodb", endpointName(cfg.DynamoDBEndpoint), "tables_prefix", cfg.TablePrefix)
+			notifyReady(mqttWhere, httpAddr, logger)
+		},
+		Stopping: func() { _ = sdnotify.Stopping() },
+	})
 }
 
 // secrets are the API key peppers and the admin token.
@@ -236,6 +188,15 @@ func newCloud(ctx context.Context, cfg Config, clk *clock.Clock, pepper string, 
 	return side, nil
 }
 
+// invoker is the lambda target's client, or nil (a nil *lambda.Client in
+// an interface would not be nil).
+func (c cloudSide) invoker() uplink.Invoker {
+	if c.lambda == nil {
+		return nil
+	}
+	return c.lambda
+}
+
 // registerCloudBytes exports what the gateway's cloud clients send and
 // receive, at the socket, as gateway_uplink_bytes_total: what a metered
 // link is billed for. client is "dynamodb" (the uplink's writes), "lambda"
@@ -257,138 +218,9 @@ func registerCloudBytes(reg prometheus.Registerer) (keys, dynamo, invoke *cloud.
 	return keys, dynamo, invoke
 }
 
-// deviceSide is what devices talk to: the authenticator and device keys,
-// the device registry, the ingest path with its audit trail, and the MQTT
-// side (the embedded broker or a consumer of an external one).
-type deviceSide struct {
-	auth       *auth.Authenticator
-	deviceKeys *auth.DeviceKeys
-	devices    *registry.Registry
-	ingest     *ingest.Ingest
-	audit      *audit.Log
-	logger     *slog.Logger
-	reg        prometheus.Registerer
-
-	mqttRun   func(context.Context) error
-	mqttClose func() error
-	mqttWhere string
-}
-
-func newDeviceSide(cfg Config, peppers auth.Peppers, db cloudSide, buf *buffer.Buffer, clk *clock.Clock,
-	logger *slog.Logger, reg prometheus.Registerer) (*deviceSide, error) {
-	d := &deviceSide{logger: logger, reg: reg, mqttClose: func() error { return nil }}
-	var err error
-	if d.auth, err = auth.NewAuthenticator(cfg.Auth, peppers, db.keys, buf, logger, reg); err != nil {
-		return nil, err
-	}
-	if err := d.auth.Load(); err != nil {
-		return nil, err
-	}
-	if d.deviceKeys, err = auth.NewDeviceKeys(cfg.Auth.DeviceKeys, peppers, buf, logger, reg); err != nil {
-		return nil, err
-	}
-	if err := d.deviceKeys.Load(); err != nil {
-		return nil, err
-	}
-	d.auth.UseDeviceKeys(d.deviceKeys)
-	if d.devices, err = registry.New(cfg.Devices, buf, clk, logger, reg); err != nil {
-		return nil, err
-	}
-	if d.ingest, err = ingest.New(cfg.Ingest, buf, d.devices, clk, logger, reg); err != nil {
-		return nil, err
-	}
-	// The audit trail stops writing before it could take the buffer's
-	// free-space watermark.
-	keepFree := cfg.Audit.KeepFree(buf.Space().MinFreeBytes)
-	if d.audit, err = audit.Open(filepath.Join(cfg.DataDir, "audit"), keepFree, clk.Now, logger, reg); err != nil {
-		return nil, err
-	}
-	d.ingest.SetAudit(d.audit)
-	d.ingest.SetDeviceKeys(d.deviceKeys)
-	return d, nil
-}
-
-// startMQTT builds the MQTT side; the embedded broker binds its listener.
-func (d *deviceSide) startMQTT(cfg Config, memoryLimit int64) error {
-	if cfg.MQTT.Mode == "external" {
-		ext, err := bridge.NewExternal(cfg.MQTT.External, d.ingest, d.logger, d.reg)
-		if err != nil {
-			return err
-		}
-		d.mqttRun, d.mqttWhere = ext.Run, "external "+cfg.MQTT.External.URL
-		return nil
-	}
-	mqttCfg := cfg.MQTT
-	mqttCfg.SessionMemory = sessionMemory(mqttCfg.SessionMemory, memoryLimit)
-	b, err := broker.NewBroker(mqttCfg, d.ingest, d.auth, d.logger, d.reg)
-	if err != nil {
-		return err
-	}
-	if err := b.Listen(); err != nil {
-		return err
-	}
-	d.mqttRun, d.mqttClose, d.mqttWhere = b.Run, b.Close, b.Addr()
-	return nil
-}
-
-// close releases what the device side holds when serve returns: the
-// broker's listener if it never ran, the audit trail's segment (its Run
-// closes it too).
-func (d *deviceSide) close() {
-	_ = d.mqttClose()
-	_ = d.audit.Close()
-}
-
-func newUplink(cfg Config, buf *buffer.Buffer, dev *deviceSide, clk *clock.Clock, db cloudSide,
-	logger *slog.Logger, reg prometheus.Registerer) (*uplink.Uplink, error) {
-	probe := func(ctx context.Context) (int, error) {
-		return cloud.ProbeTransactionLimit(ctx, db.uplink, db.tables.ProcessedBatches)
-	}
-	up, err := uplink.New(cfg.Uplink, buf, dev.devices, clk, db.uplink, probe, db.tables, logger, reg)
-	if err != nil {
-		return nil, err
-	}
-	up.SetKeys(dev.deviceKeys, db.keys)
-	if db.lambda != nil {
-		up.SetLambda(db.lambda, db.gatewayID)
-	}
-	return up, nil
-}
-
-// newHTTP builds the operator API and the HTTP server that serves it with
-// the device API, metrics and health endpoints, and binds its listener.
-// Readiness fails once the shutdown is asked for, or when the buffer
-// failed.
-func newHTTP(cfg Config, dev *deviceSide, buf *buffer.Buffer, up *uplink.Uplink, st *stages, adminToken string,
-	clk *clock.Clock, startedAt time.Time, logger *slog.Logger, reg *prometheus.Registry) (*httpserve.HTTPServer, error) {
-	ready := func() error {
-		if st.stopping() {
-			return errors.New("shutting down")
-		}
-		return buf.Err()
-	}
-	ops := operator.New(operator.Deps{
-		Devices: dev.devices, DeviceKeys: dev.deviceKeys, History: buf, DeadLetters: buf, AdminToken: adminToken,
-		Uplink: up.Report, Ready: ready, Audit: dev.audit, RetryAfter: cfg.HTTP.RetryAfter,
-		Status: operator.StatusSources{Version: version, Now: clk.Now, Uplink: up.Report, Buffer: buf.Space,
-			Uptime: func() time.Duration { return time.Since(startedAt) },
-			Clock: func() operator.ClockStatus {
-				return operator.ClockStatus{OffsetSeconds: clk.Offset().Seconds(), Learned: clk.Learned(), Plausible: clk.Plausible()}
-			}},
-	}, logger)
-	api, err := httpserve.NewHTTPServer(cfg.HTTP, httpserve.HTTPDeps{
-		Ingest: dev.ingest, Auth: dev.auth, Routes: ops.Routes, Ready: ready, Registerer: reg,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
-	}, logger)
-	if err != nil {
-		return nil, err
-	}
-	return api, api.Listen()
-}
-
-// background are the parts that serve none of the device traffic: the
-// buffer's maintenance and the watch on its failure, metrics pushing, the
-// systemd watchdog, pprof and the memory releaser.
+// background are the parts of the daemon that serve none of the device
+// traffic: metrics pushing, the systemd watchdog, pprof and the memory
+// releaser.
 type background struct {
 	buf      *buffer.Buffer
 	pusher   *pushmetrics.Pusher
@@ -409,20 +241,10 @@ func newBackground(cfg Config, buf *buffer.Buffer, reg *prometheus.Registry, log
 	return b, nil
 }
 
+// parts are the background parts the gateway runs and stops with its own,
+// in the fourth step of its shutdown.
 func (b background) parts() []func(context.Context) error {
-	return []func(context.Context) error{b.buf.Run, b.stopOnBufferFailure, b.pusher.Run, b.watchdog, b.pprof.Run, b.released.Run}
-}
-
-// stopOnBufferFailure stops gatewayd when the data directory fails;
-// systemd starts it again.
-func (b background) stopOnBufferFailure(ctx context.Context) error {
-	select {
-	case <-b.buf.Failed():
-		return fmt.Errorf("%w; stopping so that systemd (Restart=on-failure) starts gatewayd again once the disk "+
-			"works, on what is on disk: nothing acknowledged is lost", b.buf.Err())
-	case <-ctx.Done():
-		return nil
-	}
+	return []func(context.Context) error{b.pusher.Run, b.watchdog, b.pprof.Run, b.released.Run}
 }
 
 // watchdog sends WATCHDOG=1 (WatchdogSec=) every half interval while the

@@ -170,20 +170,18 @@ type Authenticator struct {
 	// touches queues the last_used_at writes for Run.
 	touches chan keyUse
 	// local knows the device keys issued here, before api_keys does, and
-	// those an operator reset (nil: none; see UseDeviceKeys).
+	// those an operator reset (nil: none).
 	local *DeviceKeys
 
 	outcomes *prometheus.CounterVec
 }
 
-// UseDeviceKeys makes the authenticator accept the device keys k issued
-// before they reach api_keys, and refuse those reset. Call it before the
-// authenticator is used.
-func (a *Authenticator) UseDeviceKeys(k *DeviceKeys) { a.local = k }
-
 // NewAuthenticator returns an authenticator with an empty cache; it reads
-// nothing (Load reads the saved cache).
-func NewAuthenticator(cfg AuthConfig, peppers Peppers, keys KeyStore, state StateStore, logger *slog.Logger, reg prometheus.Registerer) (*Authenticator, error) {
+// nothing (Load reads the saved cache). local makes it accept the device
+// keys issued here before they reach api_keys, and refuse those reset; nil:
+// none.
+func NewAuthenticator(cfg AuthConfig, peppers Peppers, keys KeyStore, state StateStore, local *DeviceKeys,
+	logger *slog.Logger, reg prometheus.Registerer) (*Authenticator, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -197,7 +195,7 @@ func NewAuthenticator(cfg AuthConfig, peppers Peppers, keys KeyStore, state Stat
 		reg = prometheus.NewRegistry()
 	}
 	a := &Authenticator{
-		cfg: cfg.withDefaults(), peppers: peppers, keys: keys, state: state,
+		cfg: cfg.withDefaults(), peppers: peppers, keys: keys, state: state, local: local,
 		logger: logger.With("component", "auth"), now: time.Now,
 		cache: map[string]cachedKey{}, unknown: map[string]unknownKey{}, inflight: map[string]chan struct{}{},
 		touched: map[string]time.Time{}, touches: make(chan keyUse, maxQueuedTouches),

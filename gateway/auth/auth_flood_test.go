@@ -51,7 +51,7 @@ func TestUnknownKeyFloodIsBounded(t *testing.T) {
 	keys := gatewaytest.NewFakeKeys()
 	state := &countingState{data: map[string][]byte{}}
 	authn, err := auth.NewAuthenticator(auth.AuthConfig{MaxLookupsPerSecond: 5}, auth.Peppers{Current: gatewaytest.Pepper},
-		keys, state, nil, nil)
+		keys, state, nil, nil, nil)
 	require.NoError(t, err)
 	require.NoError(t, authn.Load())
 	now := time.Unix(1_700_000_000, 0)
@@ -90,7 +90,7 @@ func TestUnknownKeyFloodIsBounded(t *testing.T) {
 func TestUnknownKeysRememberedAreBounded(t *testing.T) {
 	keys := gatewaytest.NewFakeKeys()
 	authn, err := auth.NewAuthenticator(auth.AuthConfig{MaxLookupsPerSecond: 1 << 30, NegativeTTL: time.Minute},
-		auth.Peppers{Current: gatewaytest.Pepper}, keys, &countingState{data: map[string][]byte{}}, nil, nil)
+		auth.Peppers{Current: gatewaytest.Pepper}, keys, &countingState{data: map[string][]byte{}}, nil, nil, nil)
 	require.NoError(t, err)
 	require.NoError(t, authn.Load())
 	now := time.Unix(1_700_000_000, 0)

@@ -22,7 +22,7 @@ func TestAuthenticatorRevocationOutageAndRestart(t *testing.T) {
 	keys := gatewaytest.NewFakeKeys()
 	// Refresh on every verification, so revocation shows at once.
 	cfg := auth.AuthConfig{RefreshInterval: time.Nanosecond, NegativeTTL: time.Hour}
-	authn, err := auth.NewAuthenticator(cfg, auth.Peppers{Current: gatewaytest.Pepper}, keys, buf, nil, nil)
+	authn, err := auth.NewAuthenticator(cfg, auth.Peppers{Current: gatewaytest.Pepper}, keys, buf, nil, nil, nil)
 	require.NoError(t, err)
 	require.NoError(t, authn.Load())
 	ctx := context.Background()
@@ -41,7 +41,7 @@ func TestAuthenticatorRevocationOutageAndRestart(t *testing.T) {
 	buf, err = buffer.Open(dir, buffer.Options{}, nil, nil)
 	require.NoError(t, err)
 	defer buf.Close()
-	authn, err = auth.NewAuthenticator(cfg, auth.Peppers{Current: gatewaytest.Pepper}, keys, buf, nil, nil)
+	authn, err = auth.NewAuthenticator(cfg, auth.Peppers{Current: gatewaytest.Pepper}, keys, buf, nil, nil, nil)
 	require.NoError(t, err)
 	require.NoError(t, authn.Load())
 	require.NoError(t, authn.Verify(ctx, gatewaytest.GoodKey))
@@ -64,7 +64,7 @@ func TestAuthenticatorSharesConcurrentLookups(t *testing.T) {
 	require.NoError(t, err)
 	defer buf.Close()
 	slow := &slowKeys{release: make(chan struct{})}
-	authn, err := auth.NewAuthenticator(auth.AuthConfig{}, auth.Peppers{Current: gatewaytest.Pepper}, slow, buf, nil, nil)
+	authn, err := auth.NewAuthenticator(auth.AuthConfig{}, auth.Peppers{Current: gatewaytest.Pepper}, slow, buf, nil, nil, nil)
 	require.NoError(t, err)
 	require.NoError(t, authn.Load())
 	var wg sync.WaitGroup
@@ -102,7 +102,7 @@ func TestPepperRotationRehashesOnUse(t *testing.T) {
 	require.NoError(t, err)
 	defer buf.Close()
 	keys := gatewaytest.NewFakeKeys() // gatewaytest.GoodKey stored under "test-pepper"
-	authn, err := auth.NewAuthenticator(auth.AuthConfig{}, auth.Peppers{Current: "new-pepper", Previous: gatewaytest.Pepper}, keys, buf, nil, nil)
+	authn, err := auth.NewAuthenticator(auth.AuthConfig{}, auth.Peppers{Current: "new-pepper", Previous: gatewaytest.Pepper}, keys, buf, nil, nil, nil)
 	require.NoError(t, err)
 	require.NoError(t, authn.Load())
 	require.NoError(t, authn.Verify(context.Background(), gatewaytest.GoodKey))
@@ -111,7 +111,7 @@ func TestPepperRotationRehashesOnUse(t *testing.T) {
 	keys.Mu.Unlock()
 
 	// Once every key is rehashed the previous pepper can go.
-	authn, err = auth.NewAuthenticator(auth.AuthConfig{}, auth.Peppers{Current: "new-pepper"}, keys, buf, nil, nil)
+	authn, err = auth.NewAuthenticator(auth.AuthConfig{}, auth.Peppers{Current: "new-pepper"}, keys, buf, nil, nil, nil)
 	require.NoError(t, err)
 	require.NoError(t, authn.Load())
 	require.NoError(t, authn.Verify(context.Background(), gatewaytest.GoodKey))
@@ -123,7 +123,7 @@ func TestLastUsedIsWrittenAtMostOncePerInterval(t *testing.T) {
 	require.NoError(t, err)
 	defer buf.Close()
 	keys := gatewaytest.NewFakeKeys()
-	authn, err := auth.NewAuthenticator(auth.AuthConfig{RefreshInterval: time.Nanosecond}, auth.Peppers{Current: gatewaytest.Pepper}, keys, buf, nil, nil)
+	authn, err := auth.NewAuthenticator(auth.AuthConfig{RefreshInterval: time.Nanosecond}, auth.Peppers{Current: gatewaytest.Pepper}, keys, buf, nil, nil, nil)
 	require.NoError(t, err)
 	require.NoError(t, authn.Load())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -153,7 +153,7 @@ func TestAuthenticatorIdentify(t *testing.T) {
 	defer buf.Close()
 	keys := gatewaytest.NewFakeKeys()
 	authn, err := auth.NewAuthenticator(auth.AuthConfig{RefreshInterval: time.Nanosecond}, auth.Peppers{Current: gatewaytest.Pepper},
-		keys, buf, nil, nil)
+		keys, buf, nil, nil, nil)
 	require.NoError(t, err)
 	require.NoError(t, authn.Load())
 	ctx := context.Background()

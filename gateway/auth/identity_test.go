@@ -365,14 +365,13 @@ func TestEnrolledKeyOfflineAndRevoked(t *testing.T) {
 	require.NoError(t, err)
 	defer buf.Close()
 	keys := gatewaytest.NewFakeKeys()
-	authn, err := auth.NewAuthenticator(auth.AuthConfig{RefreshInterval: time.Nanosecond}, auth.Peppers{Current: gatewaytest.Pepper},
-		keys, buf, nil, nil)
-	require.NoError(t, err)
-	require.NoError(t, authn.Load())
 	dk, err := auth.NewDeviceKeys(auth.DeviceKeysPreferred, auth.Peppers{Current: gatewaytest.Pepper}, buf, nil, nil)
 	require.NoError(t, err)
 	require.NoError(t, dk.Load())
-	authn.UseDeviceKeys(dk)
+	authn, err := auth.NewAuthenticator(auth.AuthConfig{RefreshInterval: time.Nanosecond}, auth.Peppers{Current: gatewaytest.Pepper},
+		keys, buf, dk, nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, authn.Load())
 	hw := "AA:00:00:00:00:09"
 	raw, keyID, err := dk.Enroll(hw)
 	require.NoError(t, err)

@@ -302,7 +302,7 @@ func openBuffer(t *testing.T) *buffer.Buffer {
 // are not what these tests are about.
 func newExternalIngest(t *testing.T, store ingest.Committer) *ingest.Ingest {
 	t.Helper()
-	ing, err := ingest.New(ingest.Config{}, store, nil, nil, nil, prometheus.NewRegistry())
+	ing, err := ingest.New(ingest.Config{}, ingest.Deps{Store: store, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	return ing
 }

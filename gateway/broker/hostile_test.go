@@ -84,7 +84,7 @@ func startHostileBroker(tb testing.TB, o hostileOptions) (*gatewaytest.Gateway, 
 	tb.Cleanup(func() { require.NoError(tb, buf.Close()) })
 	reg := prometheus.NewRegistry()
 	keys := gatewaytest.NewFakeKeys()
-	authn, err := auth.NewAuthenticator(auth.AuthConfig{}, auth.Peppers{Current: gatewaytest.Pepper}, keys, buf, nil, reg)
+	authn, err := auth.NewAuthenticator(auth.AuthConfig{}, auth.Peppers{Current: gatewaytest.Pepper}, keys, buf, nil, nil, reg)
 	require.NoError(tb, err)
 	require.NoError(tb, authn.Load())
 	devices, err := registry.New(registry.Config{}, buf, nil, nil, reg)
@@ -93,7 +93,7 @@ func startHostileBroker(tb testing.TB, o hostileOptions) (*gatewaytest.Gateway, 
 	if o.store != nil {
 		store = o.store
 	}
-	ing, err := ingest.New(ingest.Config{}, store, devices, nil, nil, reg)
+	ing, err := ingest.New(ingest.Config{}, ingest.Deps{Store: store, Devices: devices, Registerer: reg})
 	require.NoError(tb, err)
 	mqttBroker, err := broker.NewBroker(o.mqtt, ing, authn, nil, reg)
 	require.NoError(tb, err)

@@ -329,7 +329,7 @@ func (refusingStore) Submit(context.Context, []buffer.Entry) (func() ([]buffer.O
 // buffer_full, no acknowledgement, and the ingest call ends (Close does
 // not wait for it).
 func TestReadingsNotQueuedAreNotAcknowledged(t *testing.T) {
-	in, err := ingest.New(ingest.Config{}, refusingStore{}, nil, nil, nil, prometheus.NewRegistry())
+	in, err := ingest.New(ingest.Config{}, ingest.Deps{Store: refusingStore{}, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	payload := gatewaytest.BatchJSON(hwA, gatewaytest.NewBoot(), 0, 2)
 	res, err := in.Readings(context.Background(), contract.TransportHTTP, "", [][]byte{payload})

@@ -123,12 +123,12 @@ func newFuzzAPI(f *testing.F) *fuzzAPI {
 	clock := &settableClock{}
 	clock.ms.Store(time.Now().UnixMilli())
 	store := &memStore{batches: map[string][32]byte{}}
-	authn, err := auth.NewAuthenticator(auth.AuthConfig{}, auth.Peppers{Current: gatewaytest.Pepper}, gatewaytest.NewFakeKeys(), buf, nil, reg)
+	authn, err := auth.NewAuthenticator(auth.AuthConfig{}, auth.Peppers{Current: gatewaytest.Pepper}, gatewaytest.NewFakeKeys(), buf, nil, nil, reg)
 	require.NoError(f, err)
 	require.NoError(f, authn.Load())
 	devices, err := registry.New(registry.Config{}, buf, clock, nil, reg)
 	require.NoError(f, err)
-	ing, err := ingest.New(ingest.Config{}, store, devices, clock, nil, reg)
+	ing, err := ingest.New(ingest.Config{}, ingest.Deps{Store: store, Devices: devices, Clock: clock, Registerer: reg})
 	require.NoError(f, err)
 	api, err := httpserve.NewHTTPServer(httpserve.HTTPConfig{MaxBodyBytes: 64 << 10}, httpserve.HTTPDeps{
 		Ingest: ing, Auth: authn, Routes: operator.New(operator.Deps{Devices: devices}, nil).Routes, Metrics: http.NotFoundHandler(),

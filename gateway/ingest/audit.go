@@ -8,11 +8,6 @@ import (
 	"greenhouse-gateway/internal/audit"
 )
 
-// SetAudit makes the ingest path, and the MQTT broker and HTTP API built
-// on it, record every attempt they refuse or do not store in log. Call it
-// before serving; without it (or with nil) nothing is recorded.
-func (in *Ingest) SetAudit(log *audit.Log) { in.audit = log }
-
 type remoteAddrKey struct{}
 
 // WithRemoteAddr tells the ingest path the sender's address, for the audit

@@ -45,10 +45,7 @@ func BenchmarkIngestAudit(b *testing.B) {
 		{"rejected/audit_off", invalid, false}, {"rejected/audit_on", invalid, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			in, err := ingest.New(ingest.Config{}, storeAll{}, nil, nil, nil, prometheus.NewRegistry())
-			if err != nil {
-				b.Fatal(err)
-			}
+			var trail *audit.Log
 			if c.audit {
 				l, err := audit.Open(b.TempDir(), audit.Config{}, nil, nil, nil)
 				if err != nil {
@@ -58,7 +55,11 @@ func BenchmarkIngestAudit(b *testing.B) {
 				done := make(chan error, 1)
 				go func() { done <- l.Run(ctx) }()
 				defer func() { cancel(); <-done }()
-				in.SetAudit(l)
+				trail = l
+			}
+			in, err := ingest.New(ingest.Config{}, ingest.Deps{Store: storeAll{}, Audit: trail, Registerer: prometheus.NewRegistry()})
+			if err != nil {
+				b.Fatal(err)
 			}
 			payloads := [][]byte{c.payload}
 			b.ReportAllocs()

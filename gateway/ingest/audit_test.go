@@ -245,9 +245,8 @@ func TestAuditFloodNeverBlocksIngest(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	log, err := audit.Open(t.TempDir(), audit.Config{QueueRecords: 8}, nil, nil, reg)
 	require.NoError(t, err)
-	in, err := ingest.New(ingest.Config{}, gatewaytest.FailingStore{}, nil, nil, nil, prometheus.NewRegistry())
+	in, err := ingest.New(ingest.Config{}, ingest.Deps{Store: gatewaytest.FailingStore{}, Audit: log, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
-	in.SetAudit(log)
 	payloads := make([][]byte, 200)
 	for i := range payloads {
 		payloads[i] = []byte(fmt.Sprintf(`{"batch_id":"AA:BB:CC:DD:EE:50_%d","hardware_id":"AA:BB:CC:DD:EE:50"}`, i))

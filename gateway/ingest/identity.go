@@ -23,12 +23,6 @@ func principalFrom(ctx context.Context) (auth.Principal, bool) {
 	return p, ok
 }
 
-// SetDeviceKeys gives the ingest path the device keys: it authorizes each
-// message's principal for its hardware_id and enrolls devices registering
-// with a fleet key. Without them a device key still acts for its own
-// device only.
-func (in *Ingest) SetDeviceKeys(k *auth.DeviceKeys) { in.keys = k }
-
 // Authorize decides whether p may act for hw (auth.ActConnect,
 // auth.ActRegister or auth.ActReadings); a refusal is logged (one line a
 // minute at most, with the count of the others).

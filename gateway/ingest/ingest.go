@@ -136,21 +136,41 @@ type Ingest struct {
 	mu       sync.RWMutex
 	stopped  bool
 	inflight sync.WaitGroup
-	audit    *audit.Log // nil: nothing recorded (SetAudit)
-	// keys authorizes principals and enrolls devices (SetDeviceKeys);
+	audit    *audit.Log // nil: nothing recorded
+	// keys authorizes principals and enrolls devices (nil: none);
 	// identityLog paces the log lines of identity refusals.
 	keys        *auth.DeviceKeys
 	identityLog *logpace.Log
 }
 
-// New returns the ingest path. devices may be nil (no registry:
-// registrations are refused); clk nil means the system clock; reg may be
-// nil.
-func New(cfg Config, store Committer, devices *registry.Registry, clk clock.Source, logger *slog.Logger, reg prometheus.Registerer) (*Ingest, error) {
+// Deps are what the ingest path commits to, tells and records.
+type Deps struct {
+	// Store takes the commits (the buffer).
+	Store Committer
+	// Devices is the device registry; nil: none (registrations are
+	// refused).
+	Devices *registry.Registry
+	// Keys authorizes each message's principal for its hardware_id and
+	// enrolls devices registering with a fleet key; nil: a device key
+	// still acts for its own device only, and nothing is enrolled.
+	Keys *auth.DeviceKeys
+	// Audit records every attempt refused or not stored; nil: nothing is
+	// recorded.
+	Audit *audit.Log
+	// Clock is the gateway's clock; nil: the system clock.
+	Clock clock.Source
+	// Logger and Registerer may be nil.
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// New returns the ingest path; it starts nothing and opens nothing.
+func New(cfg Config, deps Deps) (*Ingest, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	logger, reg, clk := deps.Logger, deps.Registerer, deps.Clock
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -163,8 +183,10 @@ func New(cfg Config, store Committer, devices *registry.Registry, clk clock.Sour
 	in := &Ingest{
 		cfg:         cfg,
 		limits:      cfg.limits(),
-		store:       store,
-		devices:     devices,
+		store:       deps.Store,
+		devices:     deps.Devices,
+		keys:        deps.Keys,
+		audit:       deps.Audit,
 		clock:       clk,
 		logger:      logger.With("component", "ingest"),
 		identityLog: logpace.New(logpace.Interval),

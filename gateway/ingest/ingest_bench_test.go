@@ -79,7 +79,7 @@ func benchIngest(b *testing.B, store Committer) (*Ingest, *buffer.Buffer) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	in, err := New(Config{}, store, devices, nil, nil, reg)
+	in, err := New(Config{}, Deps{Store: store, Devices: devices, Registerer: reg})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func (s slowStore) Submit(ctx context.Context, entries []buffer.Entry) (func() (
 // committing (the fsync) counted in it.
 func TestIngestDurationIncludesTheCommit(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	in, err := ingest.New(ingest.Config{}, slowStore{delay: 40 * time.Millisecond}, nil, nil, nil, reg)
+	in, err := ingest.New(ingest.Config{}, ingest.Deps{Store: slowStore{delay: 40 * time.Millisecond}, Registerer: reg})
 	require.NoError(t, err)
 	hw := "AA:BB:CC:DD:EE:31"
 	_, err = in.Readings(context.Background(), contract.TransportMQTT, hw, [][]byte{gatewaytest.BatchJSON(hw, gatewaytest.NewBoot(), 0, 2)})

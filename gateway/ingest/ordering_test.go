@@ -35,7 +35,7 @@ func TestRejectOlderAnswersAResendDuplicate(t *testing.T) {
 	defer buf.Close()
 	reg, err := registry.New(registry.Config{}, buf, nil, nil, nil)
 	require.NoError(t, err)
-	in, err := ingest.New(ingest.Config{Ordering: "reject_older", OrderingGrace: time.Minute}, buf, reg, nil, nil, nil)
+	in, err := ingest.New(ingest.Config{Ordering: "reject_older", OrderingGrace: time.Minute}, ingest.Deps{Store: buf, Devices: reg})
 	require.NoError(t, err)
 	hw, boot := "AA:BB:CC:DD:EE:31", uuid.NewString()
 	send := func(payload []byte) contract.Result {

@@ -23,19 +23,17 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/gateway"
 	"greenhouse-gateway/gateway/auth"
 	"greenhouse-gateway/gateway/broker"
 	"greenhouse-gateway/gateway/httpserve"
 	"greenhouse-gateway/gateway/ingest"
-	"greenhouse-gateway/internal/audit"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
-	"greenhouse-gateway/operator"
 	"greenhouse-gateway/registry"
 )
 
@@ -156,9 +154,10 @@ type Options struct {
 // AdminToken is the operator API's admin token.
 const AdminToken = "admin-secret"
 
-// Start runs the broker and the HTTP server (device and operator routes)
-// on loopback ports over a real buffer, until the test ends. A non-nil
-// store replaces the buffer for commits.
+// Start runs a gateway built by gateway.New, with no uplink: the broker
+// and the HTTP server (device and operator routes) on loopback ports over a
+// real buffer, until the test ends. A non-nil store replaces the buffer for
+// commits.
 func Start(t testing.TB, store ingest.Committer, options ...func(*Options)) *Gateway {
 	t.Helper()
 	var opts Options
@@ -167,58 +166,44 @@ func Start(t testing.TB, store ingest.Committer, options ...func(*Options)) *Gat
 	}
 	buf, err := buffer.Open(t.TempDir(), buffer.Options{}, nil, nil)
 	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, buf.Close()) })
-	if store == nil {
-		store = buf
-	}
 	reg := prometheus.NewRegistry()
 	keys := NewFakeKeys()
-	authn, err := auth.NewAuthenticator(opts.Auth, auth.Peppers{Current: Pepper}, keys, buf, nil, reg)
-	require.NoError(t, err)
-	require.NoError(t, authn.Load())
-	devices, err := registry.New(opts.Devices, buf, opts.Clock, nil, reg)
-	require.NoError(t, err)
-	in, err := ingest.New(opts.Ingest, store, devices, opts.Clock, nil, reg)
-	require.NoError(t, err)
-	deviceKeys, err := auth.NewDeviceKeys(opts.Auth.DeviceKeys, auth.Peppers{Current: Pepper}, buf, nil, reg)
-	require.NoError(t, err)
-	require.NoError(t, deviceKeys.Load())
-	authn.UseDeviceKeys(deviceKeys)
-	in.SetDeviceKeys(deviceKeys)
 	auditDir := t.TempDir()
-	auditLog, err := audit.Open(auditDir, audit.Config{}, nil, nil, reg)
-	require.NoError(t, err)
-	in.SetAudit(auditLog)
-	mqttBroker, err := broker.NewBroker(broker.MQTTConfig{Addr: "127.0.0.1:0"}, in, authn, nil, reg)
-	require.NoError(t, err)
-	require.NoError(t, mqttBroker.Listen())
-	ready := func() error { return nil }
-	ops := operator.New(operator.Deps{Devices: devices, DeviceKeys: deviceKeys, History: buf, AdminToken: AdminToken,
-		DeadLetters: buf, Ready: ready, Audit: auditLog}, nil)
-	api, err := httpserve.NewHTTPServer(httpserve.HTTPConfig{Addr: "127.0.0.1:0", MaxBodyBytes: 64 << 10}, httpserve.HTTPDeps{
-		Ingest: in, Auth: authn, Routes: ops.Routes, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Ready: ready,
-	}, nil)
-	require.NoError(t, err)
-	require.NoError(t, api.Listen())
-
+	ready := make(chan struct{})
+	var mqttAddr, httpAddr string
+	g, err := gateway.New(gateway.Config{
+		MQTT: broker.MQTTConfig{Addr: "127.0.0.1:0"}, HTTP: httpserve.HTTPConfig{Addr: "127.0.0.1:0", MaxBodyBytes: 64 << 10},
+		Auth: opts.Auth, Ingest: opts.Ingest, Devices: opts.Devices, AuditDir: auditDir,
+		Peppers: auth.Peppers{Current: Pepper}, AdminToken: AdminToken,
+	}, gateway.Deps{
+		Buffer: buf, Committer: store, Keys: keys, NoUplink: true, Clock: opts.Clock, Metrics: reg,
+		Ready: func(mqttWhere, httpWhere string) {
+			mqttAddr, httpAddr = mqttWhere, httpWhere
+			close(ready)
+		},
+	})
+	if err != nil {
+		require.NoError(t, buf.Close())
+		require.NoError(t, err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, run := range []func(context.Context) error{mqttBroker.Run, api.Run, authn.Run, auditLog.Run} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := run(ctx); err != nil {
-				t.Errorf("gateway component: %v", err)
-			}
-		}()
+	ran := make(chan error, 1)
+	go func() { ran <- g.Run(ctx) }()
+	select {
+	case <-ready:
+	case err := <-ran:
+		require.NoError(t, g.Close())
+		cancel()
+		require.NoError(t, err)
+		t.Fatal("the gateway stopped before it was ready")
 	}
 	t.Cleanup(func() {
-		in.Close()
 		cancel()
-		wg.Wait()
+		require.NoError(t, <-ran)
+		require.NoError(t, g.Close())
 	})
-	return &Gateway{Buf: buf, Devices: devices, DeviceKeys: deviceKeys, Reg: reg, Keys: keys, MQTTAddr: "tcp://" + mqttBroker.Addr(),
-		HTTPURL: "http://" + api.Addr(), AuditDir: auditDir}
+	return &Gateway{Buf: buf, Devices: g.Devices(), DeviceKeys: g.DeviceKeys(), Reg: reg, Keys: keys,
+		MQTTAddr: "tcp://" + mqttAddr, HTTPURL: "http://" + httpAddr, AuditDir: auditDir}
 }
 
 // Device is a real MQTT client (paho) that collects its acks.

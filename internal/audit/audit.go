@@ -255,10 +255,24 @@ type item struct {
 }
 
 // Open opens the audit trail in dir, creating the directory if needed, and
-// deletes the segments past retention or over the size cap.
-// now tells the time for retention and for records without one (nil: the
-// system clock); logger and reg may be nil.
+// deletes the segments past retention or over the size cap: New, then the
+// trail's Open.
 func Open(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg prometheus.Registerer) (*Log, error) {
+	l, err := New(dir, cfg, now, logger, reg)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.Open(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// New returns the audit trail in dir; it reads and creates nothing (its
+// Open does, and deletes the segments past retention or over the size
+// cap). now tells the time for retention and for records without one (nil:
+// the system clock); logger and reg may be nil.
+func New(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg prometheus.Registerer) (*Log, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -271,9 +285,6 @@ func Open(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg
 	}
 	if reg == nil {
 		reg = prometheus.NewRegistry()
-	}
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return nil, fmt.Errorf("opening audit trail %s: %w", dir, err)
 	}
 	l := &Log{
 		cfg: cfg, dir: dir, now: now, logger: logger.With("component", "audit"), opened: now().UTC(),
@@ -317,11 +328,23 @@ func Open(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg
 	}
 	l.deleted.WithLabelValues(deletedRetention)
 	l.deleted.WithLabelValues(deletedMaxBytes)
-	if err := l.loadSegments(); err != nil {
-		return nil, err
-	}
-	l.maintainLocked() // no lock needed yet: l is not shared
 	return l, nil
+}
+
+// Open creates the trail's directory when it is missing, takes stock of
+// the segments already in it and deletes those past retention or over the
+// size cap. Call it once, before the trail is used.
+func (l *Log) Open() error {
+	if err := os.MkdirAll(l.dir, 0o750); err != nil {
+		return fmt.Errorf("opening audit trail %s: %w", l.dir, err)
+	}
+	if err := l.loadSegments(); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.maintainLocked()
+	return nil
 }
 
 // loadSegments lists the segments already in the directory, oldest first,
