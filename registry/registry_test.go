@@ -77,7 +77,7 @@ func TestConfirmationIDSurvivesRestart(t *testing.T) {
 	in, err := ingest.New(ingest.Config{}, ingest.Deps{Store: buf, Devices: reg})
 	require.NoError(t, err)
 	hw := "AA:BB:CC:DD:EE:22"
-	ack, first, err := in.Register(context.Background(), hw, gatewaytest.Registration(hw, gatewaytest.NewBoot()))
+	ack, first, err := in.Register(context.Background(), ingest.Sender{HardwareID: hw}, gatewaytest.Registration(hw, gatewaytest.NewBoot()))
 	require.NoError(t, err)
 	require.True(t, first)
 	require.NoError(t, buf.Close())
@@ -89,7 +89,7 @@ func TestConfirmationIDSurvivesRestart(t *testing.T) {
 	require.NoError(t, err)
 	in, err = ingest.New(ingest.Config{}, ingest.Deps{Store: buf, Devices: reg})
 	require.NoError(t, err)
-	again, first, err := in.Register(context.Background(), hw, gatewaytest.Registration(hw, gatewaytest.NewBoot()))
+	again, first, err := in.Register(context.Background(), ingest.Sender{HardwareID: hw}, gatewaytest.Registration(hw, gatewaytest.NewBoot()))
 	require.NoError(t, err)
 	require.False(t, first)
 	require.Equal(t, ack.ConfirmationID, again.ConfirmationID)
@@ -181,14 +181,14 @@ func TestClockRepairIsIdenticalOnResend(t *testing.T) {
 
 	// First try: the commit fails, so the device keeps the batch.
 	start := time.Now().UnixMilli()
-	res, err := in.Readings(context.Background(), contract.TransportMQTT, hw, [][]byte{unsyncedBatch(hw, boot, 5000)})
+	res, err := in.Readings(context.Background(), ingest.Sender{HardwareID: hw}, [][]byte{unsyncedBatch(hw, boot, 5000)})
 	require.Error(t, err)
 	require.Equal(t, contract.ReasonBufferFull, *res[0].Reason)
 
 	// It resends later: sent_uptime_ms moved on, the repair does not.
 	store.failing = false
 	time.Sleep(20 * time.Millisecond)
-	res, err = in.Readings(context.Background(), contract.TransportMQTT, hw, [][]byte{unsyncedBatch(hw, boot, 9000)})
+	res, err = in.Readings(context.Background(), ingest.Sender{HardwareID: hw}, [][]byte{unsyncedBatch(hw, boot, 9000)})
 	require.NoError(t, err)
 	require.Equal(t, contract.StatusAccepted, res[0].Status)
 	pend, err := buf.Pending(0, 10)
@@ -205,7 +205,7 @@ func TestClockRepairIsIdenticalOnResend(t *testing.T) {
 	}
 
 	// And a third send of the same batch is a duplicate, not a conflict.
-	res, err = in.Readings(context.Background(), contract.TransportMQTT, hw, [][]byte{unsyncedBatch(hw, boot, 15000)})
+	res, err = in.Readings(context.Background(), ingest.Sender{HardwareID: hw}, [][]byte{unsyncedBatch(hw, boot, 15000)})
 	require.NoError(t, err)
 	require.Equal(t, contract.StatusDuplicate, res[0].Status)
 	dev, ok := reg.Device(hw)
@@ -215,7 +215,7 @@ func TestClockRepairIsIdenticalOnResend(t *testing.T) {
 
 	// Without uptimes the batch cannot be repaired.
 	noUptime := strings.NewReplacer(`,"uptime_ms":1000`, "", `,"uptime_ms":3000`, "").Replace(string(unsyncedBatch(hw, gatewaytest.NewBoot(), 1)))
-	res, _ = in.Readings(context.Background(), contract.TransportMQTT, hw, [][]byte{[]byte(noUptime)})
+	res, _ = in.Readings(context.Background(), ingest.Sender{HardwareID: hw}, [][]byte{[]byte(noUptime)})
 	require.Equal(t, contract.ReasonClockNotSynced, *res[0].Reason)
 }
 
@@ -232,7 +232,7 @@ func TestOrderingModes(t *testing.T) {
 			hw, boot := "AA:BB:CC:DD:EE:26", uuid.NewString()
 			newer := seqBatch(hw, boot, 5, 10)
 			older := seqBatch(hw, boot, 1, 0) // ten minutes earlier
-			res, err := in.Readings(context.Background(), contract.TransportHTTP, "", [][]byte{newer, older})
+			res, err := in.Readings(context.Background(), ingest.Sender{}, [][]byte{newer, older})
 			require.NoError(t, err)
 			require.Equal(t, contract.StatusAccepted, res[0].Status)
 			dev, _ := reg.Device(hw)
@@ -243,7 +243,7 @@ func TestOrderingModes(t *testing.T) {
 			}
 			// Both batches were checked before the commit: send the older one
 			// again, now that the newer one is on record.
-			res, err = in.Readings(context.Background(), contract.TransportHTTP, "", [][]byte{seqBatch(hw, boot, 2, 1)})
+			res, err = in.Readings(context.Background(), ingest.Sender{}, [][]byte{seqBatch(hw, boot, 2, 1)})
 			require.NoError(t, err)
 			require.Equal(t, contract.ReasonTimestampConflict, *res[0].Reason)
 			require.Contains(t, *res[0].Message, "before the newest reading")
@@ -282,11 +282,11 @@ func TestGatewayClockNotSynced(t *testing.T) {
 	hw := "AA:BB:CC:DD:EE:28"
 	// A synced device's batch is not "from the future" for a gateway that
 	// does not know the time.
-	res, err := in.Readings(context.Background(), contract.TransportHTTP, "", [][]byte{seqBatch(hw, gatewaytest.NewBoot(), 0, 0)})
+	res, err := in.Readings(context.Background(), ingest.Sender{}, [][]byte{seqBatch(hw, gatewaytest.NewBoot(), 0, 0)})
 	require.NoError(t, err)
 	require.Equal(t, contract.StatusAccepted, res[0].Status)
 	// But an unsynced device cannot be repaired from a wrong clock.
-	res, err = in.Readings(context.Background(), contract.TransportMQTT, hw, [][]byte{unsyncedBatch(hw, gatewaytest.NewBoot(), 5000)})
+	res, err = in.Readings(context.Background(), ingest.Sender{HardwareID: hw}, [][]byte{unsyncedBatch(hw, gatewaytest.NewBoot(), 5000)})
 	require.NoError(t, err)
 	require.Equal(t, contract.ReasonClockNotSynced, *res[0].Reason)
 	require.Contains(t, *res[0].Message, "gateway's own clock")

@@ -526,7 +526,7 @@ func (e *External) handle(d extDelivery) {
 	}
 	defer d.c.end()
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.AckTimeout)
-	ack, ackMQTT := e.ingest.MQTTMessage(ctx, d.hw, d.kind, d.msg.Payload())
+	ack, ackMQTT := e.ingest.MQTTMessage(ctx, ingest.Sender{HardwareID: d.hw}, d.kind, d.msg.Payload())
 	cancel()
 	if ack != nil {
 		if err := e.publishAck(d.c, d.hw, *ack); err != nil {

@@ -553,18 +553,20 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if !ok {
 		return pk, packets.CodeSuccessIgnore // unreachable: the ACL admits only device topics
 	}
-	ctx := h.b.ingest.WithRemoteAddr(context.Background(), cl.Net.Remote)
+	ctx := context.Background()
+	sender := ingest.Sender{HardwareID: hw, RemoteAddr: cl.Net.Remote}
 	g, _ := cl.Net.Conn.(*guardConn)
 	if g != nil {
-		ctx = ingest.WithPrincipal(ctx, g.principal)
+		p := g.principal
+		sender.Principal = &p
 		if pk.FixedHeader.Qos > 0 {
 			payload := pk.Payload
 			pk.Payload = nil // not kept while the commit is under way
 			g.acks.add(h.b.answer, func() func() (*contract.Ack, bool) {
 				if kind == contract.KindReadings {
-					return h.b.ingest.StartMQTTReadings(ctx, hw, payload)
+					return h.b.ingest.StartMQTTReadings(ctx, sender, payload)
 				}
-				ack, ok := h.b.ingest.MQTTMessage(ctx, hw, kind, payload) // before the next message: it may admit the device
+				ack, ok := h.b.ingest.MQTTMessage(ctx, sender, kind, payload) // before the next message: it may admit the device
 				return func() (*contract.Ack, bool) { return ack, ok }
 			}, func(ack *contract.Ack, ok bool) {
 				// At QoS 1 the ack-topic message goes first: a device that
@@ -587,7 +589,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		}
 		g.acks.idle()
 	}
-	ack, ackMQTT := h.b.ingest.MQTTMessage(ctx, hw, kind, pk.Payload)
+	ack, ackMQTT := h.b.ingest.MQTTMessage(ctx, sender, kind, pk.Payload)
 	if ack != nil {
 		h.b.publishAck(hw, *ack)
 	}

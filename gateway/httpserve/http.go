@@ -267,23 +267,23 @@ func (h *HTTPServer) Close() error {
 }
 
 // deviceRequest authenticates a device request and reads its body; it has
-// answered the request when ok is false. ctx carries the principal and the
-// sender's address to the ingest path.
-func (h *HTTPServer) deviceRequest(w http.ResponseWriter, r *http.Request) (ctx context.Context, body []byte, ok bool) {
+// answered the request when ok is false. sender tells the ingest path the
+// principal and the sender's address.
+func (h *HTTPServer) deviceRequest(w http.ResponseWriter, r *http.Request) (sender ingest.Sender, body []byte, ok bool) {
 	if h.ingest.Stopping() {
 		h.unavailable(w, "the gateway is shutting down; retry later")
-		return nil, nil, false
+		return ingest.Sender{}, nil, false
 	}
 	p, err := h.auth.Identify(r.Context(), httpapi.APIKey(r))
 	switch {
 	case errors.Is(err, auth.ErrAuthUnavailable):
 		h.auditRequest(r, audit.ReasonAuthUnavailable, "the API key cannot be verified now")
 		h.unavailable(w, "the API key cannot be verified now; retry later")
-		return nil, nil, false
+		return ingest.Sender{}, nil, false
 	case err != nil:
 		h.auditRequest(r, audit.ReasonUnauthorized, "missing, unknown or revoked API key")
 		httpapi.WriteJSON(w, http.StatusUnauthorized, errorBody("missing, unknown or revoked API key (Authorization: Bearer KEY)"))
-		return nil, nil, false
+		return ingest.Sender{}, nil, false
 	}
 	body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
 	var tooBig *http.MaxBytesError
@@ -292,23 +292,23 @@ func (h *HTTPServer) deviceRequest(w http.ResponseWriter, r *http.Request) (ctx 
 		h.auditRequest(r, audit.ReasonOversize, fmt.Sprintf("body over %d bytes", h.cfg.MaxBodyBytes))
 		httpapi.WriteJSON(w, http.StatusRequestEntityTooLarge,
 			errorBody(fmt.Sprintf("request body is larger than %d bytes", h.cfg.MaxBodyBytes)))
-		return nil, nil, false
+		return ingest.Sender{}, nil, false
 	case err != nil:
 		httpapi.WriteJSON(w, http.StatusBadRequest, errorBody("reading the request body: "+err.Error()))
-		return nil, nil, false
+		return ingest.Sender{}, nil, false
 	}
-	return ingest.WithPrincipal(h.ingest.WithRemoteAddr(r.Context(), r.RemoteAddr), p), body, true
+	return ingest.Sender{RemoteAddr: r.RemoteAddr, Principal: &p}, body, true
 }
 
 // register answers 201 with the register ack at a device's first
 // registration, 200 at the next ones, 400 when invalid, 403 when the key
 // may not register this device.
 func (h *HTTPServer) register(w http.ResponseWriter, r *http.Request) {
-	ctx, body, ok := h.deviceRequest(w, r)
+	sender, body, ok := h.deviceRequest(w, r)
 	if !ok {
 		return
 	}
-	ack, first, err := h.ingest.Register(ctx, "", body)
+	ack, first, err := h.ingest.Register(r.Context(), sender, body)
 	switch reason := contract.AsError(err); {
 	case errors.Is(err, ingest.ErrShuttingDown):
 		h.unavailable(w, "the gateway is shutting down; retry later")
@@ -338,7 +338,7 @@ func commonHeaders(next http.Handler) http.Handler {
 }
 
 func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
-	ctx, body, ok := h.deviceRequest(w, r)
+	sender, body, ok := h.deviceRequest(w, r)
 	if !ok {
 		return
 	}
@@ -357,7 +357,7 @@ func (h *HTTPServer) readings(w http.ResponseWriter, r *http.Request) {
 	for i, b := range batches {
 		payloads[i] = b
 	}
-	results, err := h.ingest.Readings(ctx, contract.TransportHTTP, "", payloads)
+	results, err := h.ingest.Readings(r.Context(), sender, payloads)
 	if errors.Is(err, ingest.ErrShuttingDown) {
 		h.unavailable(w, "the gateway is shutting down; retry later")
 		return

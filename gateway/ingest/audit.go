@@ -10,9 +10,9 @@ import (
 
 type remoteAddrKey struct{}
 
-// WithRemoteAddr tells the ingest path the sender's address, for the audit
+// withRemoteAddr carries the sender's address in ctx, for the audit
 // trail; it does nothing while no audit trail is set.
-func (in *Ingest) WithRemoteAddr(ctx context.Context, addr string) context.Context {
+func (in *Ingest) withRemoteAddr(ctx context.Context, addr string) context.Context {
 	if in.audit == nil {
 		return ctx
 	}

@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/gateway/ingest"
 	"greenhouse-gateway/harness/gatewaytest"
 	"greenhouse-gateway/internal/audit"
@@ -64,7 +63,7 @@ func BenchmarkIngestAudit(b *testing.B) {
 			payloads := [][]byte{c.payload}
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := in.Readings(context.Background(), contract.TransportMQTT, hw, payloads); err != nil {
+				if _, err := in.Readings(context.Background(), ingest.Sender{HardwareID: hw}, payloads); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -251,7 +251,7 @@ func TestAuditFloodNeverBlocksIngest(t *testing.T) {
 	for i := range payloads {
 		payloads[i] = []byte(fmt.Sprintf(`{"batch_id":"AA:BB:CC:DD:EE:50_%d","hardware_id":"AA:BB:CC:DD:EE:50"}`, i))
 	}
-	results, err := in.Readings(context.Background(), contract.TransportHTTP, "", payloads)
+	results, err := in.Readings(context.Background(), ingest.Sender{}, payloads)
 	require.NoError(t, err)
 	require.Len(t, results, 200)
 	mfs, err := reg.Gather()

@@ -7,12 +7,12 @@
 //
 // Transports (the embedded broker in gateway/broker, the external-broker
 // bridge in gateway/bridge, the HTTP listener in gateway/httpserve) decode
-// their own protocol and hand this package a message: a topic's hardware_id
-// or none, its kind, its payload, and in its context the sender's address
-// (WithRemoteAddr) and principal (WithPrincipal). They get back the ack to
-// send and whether the message may be acknowledged at the protocol level.
-// Refusals that only a transport sees (a CONNECT, an HTTP request) are
-// recorded through AuditRefusal. No MQTT or HTTP type appears here.
+// their own protocol and hand this package a decoded message: its Sender
+// (the topic's hardware_id or none, the remote address, the verified
+// principal), its kind and its payload. They get back the ack to send and
+// whether the message may be acknowledged at the protocol level. Refusals
+// that only a transport sees (a CONNECT, an HTTP request) are recorded
+// through AuditRefusal. No MQTT or HTTP type appears here.
 //
 // New starts nothing and opens nothing; Close refuses new batches and waits
 // for the commits in flight.

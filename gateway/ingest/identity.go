@@ -11,10 +11,8 @@ import (
 // principalKey carries the Principal of a device request in its context.
 type principalKey struct{}
 
-// WithPrincipal tells the ingest path who sent a message (the embedded
-// broker and the HTTP API; an external broker authenticates devices
-// itself, and its messages carry none).
-func WithPrincipal(ctx context.Context, p auth.Principal) context.Context {
+// withPrincipal carries who sent a message (Sender.Principal) in ctx.
+func withPrincipal(ctx context.Context, p auth.Principal) context.Context {
 	return context.WithValue(ctx, principalKey{}, p)
 }
 

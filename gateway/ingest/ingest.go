@@ -268,18 +268,47 @@ func (in *Ingest) enter() bool {
 	return true
 }
 
-// MQTTMessage handles one message a device published on devices/{hw}/{kind},
-// from the embedded broker or an external one. It returns the ack to
-// publish on the device's ack topic (nil: none) and whether the message
-// may be acknowledged at the MQTT level: false when nothing was stored
-// (the commit failed, the buffer is full, the gateway is stopping), so that
-// a QoS 1 device or broker keeps the message and delivers it again.
-func (in *Ingest) MQTTMessage(ctx context.Context, hw, kind string, payload []byte) (*contract.Ack, bool) {
+// Sender is who sent a message, as its transport knows it.
+type Sender struct {
+	// HardwareID is the hardware_id of the MQTT topic the message came on
+	// (devices/{hw}/{kind}); "" over HTTP, where each batch and
+	// registration names its own device.
+	HardwareID string
+	// RemoteAddr is the sender's address, for the audit trail.
+	RemoteAddr string
+	// Principal is the API key the transport verified; nil when it
+	// verifies none (an external broker authenticates its clients itself).
+	Principal *auth.Principal
+}
+
+// Transport names the transport a message from s came over: MQTT when it
+// came on a topic, else HTTP.
+func (s Sender) Transport() string { return transportOf(s.HardwareID) }
+
+// from carries s's principal and address in ctx, for the checks and the
+// audit records of one call.
+func (in *Ingest) from(ctx context.Context, s Sender) context.Context {
+	ctx = in.withRemoteAddr(ctx, s.RemoteAddr)
+	if s.Principal != nil {
+		ctx = withPrincipal(ctx, *s.Principal)
+	}
+	return ctx
+}
+
+// MQTTMessage handles one message of kind a device published on
+// devices/{hw}/{kind} (s.HardwareID), from the embedded broker or an
+// external one. It returns the ack to publish on the device's ack topic
+// (nil: none) and whether the message may be acknowledged at the MQTT
+// level: false when nothing was stored (the commit failed, the buffer is
+// full, the gateway is stopping), so that a QoS 1 device or broker keeps
+// the message and delivers it again.
+func (in *Ingest) MQTTMessage(ctx context.Context, s Sender, kind string, payload []byte) (*contract.Ack, bool) {
+	ctx, hw := in.from(ctx, s), s.HardwareID
 	if kind == contract.KindReadings {
-		return in.StartMQTTReadings(ctx, hw, payload)()
+		return in.startMQTTReadings(ctx, hw, payload)()
 	}
 	if kind == contract.KindRegister {
-		ack, _, err := in.Register(ctx, hw, payload)
+		ack, _, err := in.register(ctx, hw, payload)
 		if errors.Is(err, ErrShuttingDown) {
 			return nil, false
 		}
@@ -293,7 +322,11 @@ func (in *Ingest) MQTTMessage(ctx context.Context, hw, kind string, payload []by
 // the registry's rules) and queues its commit; the function it returns
 // waits for the commit and answers as MQTTMessage does. It must be called
 // exactly once.
-func (in *Ingest) StartMQTTReadings(ctx context.Context, hw string, payload []byte) func() (*contract.Ack, bool) {
+func (in *Ingest) StartMQTTReadings(ctx context.Context, s Sender, payload []byte) func() (*contract.Ack, bool) {
+	return in.startMQTTReadings(in.from(ctx, s), s.HardwareID, payload)
+}
+
+func (in *Ingest) startMQTTReadings(ctx context.Context, hw string, payload []byte) func() (*contract.Ack, bool) {
 	call, err := in.startReadings(ctx, contract.TransportMQTT, hw, [][]byte{payload})
 	if err != nil { // ErrShuttingDown
 		return func() (*contract.Ack, bool) { return nil, false }
@@ -310,12 +343,16 @@ func (in *Ingest) StartMQTTReadings(ctx context.Context, hw string, payload []by
 	}
 }
 
-// Register handles a registration from sender (the MQTT topic's
-// hardware_id, or "" over HTTP). It returns the ack, whether this was the
+// Register handles a registration from s (on its MQTT topic, or over
+// HTTP). It returns the ack, whether this was the
 // device's first registration, and an error when it was refused: an
 // *contract.Error (invalid; reason buffer_full when it could not be saved)
 // or ErrShuttingDown.
-func (in *Ingest) Register(ctx context.Context, sender string, payload []byte) (contract.Ack, bool, error) {
+func (in *Ingest) Register(ctx context.Context, s Sender, payload []byte) (contract.Ack, bool, error) {
+	return in.register(in.from(ctx, s), s.HardwareID, payload)
+}
+
+func (in *Ingest) register(ctx context.Context, sender string, payload []byte) (contract.Ack, bool, error) {
 	if !in.enter() {
 		return contract.Ack{}, false, ErrShuttingDown
 	}
@@ -358,16 +395,16 @@ func transportOf(sender string) string {
 	return contract.TransportMQTT
 }
 
-// Readings decodes, validates and commits reading batches, all from one
-// sender: the MQTT topic's hardware_id, or "" over HTTP (where each batch
-// names its own device). It returns one result per payload, in order.
+// Readings decodes, validates and commits reading batches, all from s (on
+// its MQTT topic, or over HTTP, where each batch names its own device). It
+// returns one result per payload, in order.
 //
 // A batch is acknowledged (accepted or duplicate) only after it is on disk.
 // When the commit itself fails, every batch that needed it is reported
 // rejected with reason buffer_full and the returned error is non-nil, so
 // the transport withholds its acknowledgement.
-func (in *Ingest) Readings(ctx context.Context, transport, sender string, payloads [][]byte) ([]contract.Result, error) {
-	call, err := in.startReadings(ctx, transport, sender, payloads)
+func (in *Ingest) Readings(ctx context.Context, s Sender, payloads [][]byte) ([]contract.Result, error) {
+	call, err := in.startReadings(in.from(ctx, s), s.Transport(), s.HardwareID, payloads)
 	if err != nil {
 		return nil, err
 	}

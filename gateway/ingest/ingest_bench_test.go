@@ -89,7 +89,7 @@ func benchIngest(b *testing.B, store Committer) (*Ingest, *buffer.Buffer) {
 // handleMQTT is what the broker's publish hook does with a readings
 // message, short of writing to the socket: ingest, then the ack payload.
 func handleMQTT(in *Ingest, hw string, payload []byte) error {
-	ack, ok := in.MQTTMessage(context.Background(), hw, contract.KindReadings, payload)
+	ack, ok := in.MQTTMessage(context.Background(), Sender{HardwareID: hw}, contract.KindReadings, payload)
 	switch {
 	case ack == nil || !ok:
 		return fmt.Errorf("not stored: %+v", ack)

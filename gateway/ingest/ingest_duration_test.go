@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/gateway/ingest"
 	"greenhouse-gateway/harness/gatewaytest"
 )
@@ -35,12 +34,12 @@ func TestIngestDurationIncludesTheCommit(t *testing.T) {
 	in, err := ingest.New(ingest.Config{}, ingest.Deps{Store: slowStore{delay: 40 * time.Millisecond}, Registerer: reg})
 	require.NoError(t, err)
 	hw := "AA:BB:CC:DD:EE:31"
-	_, err = in.Readings(context.Background(), contract.TransportMQTT, hw, [][]byte{gatewaytest.BatchJSON(hw, gatewaytest.NewBoot(), 0, 2)})
+	_, err = in.Readings(context.Background(), ingest.Sender{HardwareID: hw}, [][]byte{gatewaytest.BatchJSON(hw, gatewaytest.NewBoot(), 0, 2)})
 	require.NoError(t, err)
-	_, err = in.Readings(context.Background(), contract.TransportHTTP, "",
+	_, err = in.Readings(context.Background(), ingest.Sender{},
 		[][]byte{gatewaytest.BatchJSON(hw, gatewaytest.NewBoot(), 1, 2), gatewaytest.BatchJSON(hw, gatewaytest.NewBoot(), 2, 2)})
 	require.NoError(t, err)
-	_, err = in.Readings(context.Background(), contract.TransportHTTP, "", [][]byte{[]byte(`{"batch_id":`)})
+	_, err = in.Readings(context.Background(), ingest.Sender{}, [][]byte{[]byte(`{"batch_id":`)})
 	require.NoError(t, err, "a rejected batch is answered, not failed")
 
 	families, err := reg.Gather()

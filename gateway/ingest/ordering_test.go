@@ -40,7 +40,7 @@ func TestRejectOlderAnswersAResendDuplicate(t *testing.T) {
 	hw, boot := "AA:BB:CC:DD:EE:31", uuid.NewString()
 	send := func(payload []byte) contract.Result {
 		t.Helper()
-		res, err := in.Readings(context.Background(), contract.TransportHTTP, "", [][]byte{payload})
+		res, err := in.Readings(context.Background(), ingest.Sender{}, [][]byte{payload})
 		require.NoError(t, err)
 		return res[0]
 	}
