@@ -191,17 +191,19 @@ func (f *fakeFunction) snapshot() (delivered []string, sizes []int, overlap bool
 	return append([]string(nil), f.delivered...), append([]int(nil), f.sizes...), f.overlap
 }
 
-// newLambdaUplink returns an uplink with the lambda target pointed at url.
-func newLambdaUplink(t *testing.T, buf uplink.Store, url string, cfg uplink.Config, devices uplink.DeviceSource) (*uplink.Uplink, *prometheus.Registry) {
+// newLambdaUplink returns an uplink with the lambda target pointed at url,
+// with deps' device records and keys (its Store, Lambda, GatewayID and
+// Registerer are set here).
+func newLambdaUplink(t *testing.T, buf uplink.Store, url string, cfg uplink.Config, deps uplink.Deps) (*uplink.Uplink, *prometheus.Registry) {
 	t.Helper()
 	cfg.Target, cfg.Lambda.Function = uplink.TargetLambda, "readings"
 	cfg.MinBackoff, cfg.MaxBackoff = 5*time.Millisecond, 50*time.Millisecond
 	reg := prometheus.NewRegistry()
-	up, err := uplink.New(cfg, buf, devices, nil, nil, nil, cloud.Tables{}, nil, reg)
-	require.NoError(t, err)
 	client, err := cloud.NewLambdaClient(context.Background(), cloud.Config{Endpoint: url})
 	require.NoError(t, err)
-	up.SetLambda(client, "gw-test")
+	deps.Store, deps.Lambda, deps.GatewayID, deps.Registerer = buf, client, "gw-test", reg
+	up, err := uplink.New(cfg, deps)
+	require.NoError(t, err)
 	return up, reg
 }
 
@@ -227,7 +229,7 @@ func TestLambdaTargetMicroBatchesAcrossDevicesInOrder(t *testing.T) {
 	buf := openBuffer(t)
 	want := fleetBacklog(t, buf, 60, 4)
 	fn, url := newFakeFunction(t)
-	up, reg := newLambdaUplink(t, buf, url, uplink.Config{}, nil)
+	up, reg := newLambdaUplink(t, buf, url, uplink.Config{}, uplink.Deps{})
 	runUntilEmpty(t, up, buf)
 
 	delivered, sizes, overlap := fn.snapshot()
@@ -278,7 +280,7 @@ func TestLambdaTargetDemultiplexesResults(t *testing.T) {
 		}
 		return ""
 	}
-	up, reg := newLambdaUplink(t, buf, url, uplink.Config{}, nil)
+	up, reg := newLambdaUplink(t, buf, url, uplink.Config{}, uplink.Deps{})
 	runUntilEmpty(t, up, buf)
 
 	delivered, _, _ := fn.snapshot()
@@ -329,7 +331,7 @@ func TestLambdaTargetRetriesFailedInvocationsAndBacksOffOnThrottling(t *testing.
 		}
 		return true
 	}
-	up, reg := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{Concurrency: 8, MaxConcurrency: 8, MaxItems: 4}}, nil)
+	up, reg := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{Concurrency: 8, MaxConcurrency: 8, MaxItems: 4}}, uplink.Deps{})
 	runUntilEmpty(t, up, buf)
 
 	delivered, _, _ := fn.snapshot()
@@ -358,7 +360,7 @@ func TestLambdaTargetKeepsEventsUnderMaxBytes(t *testing.T) {
 	const maxBytes = 64 << 10
 	require.Greater(t, total, 2*maxBytes, "the test needs more than two events' worth")
 	fn, url := newFakeFunction(t)
-	up, _ := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{MaxBytes: maxBytes}}, nil)
+	up, _ := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{MaxBytes: maxBytes}}, uplink.Deps{})
 	runUntilEmpty(t, up, buf)
 	delivered, sizes, _ := fn.snapshot()
 	require.Len(t, delivered, 40)
@@ -404,12 +406,13 @@ func TestLambdaTargetSendsDeviceRecordsAndKeysThroughTheFunction(t *testing.T) {
 		FirmwareVersion: "1.0.16", FirstRegisteredAt: time.Unix(1700000000, 0).UTC(), LastSeenAt: time.Unix(1700000300, 0).UTC()})
 	keys := &fakeKeys{pending: []cloud.KeyWrite{{Key: cloud.KeyInfo{KeyID: "k1", Hash: strings.Repeat("ab", 32), Active: true, HardwareID: "AA:BB:CC:00:00:01"}}}}
 	fn, url := newFakeFunction(t)
-	up, reg := newLambdaUplink(t, buf, url, uplink.Config{}, devices)
-	up.SetKeys(keys, nil)
-	runUntilEmpty(t, up, buf)
+	up, reg := newLambdaUplink(t, buf, url, uplink.Config{}, uplink.Deps{Devices: devices, Keys: keys})
+	runUntil(t, up, func() bool {
+		keys.mu.Lock()
+		defer keys.mu.Unlock()
+		return buf.Stats().PendingBatches == 0 && devices.written() == 1 && len(keys.written) == 1
+	})
 
-	require.Equal(t, 1, devices.written())
-	require.Len(t, keys.written, 1)
 	fn.mu.Lock()
 	defer fn.mu.Unlock()
 	require.Len(t, fn.devices, 1)
@@ -422,9 +425,8 @@ func TestLambdaTargetSendsDeviceRecordsAndKeysThroughTheFunction(t *testing.T) {
 
 func TestLambdaTargetNeedsAClient(t *testing.T) {
 	buf := openBuffer(t)
-	up, err := uplink.New(uplink.Config{Target: uplink.TargetLambda, Lambda: uplink.LambdaConfig{Function: "f"}}, buf, nil, nil, nil, nil, cloud.Tables{}, nil, nil)
-	require.NoError(t, err)
-	require.ErrorContains(t, up.Run(context.Background()), "SetLambda")
+	_, err := uplink.New(uplink.Config{Target: uplink.TargetLambda, Lambda: uplink.LambdaConfig{Function: "f"}}, uplink.Deps{Store: buf})
+	require.ErrorContains(t, err, "needs a Lambda client")
 }
 
 // A few devices with deep backlogs still fill invocations: a device's
@@ -441,7 +443,7 @@ func TestLambdaTargetFillsInvocationsFromFewDevices(t *testing.T) {
 		}
 		return ""
 	}
-	up, _ := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{MaxItems: 60}}, nil)
+	up, _ := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{MaxItems: 60}}, uplink.Deps{})
 	runUntilEmpty(t, up, buf)
 	delivered, sizes, overlap := fn.snapshot()
 	require.Len(t, delivered, 120)
@@ -463,7 +465,7 @@ func TestLambdaTargetProbesWhileUnreachable(t *testing.T) {
 	require.NoError(t, proxy.Set(faultproxy.Fault{Mode: faultproxy.Reset}))
 
 	st := &leaseCountingStore{Buffer: buf}
-	up, reg := newLambdaUplink(t, st, proxy.URL(), uplink.Config{}, nil)
+	up, reg := newLambdaUplink(t, st, proxy.URL(), uplink.Config{}, uplink.Deps{})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -7,18 +7,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
-	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/delivery"
 )
 
 // minRate is the drain rate below which no ETA is given.
 const minRate = 1e-3
-
-// backlogSource is implemented by stores that can tell their backlog
-// (*buffer.Buffer).
-type backlogSource interface {
-	Stats() buffer.Stats
-}
 
 // Report returns the uplink's state and backlog for operators.
 func (u *Uplink) Report() delivery.Report {
@@ -38,12 +31,10 @@ func (u *Uplink) Report() delivery.Report {
 		r.LastDeliveryAt = &at
 	}
 	u.mu.Unlock()
-	if s, ok := u.store.(backlogSource); ok {
-		bs := s.Stats()
-		r.BacklogBatches, r.BacklogBytes = bs.PendingBatches, bs.PendingBytes
-		if !bs.Oldest.IsZero() {
-			r.OldestAgeSeconds = max(0, u.clock.Now().Sub(bs.Oldest).Seconds())
-		}
+	bs := u.store.Stats()
+	r.BacklogBatches, r.BacklogBytes = bs.PendingBatches, bs.PendingBytes
+	if !bs.Oldest.IsZero() {
+		r.OldestAgeSeconds = max(0, u.clock.Now().Sub(bs.Oldest).Seconds())
 	}
 	now := time.Now()
 	r.DrainRateBatches = u.drain.at(now)
@@ -81,11 +72,7 @@ func (u *Uplink) registerReportMetrics() {
 		Namespace: "gateway", Subsystem: "uplink", Name: "drain_eta_seconds",
 		Help: "Estimated time to drain the backlog at the recent delivery rate: 0 without a backlog, +Inf with a backlog and no recent delivery.",
 	}, func() float64 {
-		backlog := int64(0)
-		if s, ok := u.store.(backlogSource); ok {
-			backlog = s.Stats().PendingBatches
-		}
-		if v := eta(backlog, u.drain.at(time.Now())); v != nil {
+		if v := eta(u.store.Stats().PendingBatches, u.drain.at(time.Now())); v != nil {
 			return *v
 		}
 		return math.Inf(1)

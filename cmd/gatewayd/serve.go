@@ -110,8 +110,10 @@ func runStages(st *stages, dev *deviceSide, api *ingest.HTTPServer, up *uplink.U
 	devices.run(dev.mqttRun)
 	devices.run(api.Run)
 	devices.run(dev.auth.Run)
-	st.stage().run(up.Run) // 3.
-	rest := st.stage()     // 4.
+	uplinks := st.stage() // 3.
+	uplinks.run(up.Run)
+	uplinks.run(up.Sync().Run)
+	rest := st.stage() // 4.
 	for _, part := range p.parts() {
 		rest.run(part)
 	}
@@ -334,15 +336,12 @@ func newUplink(cfg Config, buf *buffer.Buffer, dev *deviceSide, clk *clock.Clock
 	probe := func(ctx context.Context) (int, error) {
 		return cloud.ProbeTransactionLimit(ctx, db.uplink, db.tables.ProcessedBatches)
 	}
-	up, err := uplink.New(cfg.Uplink, buf, dev.devices, clk, db.uplink, probe, db.tables, logger, reg)
-	if err != nil {
-		return nil, err
-	}
-	up.SetKeys(dev.deviceKeys, db.keys)
+	deps := uplink.Deps{Store: buf, Devices: dev.devices, Clock: clk, DynamoDB: db.uplink, Probe: probe, Tables: db.tables,
+		Keys: dev.deviceKeys, KeyWriter: db.keys, GatewayID: db.gatewayID, Logger: logger, Registerer: reg}
 	if db.lambda != nil {
-		up.SetLambda(db.lambda, db.gatewayID)
+		deps.Lambda = db.lambda
 	}
-	return up, nil
+	return uplink.New(cfg.Uplink, deps)
 }
 
 // newHTTP builds the operator API and the HTTP server that serves it with

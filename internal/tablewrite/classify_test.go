@@ -76,10 +76,14 @@ func TestErrorsAreClassified(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			limitRefused := false
 			var refused []*tablewrite.RequestRefusedError
-			w := tablewrite.New(refusingDB{err: tt.err}, cloud.TableNames(""), tablewrite.Options{
-				LimitRefused: func() { limitRefused = true },
-				Refused:      func(e *tablewrite.RequestRefusedError) { refused = append(refused, e) },
-			})
+			w := tablewrite.New(refusingDB{err: tt.err}, cloud.TableNames(""), tablewrite.Options{Call: func(ctx context.Context, r *tablewrite.Request) error {
+				err := r.Send(ctx)
+				if r.Refused != nil {
+					refused = append(refused, r.Refused)
+					limitRefused = limitRefused || r.Refused.Cause == tablewrite.CauseTransactionLimit
+				}
+				return err
+			}})
 			r := w.Write(context.Background(), build(testBatch("EE:00:00:00:15:07", 0, 1, 20), nil), 10)
 			require.Equal(t, tt.outcome, r.Outcome, r.Err)
 			if tt.outcome != tablewrite.Delivered {
@@ -108,7 +112,13 @@ func TestTransactionLimitRefusalFallsBackToSplitWrites(t *testing.T) {
 	tables := local.NewTables(t)
 	client := local.Client(t)
 	var refused []*tablewrite.RequestRefusedError
-	w := tablewrite.New(client, tables, tablewrite.Options{Refused: func(e *tablewrite.RequestRefusedError) { refused = append(refused, e) }})
+	w := tablewrite.New(client, tables, tablewrite.Options{Call: func(ctx context.Context, r *tablewrite.Request) error {
+		err := r.Send(ctx)
+		if r.Refused != nil {
+			refused = append(refused, r.Refused)
+		}
+		return err
+	}})
 	hw := "EE:00:00:00:15:08"
 	b := testBatch(hw, 0, 20, 20)
 	r := w.Write(context.Background(), build(b, nil), 100)
