@@ -12,6 +12,7 @@ import (
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"greenhouse-gateway/function/event"
 )
@@ -204,37 +205,17 @@ type lambdaMetrics struct {
 }
 
 func newLambdaMetrics(reg prometheus.Registerer) *lambdaMetrics {
+	f := factory{promauto.With(reg)}
 	m := &lambdaMetrics{
-		invocations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocations_total",
-			Help: "Invocations of the readings function, by outcome: ok (an answer with per-id results), throttled (TooManyRequestsException, 429), function_error (X-Amz-Function-Error), error (network, timeout, other).",
-		}, []string{"outcome"}),
-		batches: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocation_batches",
-			Help:    "Device batches per invocation of the readings function (0: device records and keys only, or an empty event: a probe or an idle report).",
-			Buckets: []float64{0, 1, 2, 5, 10, 25, 50, 100, 200, 500, 1000},
-		}),
-		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocation_duration_seconds",
-			Help:    "Latency of one invocation of the readings event.",
-			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
-		}),
-		results: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_results_total",
-			Help: "Per-id results of the readings function, by status: delivered, duplicate, conflict, rejected, throttled, error, missing (no result for an id), other.",
-		}, []string{"status"}),
-		concurrency: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_concurrency",
-			Help: "Invocations the uplink may have in flight now (AIMD: grows on success, halves on throttling).",
-		}),
-		splits: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocation_splits_total",
-			Help: "Failed invocations of several batches sent again as two halves, to find the batch that makes them fail (a function error, or another invocation error while other batches are delivered).",
-		}),
+		invocations: f.counterVec("lambda_invocations_total", "Invocations of the readings function, by outcome: ok (an answer with per-id results), throttled (TooManyRequestsException, 429), function_error (X-Amz-Function-Error), error (network, timeout, other).", "outcome"),
+		batches:     f.histogram("lambda_invocation_batches", "Device batches per invocation of the readings function (0: device records and keys only, or an empty event: a probe or an idle report).", []float64{0, 1, 2, 5, 10, 25, 50, 100, 200, 500, 1000}),
+		seconds:     f.histogram("lambda_invocation_duration_seconds", "Latency of one invocation of the readings event.", prometheus.ExponentialBuckets(0.005, 2, 14)),
+		results:     f.counterVec("lambda_results_total", "Per-id results of the readings function, by status: delivered, duplicate, conflict, rejected, throttled, error, missing (no result for an id), other.", "status"),
+		concurrency: f.gauge("lambda_concurrency", "Invocations the uplink may have in flight now (AIMD: grows on success, halves on throttling)."),
+		splits:      f.counter("lambda_invocation_splits_total", "Failed invocations of several batches sent again as two halves, to find the batch that makes them fail (a function error, or another invocation error while other batches are delivered)."),
 	}
 	for _, o := range []string{"ok", "throttled", "function_error", "error"} {
 		m.invocations.WithLabelValues(o)
 	}
-	reg.MustRegister(m.invocations, m.batches, m.seconds, m.results, m.concurrency, m.splits)
 	return m
 }

@@ -4,7 +4,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"greenhouse-gateway/internal/delivery"
@@ -63,18 +62,16 @@ func eta(backlog int64, rate float64) *float64 {
 
 // registerReportMetrics exports the drain figures, computed at scrape time.
 func (u *Uplink) registerReportMetrics() {
-	f := promauto.With(u.metrics.reg)
-	f.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "gateway", Subsystem: "uplink", Name: "drain_rate_batches_per_second",
-		Help: "Recent delivery rate, batches per second (exponentially weighted, 30 s time constant); 0 once nothing was delivered for 15 s.",
-	}, func() float64 { return u.drain.at(time.Now()) })
-	f.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "gateway", Subsystem: "uplink", Name: "drain_eta_seconds",
-		Help: "Estimated time to drain the backlog at the recent delivery rate: 0 without a backlog, +Inf with a backlog and no recent delivery.",
-	}, func() float64 {
-		if v := eta(u.store.Stats().PendingBatches, u.drain.at(time.Now())); v != nil {
-			return *v
-		}
-		return math.Inf(1)
-	})
+	f := factory{promauto.With(u.metrics.reg)}
+	f.gaugeFunc("drain_rate_batches_per_second",
+		"Recent delivery rate, batches per second (exponentially weighted, 30 s time constant); 0 once nothing was delivered for 15 s.",
+		func() float64 { return u.drain.at(time.Now()) })
+	f.gaugeFunc("drain_eta_seconds",
+		"Estimated time to drain the backlog at the recent delivery rate: 0 without a backlog, +Inf with a backlog and no recent delivery.",
+		func() float64 {
+			if v := eta(u.store.Stats().PendingBatches, u.drain.at(time.Now())); v != nil {
+				return *v
+			}
+			return math.Inf(1)
+		})
 }

@@ -61,7 +61,7 @@ type Config struct {
 	// its last requests, the record of its deliveries) leaves requests
 	// unsent, so a larger lease drains a backlog faster over a slow link.
 	// In batch write mode the items a round holds stay bounded however
-	// large the lease (forwardBulk); its batches' payloads do not.
+	// large the lease (bulkSink); its batches' payloads do not.
 	LeaseBatches int `yaml:"lease_batches"`
 	// FreshReserve is how many of a round's LeaseBatches go to devices
 	// without a backlog, so that their new batches are not held behind

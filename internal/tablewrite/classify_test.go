@@ -46,14 +46,14 @@ func validation(msg string) error {
 
 // Only a refusal of the items' own data rejects a batch; a refusal of the
 // request's shape or of the endpoint's limits is retried (Failed), told to
-// Options.Refused once with its cause, or, for a transaction with too
+// the Caller once, in Request.Refused, with its cause, or, for a transaction with too
 // many actions, written the split way at once.
 func TestErrorsAreClassified(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
 		err     error
 		outcome tablewrite.Outcome
-		cause   string // told to Options.Refused; "" when not told
+		cause   string // in Request.Refused; "" when none
 	}{
 		{"item too large", validation("Item size has exceeded the maximum allowed size"), tablewrite.Rejected, ""},
 		{"number out of range", validation("Number overflow. Attempting to store a number with magnitude larger than supported range"), tablewrite.Rejected, ""},
@@ -89,7 +89,7 @@ func TestErrorsAreClassified(t *testing.T) {
 			if tt.outcome != tablewrite.Delivered {
 				require.ErrorIs(t, r.Err, tt.err)
 			}
-			require.Equal(t, tt.cause == tablewrite.CauseTransactionLimit, limitRefused, "LimitRefused")
+			require.Equal(t, tt.cause == tablewrite.CauseTransactionLimit, limitRefused, "refused for the transaction limit")
 			if tt.cause == "" {
 				require.Empty(t, refused)
 				return

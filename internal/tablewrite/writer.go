@@ -146,7 +146,7 @@ func (w *Writer) call(ctx context.Context, op string, items int, f func(context.
 // overwrite the readings the table holds.
 //
 // A transaction the endpoint refuses for its number of actions is written
-// the split way at once: the limit was too high (Options.LimitRefused).
+// the split way at once: the limit was too high (Request.Refused, CauseTransactionLimit).
 func (w *Writer) Write(ctx context.Context, it *Items, txLimit int) Result {
 	if it.Readings()+1 <= txLimit {
 		r := w.writeTransaction(ctx, it)
