@@ -599,3 +599,9 @@ func (w *txnWriter) count() {
 }
 
 func (w *txnWriter) discard() { w.txn.Discard() }
+
+type commitReq struct {
+	entries []Entry
+	out     []Outcome
+	done    chan error
+}
