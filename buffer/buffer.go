@@ -66,7 +66,7 @@ type Buffer struct {
 	// no other writer changes underneath.
 	wmu sync.Mutex
 
-	// floor is where reads of the oldest queue entries start (floor.go).
+	// floor is where reads of the oldest queue entries start (queue_floor.go).
 	floor queueFloor
 
 	// nextSeq is the next queue sequence number; guarded by wmu (the
@@ -102,7 +102,7 @@ type Buffer struct {
 	evictLog logEvery
 	shareLog logEvery
 
-	// shares is what each device and key holds (shares.go); guarded by
+	// shares is what each device and key holds (queue_shares.go); guarded by
 	// wmu.
 	shares shares
 }

@@ -15,13 +15,11 @@ import (
 // the buffer) for an operator to inspect (DeadLetters) or re-forward
 // (Reforward). A batch no longer queued is skipped.
 func (b *Buffer) DeadLetter(p Pending, reason string) error {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	if b.closed {
-		return ErrClosed
+	unlock, err := b.lockWrite()
+	if err != nil {
+		return err
 	}
-	b.wmu.Lock()
-	defer b.wmu.Unlock()
+	defer unlock()
 	wb := newTxnWriter(b.db, nil, b.failure)
 	valLen, queued, err := wb.queued(p.Seq)
 	if err != nil {
@@ -210,13 +208,11 @@ func (b *Buffer) DeadLetters(limit int) ([]DeadLetter, int, error) {
 // dead letter frees. A batch that is unknown (or whose marker was collected) fails
 // with ErrNotFound; a pending or delivered one with ErrNotDeadLettered.
 func (b *Buffer) Reforward(batchID string) (Pending, error) {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	if b.closed {
-		return Pending{}, ErrClosed
+	unlock, err := b.lockWrite()
+	if err != nil {
+		return Pending{}, err
 	}
-	b.wmu.Lock()
-	defer b.wmu.Unlock()
+	defer unlock()
 	w := newTxnWriter(b.db, nil, b.failure)
 	m, p, deadLen, err := deadLetterFor(w, batchID)
 	if err != nil {

@@ -99,17 +99,8 @@ func (b *Buffer) Submit(ctx context.Context, entries []Entry) (wait func() ([]Ou
 		return nil, err
 	}
 	req := &commitReq{entries: entries, out: make([]Outcome, len(entries)), done: make(chan error, 1)}
-	b.mu.RLock()
-	if b.closed {
-		b.mu.RUnlock()
-		return nil, ErrClosed
-	}
-	select {
-	case b.reqs <- req:
-		b.mu.RUnlock()
-	case <-ctx.Done():
-		b.mu.RUnlock()
-		return nil, ctx.Err()
+	if err := b.enqueue(ctx, req); err != nil {
+		return nil, err
 	}
 	// Once queued, the request is committed or failed by the committer, so
 	// wait for it whatever ctx does: answering early could report "not
@@ -120,6 +111,39 @@ func (b *Buffer) Submit(ctx context.Context, entries []Entry) (wait func() ([]Ou
 		}
 		return req.out, nil
 	}, nil
+}
+
+// lockWrite takes the locks of a write made outside the committer
+// (delivery, dead letters, collection): the read lock that holds Close
+// back, then wmu. It fails with ErrClosed after Close; otherwise unlock
+// releases both.
+func (b *Buffer) lockWrite() (unlock func(), err error) {
+	b.mu.RLock()
+	if b.closed {
+		b.mu.RUnlock()
+		return nil, ErrClosed
+	}
+	b.wmu.Lock()
+	return func() {
+		b.wmu.Unlock()
+		b.mu.RUnlock()
+	}, nil
+}
+
+// enqueue hands req to the committer: ErrClosed after Close, ctx's error
+// when ctx ends first. Once it returns nil, the committer answers req.
+func (b *Buffer) enqueue(ctx context.Context, req *commitReq) error {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return ErrClosed
+	}
+	select {
+	case b.reqs <- req:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Notify returns a channel that receives a value after batches are stored.
@@ -219,13 +243,11 @@ func (b *Buffer) MarkDelivered(batches []Pending) error {
 	if len(batches) == 0 {
 		return nil
 	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	if b.closed {
-		return ErrClosed
+	unlock, err := b.lockWrite()
+	if err != nil {
+		return err
 	}
-	b.wmu.Lock()
-	defer b.wmu.Unlock()
+	defer unlock()
 	now := b.opts.now()
 	var d deliveryCounts
 	wb := newTxnWriter(b.db, nil, b.failure)
@@ -410,13 +432,11 @@ func (b *Buffer) collectInSteps(step func() (n int, more bool, err error)) (int,
 	total := 0
 	for {
 		n, more, err := func() (int, bool, error) {
-			b.mu.RLock()
-			defer b.mu.RUnlock()
-			if b.closed {
-				return 0, false, ErrClosed
+			unlock, err := b.lockWrite()
+			if err != nil {
+				return 0, false, err
 			}
-			b.wmu.Lock()
-			defer b.wmu.Unlock()
+			defer unlock()
 			return step()
 		}()
 		total += n

@@ -1,8 +1,11 @@
 package buffer
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -65,83 +68,67 @@ func (b *Buffer) SaveState(name string, value []byte) error {
 	return b.SaveStates(map[string][]byte{name: value})
 }
 
-// SaveStates durably stores several state records. Each record is written
-// whole; records that do not fit in one Badger transaction (thousands of
-// device records after a busy flush interval) are saved in as many synced
-// transactions as they need, so on an error some may already be saved.
+// SaveStates durably stores several state records. They go through the
+// committer like batches (queue_commit.go): written in the transaction of
+// the next group commit, synced with it, and SaveStates returns once that
+// group is on disk. Each record is written whole; records that do not fit
+// in one Badger transaction (thousands of device records after a busy
+// flush interval) are saved in as many synced transactions as they need,
+// so on an error some may already be saved.
 func (b *Buffer) SaveStates(records map[string][]byte) error {
 	if len(records) == 0 {
 		return nil
 	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	if b.closed {
-		return ErrClosed
-	}
-	b.wmu.Lock()
-	defer b.wmu.Unlock()
-	names := make([]string, 0, len(records))
-	for name := range records {
-		names = append(names, name)
-	}
-	for len(names) > 0 {
-		n, err := b.saveStates(names, records)
-		if err != nil {
-			return fmt.Errorf("saving %d state records: %w", len(records), err)
+	req := &commitReq{states: records, done: make(chan error, 1)}
+	if err := b.enqueue(context.Background(), req); err != nil {
+		if errors.Is(err, ErrClosed) {
+			return err
 		}
-		names = names[n:]
+		return fmt.Errorf("saving %d state records: %w", len(records), err)
+	}
+	if err := <-req.done; err != nil {
+		return fmt.Errorf("saving %d state records: %w", len(records), err)
 	}
 	return nil
 }
 
-// saveStates saves the records of as many of names as fit in one synced
-// transaction and returns how many it saved.
-func (b *Buffer) saveStates(names []string, records map[string][]byte) (int, error) {
-	var delta, added int64
-	b.vlogSyncFailed.Store(false)
-	if err := b.failure.failed(); err != nil {
-		return 0, err
-	}
-	txn := b.db.NewTransaction(true)
-	defer txn.Discard()
-	n := 0
-	for _, name := range names {
-		k := stateKey(name)
-		value := records[name]
-		var old int64
-		item, err := txn.Get(k)
-		switch {
-		case err == nil:
-			old = recordSize(len(k), int(item.ValueSize()))
-		case errors.Is(err, badger.ErrKeyNotFound):
-		default:
-			return 0, err
+// stateWrites is what a group's state records change in the counters.
+type stateWrites struct {
+	records int   // records written
+	added   int64 // records that did not exist before
+	bytes   int64 // the change in their size (recordSize)
+}
+
+// writeStates writes the state records of the group's requests through w,
+// in the order of the requests (a later save of a name wins).
+func writeStates(w *txnWriter, group []*commitReq) (stateWrites, error) {
+	var sw stateWrites
+	// written is the size of each record this group wrote: a transaction's
+	// own writes do not tell their size.
+	written := map[string]int64{}
+	for _, req := range group {
+		names := slices.Sorted(maps.Keys(req.states))
+		for _, name := range names {
+			k := stateKey(name)
+			value := req.states[name]
+			old, seen := written[name]
+			if !seen {
+				var err error
+				if old, err = w.recordSize(k); err != nil {
+					w.discard()
+					return sw, fmt.Errorf("reading state %s: %w", name, err)
+				}
+			}
+			if err := w.set(k, value); err != nil {
+				return sw, err
+			}
+			if old == 0 {
+				sw.added++
+			}
+			written[name] = recordSize(len(k), len(value))
+			sw.bytes += written[name] - old
+			sw.records++
 		}
-		if err := txn.Set(k, value); errors.Is(err, badger.ErrTxnTooBig) && n > 0 {
-			break // the rest go in the next transaction
-		} else if err != nil {
-			return 0, err
-		}
-		if old == 0 {
-			added++
-		}
-		delta += recordSize(len(k), len(value)) - old
-		n++
 	}
-	err := txn.Commit()
-	if err != nil {
-		b.failure.fail(err)
-	}
-	if err == nil && b.vlogSyncFailed.Swap(false) {
-		err = errors.New("badger could not sync its value log")
-	}
-	if err == nil {
-		err = b.dirSync.syncIfChanged()
-	}
-	if err != nil {
-		return 0, err
-	}
-	b.usage.state.Add(delta)
-	b.usage.stateRecords.Add(added)
-	return n, nil
+	return sw, nil
 }
