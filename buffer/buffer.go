@@ -43,7 +43,9 @@ const (
 	Limited
 )
 
-// Buffer is the durable queue. Its methods are safe for concurrent use.
+// Buffer is the open store: the batch queue, the state records, the
+// history and the dead letters of one data directory. Its methods are
+// safe for concurrent use.
 type Buffer struct {
 	dir     string
 	opts    Options

@@ -10,58 +10,6 @@ import (
 	"github.com/dgraph-io/badger/v4"
 )
 
-// DeadLetter moves a batch the cloud refuses permanently out of the queue
-// into the dead-letter area, where it is kept with reason (never deleted by
-// the buffer) for an operator to inspect (DeadLetters) or re-forward
-// (Reforward). A batch no longer queued is skipped.
-func (b *Buffer) DeadLetter(p Pending, reason string) error {
-	unlock, err := b.lockWrite()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	wb := newTxnWriter(b.db, nil, b.failure)
-	valLen, queued, err := wb.queued(p.Seq)
-	if err != nil {
-		wb.discard()
-		return err
-	}
-	m, found, err := wb.marker(p.BatchID)
-	if err != nil {
-		wb.discard()
-		return err
-	}
-	if !queued || !found || m.state != statePending || m.seq != p.Seq {
-		wb.discard()
-		b.logger.Warn("batch to dead-letter is no longer queued", "batch_id", p.BatchID, "reason", reason)
-		return nil
-	}
-	m.state = stateDead
-	m.doneAt = b.opts.now()
-	val := encodeDead(p, reason)
-	if err := wb.set(markerKey(p.BatchID), m.encode()); err != nil {
-		return err
-	}
-	if err := wb.set(deadKey(p.BatchID), val); err != nil {
-		return err
-	}
-	if err := wb.delete(queueKey(p.Seq)); err != nil {
-		return err
-	}
-	if err := wb.commit(); err != nil {
-		return fmt.Errorf("dead-lettering batch %s: %w", p.BatchID, err)
-	}
-	b.pendingBatches.Add(-1)
-	b.pendingBytes.Add(-int64(valLen))
-	b.usage.pending.Add(-pendingCost(len(p.BatchID), valLen))
-	b.shares.remove(p.HardwareID, pendingCost(len(p.BatchID), valLen))
-	b.usage.dead.Add(deadRecord(len(p.BatchID), len(val)) + markerRecord(len(p.BatchID)))
-	b.usage.deadBatches.Add(1)
-	b.metrics.deadLettered.Inc()
-	b.logger.Warn("batch dead-lettered", "batch_id", p.BatchID, "hardware_id", p.HardwareID, "reason", reason)
-	return nil
-}
-
 // ErrNotDeadLettered is returned by Reforward for a batch that is known but
 // not dead-lettered (pending or delivered).
 var ErrNotDeadLettered = errors.New("buffer: batch is not dead-lettered")
@@ -185,6 +133,57 @@ func deadReasonLen(v []byte, p Pending) int {
 		return 3 + int(binary.BigEndian.Uint16(rest[1:3]))
 	}
 	return 0
+}
+
+// DeadLetter moves a batch the cloud refuses permanently out of the queue
+// into the dead-letter area, where it is kept with reason (never deleted by
+// the buffer) for an operator to inspect (DeadLetters) or re-forward
+// (Reforward). A batch no longer queued is skipped.
+func (b *Buffer) DeadLetter(p Pending, reason string) error {
+	unlock, err := b.lockWrite()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	wb := newTxnWriter(b.db, nil, b.failure)
+	valLen, queued, err := wb.queued(p.Seq)
+	if err != nil {
+		wb.discard()
+		return err
+	}
+	m, ok, err := pendingMarker(wb, p, queued)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		wb.discard()
+		b.logger.Warn("batch to dead-letter is no longer queued", "batch_id", p.BatchID, "reason", reason)
+		return nil
+	}
+	m.state = stateDead
+	m.doneAt = b.opts.now()
+	val := encodeDead(p, reason)
+	if err := wb.set(markerKey(p.BatchID), m.encode()); err != nil {
+		return err
+	}
+	if err := wb.set(deadKey(p.BatchID), val); err != nil {
+		return err
+	}
+	if err := wb.delete(queueKey(p.Seq)); err != nil {
+		return err
+	}
+	if err := wb.commit(); err != nil {
+		return fmt.Errorf("dead-lettering batch %s: %w", p.BatchID, err)
+	}
+	b.pendingBatches.Add(-1)
+	b.pendingBytes.Add(-int64(valLen))
+	b.usage.pending.Add(-pendingCost(len(p.BatchID), valLen))
+	b.shares.remove(p.HardwareID, pendingCost(len(p.BatchID), valLen))
+	b.usage.dead.Add(deadRecord(len(p.BatchID), len(val)) + markerRecord(len(p.BatchID)))
+	b.usage.deadBatches.Add(1)
+	b.metrics.deadLettered.Inc()
+	b.logger.Warn("batch dead-lettered", "batch_id", p.BatchID, "hardware_id", p.HardwareID, "reason", reason)
+	return nil
 }
 
 // DeadLetters returns up to limit dead-lettered batches (all with

@@ -185,3 +185,16 @@ func TestDeadLetterEncoding(t *testing.T) {
 	_, _, err := decodeDead(encodeDead(Pending{BatchID: "a"}, "why"), true)
 	require.ErrorContains(t, err, "no payload")
 }
+
+func deadLetterByID(tb testing.TB, b *Buffer, id, reason string) {
+	tb.Helper()
+	ps, err := b.Pending(0, 100)
+	require.NoError(tb, err)
+	for _, p := range ps {
+		if p.BatchID == id {
+			require.NoError(tb, b.DeadLetter(p, reason))
+			return
+		}
+	}
+	tb.Fatalf("batch %s is not pending", id)
+}

@@ -29,19 +29,6 @@ func requireCountersMatchDisk(tb testing.TB, b *Buffer) {
 	require.Equal(tb, s.nextSeq, b.nextSeq)
 }
 
-func deadLetterByID(tb testing.TB, b *Buffer, id, reason string) {
-	tb.Helper()
-	ps, err := b.Pending(0, 100)
-	require.NoError(tb, err)
-	for _, p := range ps {
-		if p.BatchID == id {
-			require.NoError(tb, b.DeadLetter(p, reason))
-			return
-		}
-	}
-	tb.Fatalf("batch %s is not pending", id)
-}
-
 // snapshotFixture is a cleanly closed buffer with two devices' pending
 // batches, a delivered one, a dead letter and a state record.
 func snapshotFixture(t *testing.T) string {

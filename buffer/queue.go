@@ -302,13 +302,9 @@ func (b *Buffer) markOneDelivered(wb *txnWriter, p Pending, now time.Time, d *de
 		wb.discard()
 		return err
 	}
-	m, found, err := wb.marker(p.BatchID)
-	if err != nil {
-		wb.discard()
+	m, ok, err := pendingMarker(wb, p, q.queued)
+	if err != nil || !ok {
 		return err
-	}
-	if !q.queued || !found || m.state != statePending || m.seq != p.Seq {
-		return nil
 	}
 	if b.historyEnabled() && !q.leased && q.val == nil {
 		if q.val, _, err = wb.queuedValue(p.Seq); err != nil {
@@ -352,6 +348,18 @@ func (b *Buffer) markOneDelivered(wb *txnWriter, p Pending, now time.Time, d *de
 	d.byDevice[p.HardwareID] += pendingCost(len(p.BatchID), q.size)
 	d.deliveredAdded += deliveredCost(len(p.BatchID))
 	return nil
+}
+
+// pendingMarker reads p's marker through wb and reports whether p is still
+// the pending batch queued under p.Seq (queued: its queue entry exists).
+// A failed read discards wb's transaction.
+func pendingMarker(wb *txnWriter, p Pending, queued bool) (marker, bool, error) {
+	m, found, err := wb.marker(p.BatchID)
+	if err != nil {
+		wb.discard()
+		return m, false, err
+	}
+	return m, queued && found && m.state == statePending && m.seq == p.Seq, nil
 }
 
 // queuedEntry is what readQueued learns of a batch's queue entry.
