@@ -23,3 +23,6 @@ const (
 	StatusThrottled    = event.StatusThrottled
 	StatusError        = event.StatusError
 )
+
+// decodeBatchEvent reads a gateway_batches event, plain or compressed.
+var decodeBatchEvent = event.Unmarshal

@@ -17,7 +17,6 @@
 package function
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,11 +83,11 @@ func (f *Function) Handle(ctx context.Context, event json.RawMessage) (any, erro
 	}
 	switch {
 	case probe.Kind == KindGatewayBatches:
-		var ev BatchEvent
-		dec := json.NewDecoder(bytes.NewReader(event))
-		if err := dec.Decode(&ev); err != nil {
+		ev, encoding, err := decodeBatchEvent(event)
+		if err != nil {
 			return nil, fmt.Errorf("reading the gateway_batches event: %w", err)
 		}
+		observed(ctx).encoded(encoding, len(event))
 		return f.HandleBatches(ctx, ev)
 	case probe.Version == "2.0":
 		if !f.viaHTTPAlias(ctx) {

@@ -136,6 +136,8 @@ type invocation struct {
 	readings    map[string]int
 	throttles   int
 	statusCode  int
+	encoding    string // a gateway_batches event's: none, gzip, zstd
+	eventBytes  int    // its size as invoked
 }
 
 type invocationKey struct{}
@@ -171,6 +173,17 @@ func (inv *invocation) gatewayEvent(ev BatchEvent) {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	inv.event, inv.gatewayID, inv.report = KindGatewayBatches, ev.GatewayID, ev.Report
+}
+
+// encoded notes how a gateway_batches event came: its encoding and its
+// size as invoked.
+func (inv *invocation) encoded(encoding string, size int) {
+	if inv == nil {
+		return
+	}
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	inv.encoding, inv.eventBytes = encoding, size
 }
 
 // httpRequest notes an API Gateway request: its route and correlation id.
@@ -255,6 +268,9 @@ func (o *Observer) finish(ctx context.Context, inv *invocation, d time.Duration,
 	}
 	if inv.gatewayID != "" {
 		attrs = append(attrs, slog.String("gateway_id", inv.gatewayID))
+	}
+	if inv.encoding != "" {
+		attrs = append(attrs, slog.String("encoding", inv.encoding), slog.Int("event_bytes", inv.eventBytes))
 	}
 	switch len(inv.devices) {
 	case 0:
