@@ -6,7 +6,7 @@
 # arguments): the pristine module is fetched through the Go module proxy
 # (go mod download) and copied to a temporary directory; the series
 # (NNNN-*.patch, in order) is applied to the whole module, upstream's tests
-# included, with patch -p1 and no fuzz; the files the manifest
+# included, with patch -p1 and no fuzz (git apply without patch(1)); the files the manifest
 # (patches/<module>/files) keeps are compared with diff -r against
 # third_party/<module>/, which must hold exactly those files; and the
 # regression tests the upstream-ready patches add (their "Upstream-Test:
@@ -49,6 +49,17 @@ patches_touching() {
 	fi
 }
 
+# apply_patch DIR PATCH applies PATCH to DIR: with patch(1), no fuzz, or
+# where it is missing with git apply in a repository made for DIR.
+apply_patch() {
+	if command -v patch >/dev/null; then
+		(cd "$1" && patch -p1 -F0 -N --batch --no-backup-if-mismatch -r - <"$2")
+	else
+		[[ -d $1/.git ]] || git -C "$1" init -q
+		git -C "$1" apply -p1 "$2"
+	fi
+}
+
 # manifest MODULE KEY prints the values of the manifest's KEY lines.
 manifest() {
 	sed -e 's/[[:space:]]*#.*//' "$here/patches/$1/files" | awk -v k="$2" '$1 == k { print $2 }'
@@ -85,7 +96,7 @@ verify() {
 	local applied=()
 	for p in "$dir"/[0-9][0-9][0-9][0-9]-*.patch; do
 		[[ -e $p ]] || continue
-		if ! out=$(cd "$full" && patch -p1 -F0 -N --batch --no-backup-if-mismatch -r - <"$p" 2>&1); then
+		if ! out=$(apply_patch "$full" "$p" 2>&1); then
 			fail "$m: $(basename "$p") does not apply to $module@$version${applied:+ after ${applied[*]}}:"
 			echo "$out" >&2
 			return
