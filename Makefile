@@ -38,11 +38,15 @@ lambda-local: lambda ## the readings function, the Lambda Runtime Interface Emul
 		{ echo "make: could not build the Lambda Runtime Interface Emulator $(RIE_VERSION) through the Go module proxy ($$($(GO) env GOPROXY)); go's message is above: check the network or GOPROXY, then run again" >&2; exit 1; }
 	$(GO) build -trimpath -o bin/invokeproxy ./harness/invokeproxy/cmd/invokeproxy
 
-test: dynamodb-local test-deps lint ## every test, integration and 3-minute soak included, with the race detector; then each fuzz target briefly
+test: dynamodb-local test-deps lint verify-forks ## every test, integration and 3-minute soak included, with the race detector; then each fuzz target briefly
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@# Tests that measure the production build (race instrumentation changes what they measure).
 	$(GO) test -count=1 -run '^TestIdleConnectionStacksShrink$$' ./ingest/
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME)
+
+.PHONY: verify-forks
+verify-forks: ## check that the forks in third_party/ are their upstream modules with the series of third_party/patches/ applied, and run the series' upstream regression tests
+	@GO='$(GO)' third_party/verify.sh
 
 test-deps: ## install (as root, in one apt run) the Debian packages the integration tests use
 	@deploy/local/test-deps.sh
