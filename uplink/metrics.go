@@ -46,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		concurrency:     f.gauge("concurrency", "DynamoDB requests the uplink may have in flight now (AIMD: grows on success, halves on throttling)."),
 		roundBatches:    f.histogram("round_batches", "Batches per forwarding round.", batchBuckets),
 		waveBatches:     f.histogram("wave_batches", "Batches per bulk write (one round's batches) in batch write mode.", batchBuckets),
-		roundWait:       f.histogram("round_wait_seconds", "Adaptive wait for more batches before a round is sent (0 at low arrival rates).", []float64{0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2}),
+		roundWait:       f.histogram("round_wait_seconds", "Wait for more batches before a round is sent: the adaptive wait (uplink.max_wait) or, while few batches are pending, the wait for the link (uplink.max_delay).", []float64{0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30}),
 		freshBatches:    f.counter("fresh_batches_total", "Batches of devices without a backlog forwarded ahead of other devices' backlog."),
 		batches:         f.counterVec("batches_total", "Batches forwarded, by result: delivered, already_delivered (the cloud marker existed), dead_lettered.", "result"),
 		readings:        f.counter("readings_total", "Readings of batches forwarded (delivered or already delivered)."),

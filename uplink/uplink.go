@@ -73,6 +73,16 @@ type Config struct {
 	// at low rates (each batch goes at once), MaxWait at high rates (fuller
 	// requests). Default 100ms; a negative value is an error.
 	MaxWait time.Duration `yaml:"max_wait"`
+	// MaxDelay is how long batches may wait for each other before a
+	// round sends them, so that at a live rate (a greenhouse's devices
+	// sending a batch a minute each) they travel in full requests and
+	// invocations instead of one signed request (or three: marker lookup,
+	// readings, marker) per batch: a round waits while fewer than
+	// MaxBatchSize batches are pending, until the oldest of them has
+	// waited MaxDelay. A backlog is not held. Readings reach the cloud up
+	// to MaxDelay later. Default 5s; a negative value sends each batch as
+	// soon as the adaptive wait (MaxWait) lets it.
+	MaxDelay time.Duration `yaml:"max_delay"`
 	// MaxBatchSize is how many pending batches end a wait at once.
 	// Default 100; at most LeaseBatches.
 	MaxBatchSize int `yaml:"max_batch_size"`
@@ -115,6 +125,7 @@ func DefaultConfig() Config {
 		LeaseBatches:      1024,
 		FreshReserve:      128,
 		MaxWait:           100 * time.Millisecond,
+		MaxDelay:          5 * time.Second,
 		MaxBatchSize:      100,
 		WaitTargetRate:    20,
 		WaitSteepness:     0.25,
@@ -205,6 +216,7 @@ func (c Config) withDefaults() Config {
 		c.FreshReserve = min(d.FreshReserve, c.LeaseBatches/8)
 	}
 	c.MaxWait = cmp.Or(c.MaxWait, d.MaxWait)
+	c.MaxDelay = cmp.Or(c.MaxDelay, d.MaxDelay)
 	if c.MaxBatchSize == 0 {
 		c.MaxBatchSize = min(d.MaxBatchSize, c.LeaseBatches)
 	}
@@ -513,11 +525,12 @@ func (u *Uplink) nextWait() time.Duration {
 	return adaptiveWait(u.arrivals.at(time.Now()), u.cfg.MaxWait, u.cfg.WaitTargetRate, u.cfg.WaitSteepness)
 }
 
-// gather waits up to wait for more batches to arrive, less when
-// MaxBatchSize batches are pending sooner.
+// gather waits up to wait, or for the link (linger), for more batches to
+// arrive, less when MaxBatchSize batches are pending sooner.
 func (u *Uplink) gather(ctx context.Context, wait time.Duration) {
 	start := time.Now()
 	defer func() { u.metrics.roundWait.Observe(time.Since(start).Seconds()) }()
+	wait = max(wait, u.linger(u.store.Stats(), start))
 	if wait <= 0 {
 		return
 	}
@@ -535,6 +548,16 @@ func (u *Uplink) gather(ctx context.Context, wait time.Duration) {
 		case <-u.store.Notify():
 		}
 	}
+}
+
+// linger is how long a round waits at now for the link (MaxDelay): while
+// batches are pending but fewer than MaxBatchSize, until the oldest of
+// them has waited MaxDelay since it was received.
+func (u *Uplink) linger(st buffer.Stats, now time.Time) time.Duration {
+	if u.cfg.MaxDelay <= 0 || st.PendingBatches == 0 || st.PendingBatches >= int64(u.cfg.MaxBatchSize) || st.Oldest.IsZero() {
+		return 0
+	}
+	return min(u.cfg.MaxDelay, max(0, u.cfg.MaxDelay-now.Sub(st.Oldest)))
 }
 
 // round forwards one lease of pending batches and returns how many it
