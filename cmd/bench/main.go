@@ -40,7 +40,7 @@ func run(args []string) int {
 		"comma-separated scenarios to run: mqtt (closed-loop MQTT ingest; idle RSS and CPU per reading), "+
 			"fixed (fixed offered load from each fleet size), sdcard (MQTT ingest with every fsync of the data directory 10 ms slower; root, FUSE), "+
 			"http, drain (forwarding against the plain-write ceiling; RSS while draining), lambda (drain through the readings function), "+
-			"uplink-bytes (bytes, requests and connections on the uplink per reading, live and draining, direct and through the function, against the plain same-items writer; about 2x --bytes-live plus 3 minutes), "+
+			"uplink-bytes (bytes, requests and connections on the uplink per reading, live and draining, direct and through the function, against the plain same-items writer; about 2x --bytes-live plus 2 minutes), "+
 			"footprint (time to ready, disk per reading), idle (memory breakdown of the largest fleet connected and idle)")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "measured window of each load, after the warm-up")
 	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "warm-up before each measured window")

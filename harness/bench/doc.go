@@ -45,7 +45,7 @@
 //     draining a backlog of 20,000 readings; against the plain same-items
 //     writer (gatewayd's readings and markers, 25 to an unconditional
 //     BatchWriteItem) through the same kind of relay; with an estimate of
-//     what TLS and a session token would add, stated as one. About 9
+//     what TLS and a session token would add, stated as one. About 8
 //     minutes with the defaults.
 //   - footprint: the time to /readyz with 1,000,000 readings pending (the
 //     data directory is built once and cached under .cache/bench), and the

@@ -34,9 +34,10 @@ const (
 	bytesLambda = "lambda"
 )
 
-// Goroutines of the plain same-items writer: one at the live rate, where a
-// writer has a request at a time to send; the SDK loop's concurrency
-// (UplinkConcurrency) for a backlog.
+// plainLiveGoroutines is the plain same-items writer's goroutines on the
+// live batches: at the live rate a writer has one request at a time to
+// send. On a backlog it runs the SDK loop's concurrency
+// (UplinkConcurrency).
 const plainLiveGoroutines = 1
 
 // The TLS and session token estimate: what an uplink to AWS adds to the
@@ -199,6 +200,12 @@ func (r *runner) probeTxLimit(ctx context.Context) error {
 // relays are the relays in front of one uplink's endpoints.
 type relays map[string]*byterelay.Relay
 
+// dynamoRelay starts a relay in front of DynamoDB Local.
+func (r *runner) dynamoRelay() (relays, error) {
+	rl, err := byterelay.Start(strings.TrimPrefix(r.dynamo.endpoint, "http://"))
+	return relays{bytesDirect: rl}, err
+}
+
 func (rs relays) counts() (byterelay.Counts, map[string]byterelay.Counts) {
 	var total byterelay.Counts
 	by := map[string]byterelay.Counts{}
@@ -281,11 +288,11 @@ func (r *runner) bytesLive(ctx context.Context, target, rie, bootstrap string) (
 	if err != nil {
 		return run, nil, err
 	}
-	rs := relays{}
-	defer rs.close()
-	if rs[bytesDirect], err = byterelay.Start(strings.TrimPrefix(r.dynamo.endpoint, "http://")); err != nil {
+	rs, err := r.dynamoRelay()
+	if err != nil {
 		return run, nil, err
 	}
+	defer rs.close()
 	var env []string
 	if target == bytesLambda {
 		extra, stop, err := r.relayedFunction(rie, bootstrap, prefix, rs)
@@ -443,11 +450,11 @@ func (r *runner) bytesDrain(ctx context.Context, target, rie, bootstrap string) 
 	if err != nil {
 		return run, nil, err
 	}
-	rs := relays{}
-	defer rs.close()
-	if rs[bytesDirect], err = byterelay.Start(strings.TrimPrefix(r.dynamo.endpoint, "http://")); err != nil {
+	rs, err := r.dynamoRelay()
+	if err != nil {
 		return run, nil, err
 	}
+	defer rs.close()
 	var via drainTarget
 	if target == bytesLambda {
 		via = func(ctx context.Context, prefix string) ([]string, func(), error) {
@@ -514,13 +521,12 @@ func (r *runner) plainSameItems(ctx context.Context, items []*itemBatch, g int) 
 	for _, ib := range items {
 		run.Readings += int64(len(ib.readings))
 	}
-	rl, err := byterelay.Start(strings.TrimPrefix(r.dynamo.endpoint, "http://"))
+	rs, err := r.dynamoRelay()
 	if err != nil {
 		return run, err
 	}
-	rs := relays{bytesDirect: rl}
 	defer rs.close()
-	client, err := cloud.NewClient(ctx, cloud.Config{Endpoint: rl.URL(), Region: awsRegion}, cloud.WithConnections(g))
+	client, err := cloud.NewClient(ctx, cloud.Config{Endpoint: rs[bytesDirect].URL(), Region: awsRegion}, cloud.WithConnections(g))
 	if err != nil {
 		return run, err
 	}
@@ -619,10 +625,10 @@ func (r *runner) reportUplinkBytes(res uplinkBytesResult) {
 	r.res.note("uplink bytes: live rate %d devices, a batch of %d readings each %s for %s, each device at its own point of the minute; "+
 		"draining a backlog of %d readings from %d devices; the lambda target's function is the readings function under the Runtime Interface "+
 		"Emulator (its own writes to DynamoDB are the cloud's, not counted). The plain same-items writer writes the items gatewayd writes "+
-		"(readings, a processed_batches marker a batch), unconditionally, 25 to a BatchWriteItem: live, the direct run's batches with %d goroutine(s); "+
+		"(readings, a processed_batches marker a batch), unconditionally, 25 to a BatchWriteItem: live, the direct run's batches with one goroutine; "+
 		"draining, the direct drain's backlog with %d goroutines",
 		r.cfg.BytesDevices, r.cfg.Readings, bytesInterval, r.cfg.BytesLive, r.cfg.BytesBacklog, r.cfg.BytesDevices,
-		plainLiveGoroutines, r.cfg.UplinkConcurrency)
+		r.cfg.UplinkConcurrency)
 	r.res.note("uplink bytes: ESTIMATE, not measured (the benchmark's sockets carry plain HTTP): TLS adds %d B a record (AES-GCM; one record "+
 		"per request or answer, one more per 16 KiB) and a full handshake of %d B up and %d B down a connection (certificate chain, no "+
 		"resumption); temporary credentials add an X-Amz-Security-Token of about %d B to every request; from the counted requests and connections",
