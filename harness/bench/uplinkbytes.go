@@ -84,7 +84,7 @@ type bytesRun struct {
 	GatewaySent     float64 `json:"gateway_counted_sent,omitempty"`
 	GatewayReceived float64 `json:"gateway_counted_received,omitempty"`
 	Goroutines      int     `json:"goroutines,omitempty"`
-	// Stored is the readings and markers in the tables afterwards.
+	// ReadingsStored and MarkersStored are what the tables hold afterwards.
 	ReadingsStored int64 `json:"readings_in_table"`
 	MarkersStored  int64 `json:"markers_in_table"`
 	// Drain is gatewayd's drain, when the run is one.
