@@ -100,5 +100,5 @@ bench: dynamodb-local ## benchmarks against same-run baselines (mosquitto, SDK l
 ATTACK_TIMEOUT ?= 40m
 attack: dynamodb-local test-deps ## the attack tests, and the full-disk cycles, at full size (thousands of sockets, RSS bounds, 10 disk cycles; figures in cmd/bench/MEASUREMENTS.md)
 	GATEWAY_ATTACK_FULL=1 $(GO) test -count=1 -v -run '^(TestAttack|TestFullDiskCycles)' -timeout $(ATTACK_TIMEOUT) ./cmd/gatewayd/ ./ingest/
-soak: build dynamodb-local ## fault soak of bin/gatewayd (and bin/devicesim): kill -9, DynamoDB Local outages, fault proxy, SIGTERM, power cuts (FUSE, as root); SOAK_FLAGS (e.g. --duration 30m --kill-cycles 300 --powercut-cycles 100)
+soak: build dynamodb-local ## fault soak of bin/gatewayd (and bin/devicesim): kill -9, DynamoDB Local outages, fault proxy, SIGTERM, power cuts (FUSE, as root), then an hour of 100 devices with flat RSS peaks; SOAK_FLAGS (e.g. --duration 30m --kill-cycles 300 --powercut-cycles 100 --steady-duration 2h)
 	$(GO) run ./cmd/soak --bin-dir bin $(SOAK_FLAGS)

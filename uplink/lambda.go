@@ -74,7 +74,7 @@ func (t *lambdaTarget) invoke(ctx context.Context, ev *event.BatchEvent) (map[st
 	// stand when the event goes.
 	report, reported := t.reports.take()
 	ev.V, ev.Kind, ev.GatewayID, ev.Report = event.EventVersion, event.KindGatewayBatches, t.gatewayID, report
-	payload, err := json.Marshal(ev)
+	payload, err := event.Marshal(ev, t.cfg.Encoding)
 	if err != nil {
 		t.limiter.release(gen, outcomeSuccess, "", 0)
 		reported(false)

@@ -46,7 +46,9 @@ type fakeFunction struct {
 	mu          sync.Mutex
 	invocations int
 	sizes       []int // batches per answered invocation
-	bodies      []int // event bytes per invocation
+	bodies      []int    // event bytes per invocation
+	encodings   []string // each invocation's encoding
+	plain       []int    // its event's bytes as plain JSON
 	sent        map[string]int
 	delivered   []string // batch_ids in the order they were first delivered
 	isDelivered map[string]bool
@@ -86,8 +88,14 @@ func (f *fakeFunction) serve(w http.ResponseWriter, r *http.Request) {
 	if f.invocation != nil && f.invocation(n, w) {
 		return
 	}
-	var ev event.BatchEvent
-	require.NoError(f.t, json.Unmarshal(body, &ev))
+	ev, encoding, err := event.Unmarshal(body)
+	require.NoError(f.t, err)
+	f.mu.Lock()
+	f.encodings = append(f.encodings, encoding)
+	if plain, err := json.Marshal(ev); err == nil {
+		f.plain = append(f.plain, len(plain))
+	}
+	f.mu.Unlock()
 	require.Equal(f.t, 1, ev.V)
 	require.Equal(f.t, "gateway_batches", ev.Kind)
 	require.Equal(f.t, "gw-test", ev.GatewayID)
@@ -365,8 +373,40 @@ func TestLambdaTargetKeepsEventsUnderMaxBytes(t *testing.T) {
 	require.Greater(t, len(sizes), 2)
 	fn.mu.Lock()
 	defer fn.mu.Unlock()
-	for _, b := range fn.bodies {
+	for i, b := range fn.bodies {
 		require.LessOrEqual(t, b, maxBytes)
+		require.LessOrEqual(t, fn.plain[i], maxBytes, "the bound holds for the plain event, whatever it compresses to")
+	}
+}
+
+func TestLambdaEventsTravelCompressed(t *testing.T) {
+	for _, enc := range []string{"", "gzip", "none"} {
+		t.Run("encoding "+enc, func(t *testing.T) {
+			buf := openBuffer(t)
+			for d := range 10 {
+				store(t, buf, seqBatch(t, fmt.Sprintf("AA:BB:CC:02:00:%02X", d), 0, 20))
+			}
+			fn, url := newFakeFunction(t)
+			up, _ := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{Encoding: enc}}, nil)
+			runUntilEmpty(t, up, buf)
+			delivered, _, _ := fn.snapshot()
+			require.Len(t, delivered, 10)
+			fn.mu.Lock()
+			defer fn.mu.Unlock()
+			want := map[string]string{"": "zstd", "gzip": "gzip", "none": "none"}[enc]
+			checked := 0
+			for i, got := range fn.encodings {
+				if fn.plain[i] < 200 { // an empty event does not shrink and goes plain
+					continue
+				}
+				checked++
+				require.Equal(t, want, got, "invocation %d", i)
+				if want != "none" {
+					require.Less(t, fn.bodies[i], fn.plain[i]/3, "invocation %d: %d bytes for %d plain", i, fn.bodies[i], fn.plain[i])
+				}
+			}
+			require.Positive(t, checked, "invocations carried batches")
+		})
 	}
 }
 

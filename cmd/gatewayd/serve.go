@@ -284,6 +284,9 @@ func newDeviceSide(cfg Config, peppers ingest.Peppers, db cloudSide, buf *buffer
 	if d.devices, err = registry.New(cfg.Devices, buf, clk, logger, reg); err != nil {
 		return nil, err
 	}
+	if err := d.devices.Load(); err != nil {
+		return nil, err
+	}
 	if d.ingest, err = ingest.New(cfg.Ingest, buf, d.devices, clk, logger, reg); err != nil {
 		return nil, err
 	}

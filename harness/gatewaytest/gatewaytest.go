@@ -172,6 +172,7 @@ func Start(t testing.TB, store ingest.Committer, options ...func(*Options)) *Gat
 	require.NoError(t, err)
 	devices, err := registry.New(opts.Devices, buf, opts.Clock, nil, reg)
 	require.NoError(t, err)
+	require.NoError(t, devices.Load())
 	in, err := ingest.New(opts.Ingest, store, devices, opts.Clock, nil, reg)
 	require.NoError(t, err)
 	deviceKeys, err := ingest.NewDeviceKeys(opts.Auth.DeviceKeys, ingest.Peppers{Current: Pepper}, buf, nil, reg)
