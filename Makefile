@@ -38,11 +38,15 @@ lambda-local: lambda ## the readings function, the Lambda Runtime Interface Emul
 		{ echo "make: could not build the Lambda Runtime Interface Emulator $(RIE_VERSION) through the Go module proxy ($$($(GO) env GOPROXY)); go's message is above: check the network or GOPROXY, then run again" >&2; exit 1; }
 	$(GO) build -trimpath -o bin/invokeproxy ./harness/invokeproxy/cmd/invokeproxy
 
-test: dynamodb-local test-deps lint ## every test, integration and 3-minute soak included, with the race detector; then each fuzz target briefly
+test: dynamodb-local test-deps lint verify-forks ## every test, integration and 3-minute soak included, with the race detector; then each fuzz target briefly
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@# Tests that measure the production build (race instrumentation changes what they measure).
 	$(GO) test -count=1 -run '^TestIdleConnectionStacksShrink$$' ./gateway/broker/
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME)
+
+.PHONY: verify-forks
+verify-forks: ## check that the forks in third_party/ are their upstream modules with the series of third_party/patches/ applied, and run the series' upstream regression tests
+	@GO='$(GO)' third_party/verify.sh
 
 test-deps: ## install (as root, in one apt run) the Debian packages the integration tests use
 	@deploy/local/test-deps.sh
@@ -100,5 +104,5 @@ bench: dynamodb-local ## benchmarks against same-run baselines (mosquitto, SDK l
 ATTACK_TIMEOUT ?= 40m
 attack: dynamodb-local test-deps ## the attack tests, and the full-disk cycles, at full size (thousands of sockets, RSS bounds, 10 disk cycles; figures in cmd/bench/MEASUREMENTS.md)
 	GATEWAY_ATTACK_FULL=1 $(GO) test -count=1 -v -run '^(TestAttack|TestFullDiskCycles)' -timeout $(ATTACK_TIMEOUT) ./cmd/gatewayd/ ./gateway/...
-soak: build dynamodb-local ## fault soak of bin/gatewayd (and bin/devicesim): kill -9, DynamoDB Local outages, fault proxy, SIGTERM, power cuts (FUSE, as root); SOAK_FLAGS (e.g. --duration 30m --kill-cycles 300 --powercut-cycles 100)
+soak: build dynamodb-local ## fault soak of bin/gatewayd (and bin/devicesim): kill -9, DynamoDB Local outages, fault proxy, SIGTERM, power cuts (FUSE, as root), then an hour of 100 devices with flat RSS peaks; SOAK_FLAGS (e.g. --duration 30m --kill-cycles 300 --powercut-cycles 100 --steady-duration 2h)
 	$(GO) run ./cmd/soak --bin-dir bin $(SOAK_FLAGS)

@@ -1,4 +1,9 @@
-// Package buffer is the gateway's durable store-and-forward queue.
+// Package buffer is the gateway's durable store on the data directory: it
+// owns the one Badger database there and what it keeps, the queue of
+// reading batches between ingest and the uplink, the small state records
+// of the device registry and the API and device keys, the history of
+// delivered batches and the dead letters, and the readers of its files
+// for a stopped gateway (inspection, salvage).
 //
 // Every reading batch a device sends is committed here, keyed by its
 // batch_id, before the gateway acknowledges it (PUBACK, ack topic or HTTP
@@ -11,6 +16,32 @@
 // buffer.full_policy drop_oldest, to make room (see Capacity). An operator
 // may put a dead letter back at the end of the queue (Reforward); Snapshot
 // reads a stopped gateway's buffer without changing it.
+//
+// # Files
+//
+// The package's files are named after what they hold:
+//
+//   - buffer.go (Buffer, Open, Run, Close), options.go, memtable.go,
+//     encoding.go (keys and markers), failure.go, metrics.go, ping.go,
+//     cleanshutdown.go (the GATEWAY-CLEAN-SHUTDOWN record): the store as
+//     a whole.
+//   - queue*.go: the batch queue. queue.go (Commit, Submit, Pending,
+//     MarkDelivered, Lookup, Collect), queue_commit.go (the committer:
+//     group commit, the only writer of batches and state records),
+//     queue_groupwait.go, queue_capacity.go (the budget and eviction),
+//     queue_shares.go (device and key shares, the batch rate),
+//     queue_scan.go (the counting scan at open), queue_refs.go,
+//     queue_floor.go.
+//   - space*.go: the disk's room. space.go (free space and the
+//     watermark), space_ballast.go, space_reclaim.go.
+//   - state.go: the state records (LoadState, SaveStates), saved through
+//     the committer.
+//   - history.go: delivered batches kept for local queries.
+//   - deadletter.go: dead letters (DeadLetter, DeadLetters, Reforward).
+//   - offline*.go: Badger's files read without Badger: offline_check.go
+//     and offline_wal.go (the check of Badger v4.9.6's on-disk format that
+//     Open runs first, DamagedError), offline_inspect.go (Snapshot, for
+//     gatewayctl), offline_salvage.go (Salvage).
 //
 // # On-disk layout
 //
@@ -130,7 +161,7 @@
 // # Shares
 //
 // Before the budget, each new batch is checked against its device's and
-// its key's share (shares.go): a device (hardware_id) may hold
+// its key's share (queue_shares.go): a device (hardware_id) may hold
 // buffer.device_share (1/8) of the capacity, or 1/N of the N devices seen
 // (batches queued, or one stored in the last 10 minutes) when that is
 // more; the devices an API key last sent for may hold buffer.key_share
@@ -190,7 +221,7 @@
 // writes all new batches in one transaction, commits it (the syncs above:
 // one msync of the write-ahead log, one of the value log), fsyncs the
 // directory if it changed, and only then answers every request of the
-// group (commit.go: writeGroup returns after commitDurably, and
+// group (queue_commit.go: writeGroup returns after commitDurably, and
 // commitGroup answers after writeGroup). Concurrent devices therefore
 // share one sync rather than paying one each, and a device is never
 // acknowledged before its batch is on disk. A
@@ -208,6 +239,11 @@
 // during a sync already queue for the next group, so waiting mostly adds
 // latency (BenchmarkCommitGroupWait measures it; cmd/bench/MEASUREMENTS.md,
 // "Group commit wait", has the figures).
+//
+// State records (SaveStates: the device registry, the API and device
+// keys) are written by the committer too, in the transaction of the group
+// they join, and SaveStates returns once that group is on disk: a state
+// write shares the group's sync and takes no fsync path of its own.
 //
 // Every write (group commits, delivery, dead-lettering, collection, state)
 // holds one mutex, so that the committer's duplicate decisions, the budget
@@ -277,7 +313,7 @@
 // and compactions turn that fault into an error (debug.SetPanicOnFault),
 // so it ends the same way: a failed commit, one log line, a clean exit.
 //
-// The data directory also holds a ballast (GATEWAY-BALLAST, ballast.go): a
+// The data directory also holds a ballast (GATEWAY-BALLAST, space_ballast.go): a
 // file of 12 memtables (96 MiB by default) made when free space allows it
 // on top of buffer.min_free_bytes, and deleted when another program fills
 // the disk, so that Badger can still open, take the uplink's deletions and

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/dgraph-io/badger/v4"
 )
 
 var (
@@ -157,4 +159,23 @@ func decodePendingHeader(seq uint64, v []byte) (Pending, error) {
 	}
 	p.ReceivedAt = time.UnixMilli(int64(binary.BigEndian.Uint64(v)))
 	return p, nil
+}
+
+func markerIn(txn *badger.Txn, batchID string) (marker, bool, error) {
+	item, err := txn.Get(markerKey(batchID))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return marker{}, false, nil
+	}
+	if err != nil {
+		return marker{}, false, fmt.Errorf("reading marker of %s: %w", batchID, err)
+	}
+	var m marker
+	err = item.Value(func(v []byte) error {
+		m, err = decodeMarker(v)
+		return err
+	})
+	if err != nil {
+		return marker{}, false, fmt.Errorf("reading marker of %s: %w", batchID, err)
+	}
+	return m, true, nil
 }

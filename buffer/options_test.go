@@ -2,6 +2,7 @@ package buffer
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -25,4 +26,30 @@ func TestBadgerOptionsFitTheAddressSpace(t *testing.T) {
 		require.Equal(t, 2, bo.NumMemtables)
 		require.Equal(t, memtable, bo.MemTableSize)
 	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	require.NoError(t, DefaultOptions().Validate())
+	require.NoError(t, Options{}.Validate())
+	tests := []struct {
+		name string
+		opts Options
+		want string
+	}{
+		{"negative budget", Options{MaxPendingBytes: -1}, "buffer.max_pending_bytes"},
+		{"tiny memtable", Options{MemTableSize: 1000}, "buffer.memtable_size"},
+		{"unknown policy", Options{FullPolicy: "drop_newest"}, `buffer.full_policy: "drop_newest" is not one of reject_new, drop_oldest`},
+		{"watermark below what badger may write", Options{MinFreeBytes: 64 << 20}, "buffer.min_free_bytes: 67108864 is less than 184549376"},
+		{"watermark too low for a larger memtable", Options{MinFreeBytes: 256 << 20, MemTableSize: 64 << 20}, "buffer.min_free_bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.ErrorContains(t, tt.opts.Validate(), tt.want)
+		})
+	}
+	_, err := Open(t.TempDir(), Options{Retention: -time.Second}, nil, nil)
+	require.ErrorContains(t, err, "buffer.retention")
+	require.Equal(t, int64(176<<20), RequiredFreeBytes(8<<20))
+	require.Equal(t, int64(352<<20), RequiredFreeBytes(16<<20))
+	require.Equal(t, int64(25<<20), RequiredFreeBytes(1<<20))
 }

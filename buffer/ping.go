@@ -2,6 +2,7 @@ package buffer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 )
 
@@ -10,17 +11,10 @@ import (
 // buffer is closed. A full buffer still answers.
 func (b *Buffer) Ping(ctx context.Context) error {
 	req := &commitReq{done: make(chan error, 1)}
-	b.mu.RLock()
-	if b.closed {
-		b.mu.RUnlock()
-		return ErrClosed
-	}
-	select {
-	case b.reqs <- req:
-		b.mu.RUnlock()
-	case <-ctx.Done():
-		b.mu.RUnlock()
-		return fmt.Errorf("buffer: committer not taking requests: %w", ctx.Err())
+	if err := b.enqueue(ctx, req); errors.Is(err, ErrClosed) {
+		return err
+	} else if err != nil {
+		return fmt.Errorf("buffer: committer not taking requests: %w", err)
 	}
 	select {
 	case err := <-req.done:

@@ -47,17 +47,20 @@ func (f *Function) transactionLimit(ctx context.Context) int {
 	return n
 }
 
-// forgetLimit makes the next batch probe the limit again: the endpoint
-// refused a transaction of the probed size.
-func (f *Function) forgetLimit() {
-	f.limit.mu.Lock()
-	f.limit.n = 0
-	f.limit.mu.Unlock()
-}
-
-// requestRefused logs a refusal of a request's shape or of the endpoint's
-// limits; the batch is retried (503 to a device, error to a gateway).
-func (f *Function) requestRefused(e *tablewrite.RequestRefusedError) {
-	f.logger.Warn("DynamoDB refused a request, not its batch; the batch is answered as to be retried",
-		"operation", e.Op, "cause", e.Cause, "err", e.Err)
+// call runs one request of the writer. A refusal of a request's shape or
+// of the endpoint's limits is logged, and the batch retried (503 to a
+// device, error to a gateway); a refusal of a transaction's number of
+// actions makes the next batch probe the limit again.
+func (f *Function) call(ctx context.Context, r *tablewrite.Request) error {
+	err := r.Send(ctx)
+	if e := r.Refused; e != nil {
+		if e.Cause == tablewrite.CauseTransactionLimit {
+			f.limit.mu.Lock()
+			f.limit.n = 0
+			f.limit.mu.Unlock()
+		}
+		f.logger.Warn("DynamoDB refused a request, not its batch; the batch is answered as to be retried",
+			"operation", e.Op, "cause", e.Cause, "err", e.Err)
+	}
+	return err
 }

@@ -219,13 +219,11 @@ func (g *Gateway) buildUplink() error {
 	if u == nil {
 		return nil
 	}
-	up, err := uplink.New(g.cfg.Uplink, g.buf, g.devices, g.deps.Clock, u.DynamoDB, u.Probe, u.Tables, g.logger, g.reg)
+	up, err := uplink.New(g.cfg.Uplink, uplink.Deps{Store: g.buf, Devices: g.devices, Clock: g.deps.Clock,
+		DynamoDB: u.DynamoDB, Probe: u.Probe, Tables: u.Tables, Keys: g.deviceKeys, KeyWriter: u.KeyWriter,
+		Lambda: u.Lambda, GatewayID: u.GatewayID, Logger: g.logger, Registerer: g.reg})
 	if err != nil {
 		return err
-	}
-	up.SetKeys(g.deviceKeys, u.KeyWriter)
-	if u.Lambda != nil {
-		up.SetLambda(u.Lambda, u.GatewayID)
 	}
 	g.up = up
 	return nil
@@ -287,13 +285,16 @@ func (g *Gateway) Run(ctx context.Context) error {
 		g.mqttAddr, g.http.Addr)
 }
 
-// open reads the records the authenticator, the device keys and the audit
-// trail keep, and binds the listeners.
+// open reads the records the authenticator, the device keys, the device
+// registry and the audit trail keep, and binds the listeners.
 func (g *Gateway) open() error {
 	if err := g.auth.Load(); err != nil {
 		return err
 	}
 	if err := g.deviceKeys.Load(); err != nil {
+		return err
+	}
+	if err := g.devices.Load(); err != nil {
 		return err
 	}
 	if err := g.audit.Open(); err != nil {
@@ -329,9 +330,9 @@ func (g *Gateway) Close() error {
 //     the gateway's session), the HTTP server stops accepting and lets
 //     requests in progress finish, and the API key uses still being
 //     recorded in api_keys are written;
-//  3. the uplink stops; a request it had in flight is forgotten, and the
-//     batch is sent again after a restart (the cloud marker makes that
-//     harmless);
+//  3. the uplink stops, and so does its syncing of device records and
+//     keys; a request it had in flight is forgotten, and the batch is sent
+//     again after a restart (the cloud marker makes that harmless);
 //  4. the background parts stop: the device registry saves its records
 //     once more, the audit trail writes the records still queued and
 //     closes its segment (refusals after that are not kept), the buffer's
@@ -358,7 +359,7 @@ func (g *Gateway) steps() steps {
 		closeStore: g.closeBuffer,
 	}
 	if g.up != nil {
-		s.uplink = []func(context.Context) error{g.up.Run}
+		s.uplink = []func(context.Context) error{g.up.Run, g.up.Sync().Run}
 	}
 	return s
 }

@@ -45,6 +45,7 @@ func BenchmarkStatusPage(b *testing.B) {
 	clk := &statusClock{now: statusT0.Add(2*time.Hour + 5*time.Minute)}
 	devices, err := registry.New(registry.Config{}, buf, clk, nil, prometheus.NewRegistry())
 	require.NoError(b, err)
+	require.NoError(b, devices.Load())
 	trail := statusAudit(b, clk, nil)
 	for round := range 8 { // the queue holds 2048 records: let the writer catch up
 		for i := range 2000 {

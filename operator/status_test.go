@@ -77,6 +77,7 @@ func statusFleet(t *testing.T) (*registry.Registry, *statusClock, time.Time) {
 	clk := &statusClock{now: statusT0}
 	devices, err := registry.New(registry.Config{RebootLoopBoots: 2}, buf, clk, nil, prometheus.NewRegistry())
 	require.NoError(t, err)
+	require.NoError(t, devices.Load())
 	register := func(hw, name, boot string) {
 		_, _, err := devices.Register(&contract.Registration{HardwareID: hw, BootID: boot, FirmwareVersion: "1.0.16",
 			FriendlyName: name, Capabilities: contract.Capabilities{Sensors: []string{"bme280_temp_c"}, Features: map[string]bool{}}})
@@ -537,6 +538,7 @@ func TestStatusCaps(t *testing.T) {
 	clk := &statusClock{now: statusT0}
 	devices, err := registry.New(registry.Config{}, buf, clk, nil, prometheus.NewRegistry())
 	require.NoError(t, err)
+	require.NoError(t, devices.Load())
 	var recs []audit.Record
 	for i := range operator.MaxStatusRejects + 5 {
 		recs = append(recs, audit.Record{Time: statusT0.Add(time.Duration(i-60) * time.Second), Transport: contract.TransportHTTP,

@@ -1,9 +1,6 @@
 package registry
 
 import (
-	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"iter"
 	"log/slog"
@@ -21,69 +18,6 @@ import (
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
 )
-
-// Config configures the device registry.
-type Config struct {
-	// UnknownDevices decides what happens to readings from a device that
-	// never registered: "accept" (default) stores them, "reject" answers
-	// unknown_device.
-	UnknownDevices string `yaml:"unknown_devices"`
-	// RebootLoopBoots flags a reboot loop when a device boots more than
-	// this many times within an hour. Default 5.
-	RebootLoopBoots int `yaml:"reboot_loop_boots"`
-	// SeenWriteInterval is the most often last_seen_at alone is written to
-	// the devices table per device. Default 5m.
-	SeenWriteInterval time.Duration `yaml:"seen_write_interval"`
-	// FlushInterval is how often last-seen times and sequence counters are
-	// saved locally. Registrations, boots and clock anchors are saved at
-	// once. Default 5s.
-	FlushInterval time.Duration `yaml:"flush_interval"`
-	// TakeoverFlagCount flags a device whose MQTT session is taken over
-	// (another connection with its client ID) more than this many times
-	// within an hour: someone may be impersonating it. Default 5.
-	TakeoverFlagCount int `yaml:"takeover_flag_count"`
-}
-
-func (c Config) withDefaults() Config {
-	if c.UnknownDevices == "" {
-		c.UnknownDevices = "accept"
-	}
-	if c.RebootLoopBoots == 0 {
-		c.RebootLoopBoots = 5
-	}
-	if c.SeenWriteInterval == 0 {
-		c.SeenWriteInterval = 5 * time.Minute
-	}
-	if c.FlushInterval == 0 {
-		c.FlushInterval = 5 * time.Second
-	}
-	if c.TakeoverFlagCount == 0 {
-		c.TakeoverFlagCount = 5
-	}
-	return c
-}
-
-// Validate reports the first invalid field.
-func (c Config) Validate() error {
-	switch c.UnknownDevices {
-	case "", "accept", "reject":
-	default:
-		return fmt.Errorf("devices.unknown_devices: %q is not one of accept, reject", c.UnknownDevices)
-	}
-	if c.RebootLoopBoots < 0 {
-		return errors.New("devices.reboot_loop_boots: must not be negative")
-	}
-	if c.SeenWriteInterval < 0 {
-		return errors.New("devices.seen_write_interval: must not be negative")
-	}
-	if c.FlushInterval < 0 {
-		return errors.New("devices.flush_interval: must not be negative")
-	}
-	if c.TakeoverFlagCount < 0 {
-		return errors.New("devices.takeover_flag_count: must not be negative")
-	}
-	return nil
-}
 
 // Device is what the gateway knows of one device. It is kept on disk and
 // shown to operators at GET /v1/devices/{hardware_id}.
@@ -156,14 +90,6 @@ const (
 	maxRecentBootIDs  = 8
 )
 
-// deviceStore keeps device records (the buffer's state records).
-type deviceStore interface {
-	LoadState(name string) ([]byte, error)
-	SaveState(name string, value []byte) error
-	LoadStates(prefix string) (map[string][]byte, error)
-	SaveStates(records map[string][]byte) error
-}
-
 // Registry tracks devices: registration, boots, sequence gaps and clock
 // anchors. It is kept in memory and on disk (the buffer's state records),
 // and it feeds device upserts to the uplink.
@@ -187,8 +113,8 @@ type registryMetrics struct {
 	reboots, gaps, replays, repaired, older, notSynced prometheus.Counter
 }
 
-// New loads the registry from state. clk nil means the system
-// clock.
+// New returns an empty registry that keeps its records in state; it reads
+// nothing: Load reads the saved records. clk nil means the system clock.
 func New(cfg Config, state deviceStore, clk clock.Source, logger *slog.Logger, reg prometheus.Registerer) (*Registry, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -204,23 +130,6 @@ func New(cfg Config, state deviceStore, clk clock.Source, logger *slog.Logger, r
 	}
 	r := &Registry{cfg: cfg.withDefaults(), state: state, logger: logger.With("component", "devices"), clock: clk,
 		devices: map[string]*Device{}, dirty: map[string]bool{}, recentBootIDs: map[string][]string{}}
-	recs, err := state.LoadStates(deviceStatePrefix)
-	if err != nil {
-		return nil, err
-	}
-	for name, raw := range recs {
-		var d Device
-		if err := json.Unmarshal(raw, &d); err != nil {
-			return nil, fmt.Errorf("device record %s is unreadable: %w", name, err)
-		}
-		r.devices[d.HardwareID] = &d
-		for _, a := range d.Anchors {
-			r.recentBootIDs[d.HardwareID] = append(r.recentBootIDs[d.HardwareID], a.BootID)
-		}
-		if d.BootID != "" {
-			r.recentBootIDs[d.HardwareID] = append(r.recentBootIDs[d.HardwareID], d.BootID)
-		}
-	}
 	f := promauto.With(reg)
 	counter := func(name, help string) prometheus.Counter {
 		return f.NewCounter(prometheus.CounterOpts{Namespace: "gateway", Subsystem: "devices", Name: name, Help: help})
@@ -270,19 +179,6 @@ func (r *Registry) device(hw string, now time.Time) *Device {
 		r.dirty[hw] = true
 	}
 	return d
-}
-
-// save writes hw's record now. Callers hold r.mu.
-func (r *Registry) save(d *Device) error {
-	raw, err := json.Marshal(d)
-	if err != nil {
-		return err
-	}
-	if err := r.state.SaveState(deviceStatePrefix+d.HardwareID, raw); err != nil {
-		return err
-	}
-	delete(r.dirty, d.HardwareID)
-	return nil
 }
 
 // Registered reports whether hw registered.
@@ -569,51 +465,6 @@ func (r *Registry) Upserted(u cloud.DeviceUpsert) {
 	d.CloudVersion = max(d.CloudVersion, u.Version)
 	d.CloudSeenAt = u.LastSeenAt
 	r.dirty[d.HardwareID] = true
-}
-
-// Flush saves every changed record, in one synced write made outside the
-// registry's lock, so that ingest (Observe) never waits for the disk here.
-func (r *Registry) Flush() error {
-	r.mu.Lock()
-	records := make(map[string][]byte, len(r.dirty))
-	for hw := range r.dirty {
-		if d, ok := r.devices[hw]; ok {
-			raw, err := json.Marshal(d)
-			if err != nil {
-				r.mu.Unlock()
-				return err
-			}
-			records[deviceStatePrefix+hw] = raw
-		}
-	}
-	clear(r.dirty)
-	r.mu.Unlock()
-	if err := r.state.SaveStates(records); err != nil {
-		r.mu.Lock()
-		for name := range records {
-			r.dirty[name[len(deviceStatePrefix):]] = true // try again next time
-		}
-		r.mu.Unlock()
-		return err
-	}
-	return nil
-}
-
-// Run saves changed records every FlushInterval, and once more when ctx
-// is done.
-func (r *Registry) Run(ctx context.Context) error {
-	t := time.NewTicker(r.cfg.FlushInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return r.Flush()
-		case <-t.C:
-			if err := r.Flush(); err != nil {
-				r.logger.Warn("saving device records", "err", err)
-			}
-		}
-	}
 }
 
 // View calls fn under the registry's lock with the number of devices and

@@ -24,6 +24,7 @@ func TestRegistryKeepsNoPayload(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, buf.Close()) })
 	devices, err := registry.New(registry.Config{}, buf, nil, nil, prometheus.NewRegistry())
 	require.NoError(t, err)
+	require.NoError(t, devices.Load())
 	const hw = "AA:BB:CC:DD:EE:01"
 	b, err := contract.DecodeBatch(gatewaytest.BatchJSON(hw, gatewaytest.NewBoot(), 0, 3), hw, contract.Limits{}, time.Now())
 	require.NoError(t, err)

@@ -74,6 +74,7 @@ func TestConfirmationIDSurvivesRestart(t *testing.T) {
 	require.NoError(t, err)
 	reg, err := registry.New(registry.Config{}, buf, nil, nil, nil)
 	require.NoError(t, err)
+	require.NoError(t, reg.Load())
 	in, err := ingest.New(ingest.Config{}, ingest.Deps{Store: buf, Devices: reg})
 	require.NoError(t, err)
 	hw := "AA:BB:CC:DD:EE:22"
@@ -87,6 +88,7 @@ func TestConfirmationIDSurvivesRestart(t *testing.T) {
 	defer buf.Close()
 	reg, err = registry.New(registry.Config{}, buf, nil, nil, nil)
 	require.NoError(t, err)
+	require.NoError(t, reg.Load())
 	in, err = ingest.New(ingest.Config{}, ingest.Deps{Store: buf, Devices: reg})
 	require.NoError(t, err)
 	again, first, err := in.Register(context.Background(), ingest.Sender{HardwareID: hw}, gatewaytest.Registration(hw, gatewaytest.NewBoot()))
@@ -174,6 +176,7 @@ func TestClockRepairIsIdenticalOnResend(t *testing.T) {
 	defer buf.Close()
 	reg, err := registry.New(registry.Config{}, buf, nil, nil, nil)
 	require.NoError(t, err)
+	require.NoError(t, reg.Load())
 	store := &toggleStore{buf: buf, failing: true}
 	in, err := ingest.New(ingest.Config{}, ingest.Deps{Store: store, Devices: reg})
 	require.NoError(t, err)
@@ -227,6 +230,7 @@ func TestOrderingModes(t *testing.T) {
 			defer buf.Close()
 			reg, err := registry.New(registry.Config{}, buf, nil, nil, nil)
 			require.NoError(t, err)
+			require.NoError(t, reg.Load())
 			in, err := ingest.New(ingest.Config{Ordering: mode, OrderingGrace: time.Minute}, ingest.Deps{Store: buf, Devices: reg})
 			require.NoError(t, err)
 			hw, boot := "AA:BB:CC:DD:EE:26", uuid.NewString()
@@ -277,6 +281,7 @@ func TestGatewayClockNotSynced(t *testing.T) {
 	defer buf.Close()
 	reg, err := registry.New(registry.Config{}, buf, wrongClock{}, nil, nil)
 	require.NoError(t, err)
+	require.NoError(t, reg.Load())
 	in, err := ingest.New(ingest.Config{}, ingest.Deps{Store: buf, Devices: reg, Clock: wrongClock{}})
 	require.NoError(t, err)
 	hw := "AA:BB:CC:DD:EE:28"

@@ -128,13 +128,22 @@ func (f *recordingDB) order() []string {
 // reported the uplink up, then stops it.
 func runUntilEmpty(t *testing.T, up *uplink.Uplink, buf *buffer.Buffer) {
 	t.Helper()
+	runUntil(t, up, func() bool { return buf.Stats().PendingBatches == 0 })
+}
+
+// runUntil runs up and its Sync until done holds and the last round has
+// succeeded.
+func runUntil(t *testing.T, up *uplink.Uplink, done func() bool) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- up.Run(ctx) }()
-	require.Eventually(t, func() bool { return buf.Stats().PendingBatches == 0 }, 60*time.Second, 5*time.Millisecond)
+	errs := make(chan error, 2)
+	go func() { errs <- up.Run(ctx) }()
+	go func() { errs <- up.Sync().Run(ctx) }()
+	require.Eventually(t, done, 60*time.Second, 5*time.Millisecond)
 	require.Eventually(t, func() bool { return up.Status().Up }, 10*time.Second, 5*time.Millisecond)
 	cancel()
-	require.NoError(t, <-done)
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
 }
 
 // perDevice returns, for each device, its batch_ids in the order of ids.
@@ -205,7 +214,7 @@ func TestThrottlingHalvesConcurrencyAndSuccessRestoresIt(t *testing.T) {
 		mu.Unlock()
 	}
 	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, Concurrency: 4, MaxConcurrency: 8, LeaseBatches: 64,
-		MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}, buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
+		MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}, uplink.Deps{Store: buf, DynamoDB: db, Tables: cloud.TableNames(""), Registerer: reg})
 	require.NoError(t, err)
 	runUntilEmpty(t, up, buf)
 
@@ -243,8 +252,7 @@ func TestFreshBatchesAreNotHeldBehindOtherDevicesBacklog(t *testing.T) {
 
 	db := &recordingDB{}
 	reg := prometheus.NewRegistry()
-	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, LeaseBatches: 64, FreshReserve: 8},
-		buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, LeaseBatches: 64, FreshReserve: 8}, uplink.Deps{Store: buf, DynamoDB: db, Tables: cloud.TableNames(""), Registerer: reg})
 	require.NoError(t, err)
 	runUntilEmpty(t, up, buf)
 
@@ -267,8 +275,7 @@ func TestAmbiguousFailureIsCheckedBeforeTheBatchIsWrittenAgain(t *testing.T) {
 	// b1's write is applied but its answer times out.
 	db := &recordingDB{loseOnce: map[string]int{b1.BatchID: 1}}
 	reg := prometheus.NewRegistry()
-	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
-		buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}, uplink.Deps{Store: buf, DynamoDB: db, Tables: cloud.TableNames(""), Registerer: reg})
 	require.NoError(t, err)
 	runUntilEmpty(t, up, buf)
 
@@ -291,8 +298,7 @@ func TestReportKeepsTheLastErrorAndTellsTheDrain(t *testing.T) {
 	store(t, buf, batches...)
 	db := &recordingDB{failOnce: 3}
 	reg := prometheus.NewRegistry()
-	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
-		buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}, uplink.Deps{Store: buf, DynamoDB: db, Tables: cloud.TableNames(""), Registerer: reg})
 	require.NoError(t, err)
 
 	r := up.Report()
@@ -410,8 +416,7 @@ func TestBatchWhoseMarkerExistsIsNotWrittenAgainAfterARestart(t *testing.T) {
 			}
 			db := &countingDB{DynamoDB: client, writes: map[string]int{}}
 			reg := prometheus.NewRegistry()
-			up, err := uplink.New(uplink.Config{WriteMode: mode, TransactionMaxItems: 10, LeaseBatches: 256},
-				buf, nil, nil, db, nil, tables, nil, reg)
+			up, err := uplink.New(uplink.Config{WriteMode: mode, TransactionMaxItems: 10, LeaseBatches: 256}, uplink.Deps{Store: buf, DynamoDB: db, Tables: tables, Registerer: reg})
 			require.NoError(t, err)
 			runUntilEmpty(t, up, buf)
 
@@ -468,8 +473,7 @@ func TestFreshBatchQueuedBeforeAStartIsCheckedFirst(t *testing.T) {
 	// recording it.
 	db := &recordingDB{written: []string{b.BatchID}}
 	reg := prometheus.NewRegistry()
-	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, LeaseBatches: 16, FreshReserve: 1},
-		buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, LeaseBatches: 16, FreshReserve: 1}, uplink.Deps{Store: buf, DynamoDB: db, Tables: cloud.TableNames(""), Registerer: reg})
 	require.NoError(t, err)
 	runUntilEmpty(t, up, buf)
 
@@ -501,7 +505,7 @@ func TestMarkerLookupResendsUnprocessedKeys(t *testing.T) {
 	}
 	db := &recordingDB{written: written, unprocessedGets: 2}
 	reg := prometheus.NewRegistry()
-	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10}, buf, nil, nil, db, nil, cloud.TableNames(""), nil, reg)
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10}, uplink.Deps{Store: buf, DynamoDB: db, Tables: cloud.TableNames(""), Registerer: reg})
 	require.NoError(t, err)
 	runUntilEmpty(t, up, buf)
 

@@ -32,12 +32,10 @@ type reportState struct {
 // deliveries and error class go in the next one.
 func (s *reportState) take() (*event.UplinkReport, func(answered bool)) {
 	r := &event.UplinkReport{}
-	if src, ok := s.u.store.(backlogSource); ok {
-		st := src.Stats()
-		r.PendingBatches = st.PendingBatches
-		if !st.Oldest.IsZero() {
-			r.OldestPendingAgeSeconds = max(0, s.u.clock.Now().Sub(st.Oldest).Seconds())
-		}
+	st := s.u.store.Stats()
+	r.PendingBatches = st.PendingBatches
+	if !st.Oldest.IsZero() {
+		r.OldestPendingAgeSeconds = max(0, s.u.clock.Now().Sub(st.Oldest).Seconds())
 	}
 	s.mu.Lock()
 	r.DeliveredBatches, s.delivered = s.delivered, 0

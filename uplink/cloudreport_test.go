@@ -38,7 +38,7 @@ func TestLambdaTargetReportsItsStateInEveryEvent(t *testing.T) {
 		return true
 	}
 	up, _ := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{MaxItems: 2, Concurrency: 1,
-		MaxConcurrency: 1, ReportInterval: 20 * time.Millisecond}}, nil)
+		MaxConcurrency: 1, ReportInterval: 20 * time.Millisecond}}, uplink.Deps{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- up.Run(ctx) }()

@@ -31,3 +31,31 @@ func TestConfigErrorsNameTheSetting(t *testing.T) {
 		})
 	}
 }
+
+// A dependency the configured target needs and does not have is New's
+// error, before anything runs.
+func TestNewNamesAMissingDependency(t *testing.T) {
+	buf := openBuffer(t)
+	db := &fakeDB{}
+	lambda := uplink.Config{Target: uplink.TargetLambda, Lambda: uplink.LambdaConfig{Function: "f"}}
+	tests := []struct {
+		name string
+		cfg  uplink.Config
+		deps uplink.Deps
+		want string
+	}{
+		{"store", uplink.Config{}, uplink.Deps{DynamoDB: db}, "uplink: a store is required"},
+		{"dynamodb client", uplink.Config{}, uplink.Deps{Store: buf}, "uplink: a DynamoDB client is required"},
+		{"prober", uplink.Config{WriteMode: "transaction"}, uplink.Deps{Store: buf, DynamoDB: db}, "uplink.transaction_max_items: 0 (probe) needs a prober"},
+		{"key writer", uplink.Config{}, uplink.Deps{Store: buf, DynamoDB: db, Keys: &fakeKeys{}}, "uplink: device keys need a key writer"},
+		{"lambda client", lambda, uplink.Deps{Store: buf}, "uplink.target: lambda needs a Lambda client"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := uplink.New(tt.cfg, tt.deps)
+			require.EqualError(t, err, tt.want)
+		})
+	}
+	_, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10}, uplink.Deps{Store: buf, DynamoDB: db})
+	require.NoError(t, err, "a configured limit needs no prober")
+}

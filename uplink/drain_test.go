@@ -49,8 +49,7 @@ func TestFreshBatchesOfADeviceAreCheckedOnceAfterAStart(t *testing.T) {
 	db := &recordingDB{written: []string{fresh[0].BatchID}}
 	counting := &lookupCountingDB{recordingDB: db, looked: map[string]int{}}
 	reg := prometheus.NewRegistry()
-	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, LeaseBatches: 16, FreshReserve: 1},
-		buf, nil, nil, counting, nil, cloud.TableNames(""), nil, reg)
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, LeaseBatches: 16, FreshReserve: 1}, uplink.Deps{Store: buf, DynamoDB: counting, Tables: cloud.TableNames(""), Registerer: reg})
 	require.NoError(t, err)
 	runUntilEmpty(t, up, buf)
 

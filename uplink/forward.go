@@ -9,15 +9,8 @@ import (
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
-	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/tablewrite"
 )
-
-// permanentError is a refusal no retry can change.
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string { return e.err.Error() }
-func (e *permanentError) Unwrap() error { return e.err }
 
 // errUnprocessed is DynamoDB leaving items of a batch request unprocessed
 // after several resends (throttling).
@@ -27,25 +20,43 @@ var errUnprocessed = tablewrite.ErrUnprocessed
 var jitter = tablewrite.Jitter
 
 // newWriter returns a table writer whose requests go through the uplink's
-// AIMD limit and metrics. It is a few words, made where it is used.
+// AIMD limit and metrics (request). It is a few words, made where it is
+// used.
 func (u *Uplink) newWriter() *tablewrite.Writer {
-	opts := tablewrite.Options{
-		Call:         u.callOutcome,
-		RequestItems: func(n int) { u.metrics.requestItems.Observe(float64(n)) },
-		Unprocessed:  func(n int) { u.metrics.unprocessed.Add(float64(n)) },
-		LimitRefused: u.forgetLimit,
-		Refused:      u.requestRefused,
+	return tablewrite.New(u.db, u.tables, tablewrite.Options{Call: u.request, ConsumedCapacity: u.cfg.ConsumedCapacity})
+}
+
+// request runs one request of the table writer (call) and records its
+// figures: its items, the items left unprocessed, the capacity consumed
+// and a refusal of its shape or the endpoint's limits (requestRefused).
+func (u *Uplink) request(ctx context.Context, r *tablewrite.Request) error {
+	if r.Items > 0 {
+		u.metrics.requestItems.Observe(float64(r.Items))
 	}
-	if u.cfg.ConsumedCapacity {
-		opts.Consumed = func(op string, units float64) { u.metrics.consumed.WithLabelValues(op).Add(units) }
+	err := u.callOutcome(ctx, r.Op, func(ctx context.Context) (bool, error) {
+		err := r.Send(ctx)
+		return r.Partly, err
+	})
+	if r.Unprocessed > 0 {
+		u.metrics.unprocessed.Add(float64(r.Unprocessed))
 	}
-	return tablewrite.New(u.db, u.tables, opts)
+	if r.Consumed > 0 {
+		u.metrics.consumed.WithLabelValues(r.Op).Add(r.Consumed)
+	}
+	if r.Refused != nil {
+		u.requestRefused(r.Refused)
+	}
+	return err
 }
 
 // requestRefused counts a refusal of a request's shape or of the
 // endpoint's limits, whose batches are retried, and logs the first of
-// each operation and cause.
+// each operation and cause. A transaction refused for its number of
+// actions makes the next round probe the limit again.
 func (u *Uplink) requestRefused(e *tablewrite.RequestRefusedError) {
+	if e.Cause == tablewrite.CauseTransactionLimit && u.tx != nil {
+		u.tx.forgetLimit()
+	}
 	u.metrics.refusedRequests.WithLabelValues(e.Op, e.Cause).Inc()
 	u.mu.Lock()
 	first := !u.refusalsLogged[e.Op+" "+e.Cause]
@@ -57,40 +68,6 @@ func (u *Uplink) requestRefused(e *tablewrite.RequestRefusedError) {
 		u.logger.Warn("DynamoDB refused a request, not its batches; they stay buffered and are retried (logged once per operation and cause, counted in gateway_uplink_refused_requests_total)",
 			"operation", e.Op, "cause", e.Cause, "err", e.Err)
 	}
-}
-
-// forward sends one batch. nil means the batch is in the cloud (written now
-// or before); the batch is then returned with its reading times, for the
-// buffer's history.
-func (u *Uplink) forward(ctx context.Context, p buffer.Pending, limit int) (buffer.Pending, error) {
-	cb, err := buildBatch(p, u.cfg.ReadingsRetention, u.clock.Now())
-	if err != nil {
-		// The buffer only holds payloads the gateway validated and encoded
-		// itself, so this is damage on disk: keep it for an operator.
-		return p, &permanentError{err: err}
-	}
-	if err := u.outcome(u.newWriter().Write(ctx, cb.items, limit), cb); err != nil {
-		return p, err
-	}
-	return cb.pending, nil
-}
-
-// outcome counts a batch's result and turns it into forward's error: nil
-// when the batch is in the cloud, a permanentError when the cloud refuses
-// it for good (its content, or another payload under its batch_id).
-func (u *Uplink) outcome(r tablewrite.Result, cb *cloudBatch) error {
-	switch r.Outcome {
-	case tablewrite.Delivered:
-		u.metrics.batches.WithLabelValues("delivered").Inc()
-	case tablewrite.Duplicate:
-		u.metrics.batches.WithLabelValues("already_delivered").Inc()
-	case tablewrite.Conflict, tablewrite.Rejected:
-		return &permanentError{err: r.Err}
-	default:
-		return r.Err
-	}
-	u.metrics.readings.Add(float64(cb.readings))
-	return nil
 }
 
 // call runs one request with the request timeout, within the AIMD limit of

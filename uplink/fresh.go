@@ -8,11 +8,6 @@ import (
 	"greenhouse-gateway/buffer"
 )
 
-// refSource lists queued batches without their payloads (*buffer.Buffer).
-type refSource interface {
-	PendingRefs(after uint64, limit int) ([]buffer.Pending, error)
-}
-
 // refScanChunk is how many queue entries one PendingRefs call reads.
 const refScanChunk = 4096
 
@@ -22,7 +17,7 @@ const refScanChunk = 4096
 // forward that batch out of queue order without breaking the device's
 // order. The index lives in memory and is rebuilt after a restart.
 type backlogIndex struct {
-	src     refSource
+	src     Store
 	mu      sync.Mutex
 	horizon uint64
 	devices map[string][]uint64

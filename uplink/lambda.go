@@ -1,12 +1,10 @@
 package uplink
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -14,9 +12,9 @@ import (
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"greenhouse-gateway/function/event"
-	"greenhouse-gateway/internal/cloud"
 )
 
 // Invoker is the part of the Lambda API the lambda target uses.
@@ -24,8 +22,10 @@ type Invoker interface {
 	Invoke(context.Context, *lambda.InvokeInput, ...func(*lambda.Options)) (*lambda.InvokeOutput, error)
 }
 
-// lambdaTarget invokes the readings function with the native batch event.
+// lambdaTarget is the sink of the lambda target: it invokes the readings
+// function with the native batch event (microbatch.go).
 type lambdaTarget struct {
+	u         *Uplink
 	cfg       LambdaConfig
 	inv       Invoker
 	gatewayID string
@@ -33,24 +33,32 @@ type lambdaTarget struct {
 	ready     *ewmaRate // device batches becoming ready to send, per second
 	metrics   *lambdaMetrics
 	reports   *reportState // what each event's report says
-	started   time.Time    // SetLambda's time: the idle report's first due time counts from it
+	started   time.Time    // New's time: the idle report's first due time counts from it
 	poison    poisonState  // suspected poison batches (poison.go)
 }
 
-// SetLambda gives the lambda target (uplink.target: lambda) its client and
-// the gateway's id, sent in every event. Call it before Run.
-func (u *Uplink) SetLambda(inv Invoker, gatewayID string) {
+// newLambdaTarget returns the lambda target of u, invoking the readings
+// function through inv with the gateway's id in every event.
+func newLambdaTarget(u *Uplink, inv Invoker, gatewayID string) *lambdaTarget {
 	lc := u.cfg.Lambda
 	m := newLambdaMetrics(u.metrics.reg)
-	u.lambda = &lambdaTarget{cfg: lc, inv: inv, gatewayID: gatewayID, metrics: m,
+	return &lambdaTarget{u: u, cfg: lc, inv: inv, gatewayID: gatewayID, metrics: m,
 		limiter: newAIMD(lc.Concurrency, lc.MaxConcurrency, func(n int) { m.concurrency.Set(float64(n)) }),
 		ready:   newEWMARate(time.Second),
 		reports: &reportState{u: u}, started: time.Now(),
 	}
 }
 
-// errLambdaUnset is Run in lambda mode without SetLambda.
-var errLambdaUnset = errors.New("uplink.target: lambda needs a Lambda client (SetLambda)")
+// prepare does nothing: the function's DynamoDB answers correct its own
+// clock, and it sends no device record ahead of a round.
+func (t *lambdaTarget) prepare(context.Context) error { return nil }
+
+// reach invokes the readings function with an empty event, which it
+// answers with no results, writing nothing.
+func (t *lambdaTarget) reach(ctx context.Context) error {
+	_, err := t.invoke(ctx, &event.BatchEvent{})
+	return err
+}
 
 // invocationError is an invocation that failed as a whole; none of its
 // results are known.
@@ -74,7 +82,7 @@ func (t *lambdaTarget) invoke(ctx context.Context, ev *event.BatchEvent) (map[st
 	// stand when the event goes.
 	report, reported := t.reports.take()
 	ev.V, ev.Kind, ev.GatewayID, ev.Report = event.EventVersion, event.KindGatewayBatches, t.gatewayID, report
-	payload, err := json.Marshal(ev)
+	payload, err := event.Marshal(ev, t.cfg.Encoding)
 	if err != nil {
 		t.limiter.release(gen, outcomeSuccess, "", 0)
 		reported(false)
@@ -174,68 +182,6 @@ func resultError(id string, r event.ItemResult, ok bool) error {
 	return &resultErr{status: r.Status, msg: fmt.Sprintf("the function answered %s for id %s: %s %s", r.Status, id, r.Reason, r.Message)}
 }
 
-// syncLambda sends the pending device records and device keys through the
-// function and returns how many device records it wrote. A device record
-// that is not written fails the round, as in the dynamodb target; a key
-// that is not written is tried again next round without holding back the
-// readings.
-func (u *Uplink) syncLambda(ctx context.Context) (int, error) {
-	var ev event.BatchEvent
-	var devices []cloud.DeviceUpsert
-	if u.devices != nil {
-		devices = u.devices.PendingUpserts(100)
-	}
-	var keys []cloud.KeyWrite
-	if u.keys != nil {
-		keys = u.keys.PendingKeyWrites(25)
-	}
-	if len(devices)+len(keys) == 0 {
-		return 0, nil
-	}
-	for i, d := range devices {
-		ev.Devices = append(ev.Devices, event.DeviceItem{ID: "d-" + strconv.Itoa(i), Upsert: d})
-	}
-	for i, k := range keys {
-		ev.Keys = append(ev.Keys, event.KeyItem{ID: "k-" + strconv.Itoa(i), Write: k})
-	}
-	results, err := u.lambda.invoke(ctx, &ev)
-	if err != nil {
-		if len(devices) > 0 {
-			return 0, err
-		}
-		u.keyWarning(keys[0], err)
-		return 0, nil
-	}
-	var firstErr error
-	written := 0
-	for i, d := range devices {
-		id := "d-" + strconv.Itoa(i)
-		r, ok := results[id]
-		u.lambda.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
-		if !ok || r.Status != event.StatusDelivered {
-			err := resultError(id, r, ok)
-			u.lambda.reports.failed(err, false)
-			firstErr = cmp.Or(firstErr, fmt.Errorf("device record %s: %w", d.HardwareID, err))
-			continue
-		}
-		u.devices.Upserted(d)
-		u.metrics.deviceUpserts.Inc()
-		written++
-	}
-	for i, k := range keys {
-		id := "k-" + strconv.Itoa(i)
-		r, ok := results[id]
-		u.lambda.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
-		if !ok || r.Status != event.StatusDelivered {
-			u.keyWarning(k, resultError(id, r, ok))
-			continue
-		}
-		u.keys.KeyWritten(k)
-		u.metrics.keyWrites.WithLabelValues(map[bool]string{false: "issued", true: "revoked"}[k.Revoked]).Inc()
-	}
-	return written, firstErr
-}
-
 // resultLabel is a result's status for metrics; "missing" when the answer
 // had none for the id.
 func resultLabel(r event.ItemResult, ok bool) string {
@@ -259,37 +205,17 @@ type lambdaMetrics struct {
 }
 
 func newLambdaMetrics(reg prometheus.Registerer) *lambdaMetrics {
+	f := factory{promauto.With(reg)}
 	m := &lambdaMetrics{
-		invocations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocations_total",
-			Help: "Invocations of the readings function, by outcome: ok (an answer with per-id results), throttled (TooManyRequestsException, 429), function_error (X-Amz-Function-Error), error (network, timeout, other).",
-		}, []string{"outcome"}),
-		batches: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocation_batches",
-			Help:    "Device batches per invocation of the readings function (0: device records and keys only, or an empty event: a probe or an idle report).",
-			Buckets: []float64{0, 1, 2, 5, 10, 25, 50, 100, 200, 500, 1000},
-		}),
-		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocation_duration_seconds",
-			Help:    "Latency of one invocation of the readings event.",
-			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
-		}),
-		results: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_results_total",
-			Help: "Per-id results of the readings function, by status: delivered, duplicate, conflict, rejected, throttled, error, missing (no result for an id), other.",
-		}, []string{"status"}),
-		concurrency: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_concurrency",
-			Help: "Invocations the uplink may have in flight now (AIMD: grows on success, halves on throttling).",
-		}),
-		splits: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "lambda_invocation_splits_total",
-			Help: "Failed invocations of several batches sent again as two halves, to find the batch that makes them fail (a function error, or another invocation error while other batches are delivered).",
-		}),
+		invocations: f.counterVec("lambda_invocations_total", "Invocations of the readings function, by outcome: ok (an answer with per-id results), throttled (TooManyRequestsException, 429), function_error (X-Amz-Function-Error), error (network, timeout, other).", "outcome"),
+		batches:     f.histogram("lambda_invocation_batches", "Device batches per invocation of the readings function (0: device records and keys only, or an empty event: a probe or an idle report).", []float64{0, 1, 2, 5, 10, 25, 50, 100, 200, 500, 1000}),
+		seconds:     f.histogram("lambda_invocation_duration_seconds", "Latency of one invocation of the readings event.", prometheus.ExponentialBuckets(0.005, 2, 14)),
+		results:     f.counterVec("lambda_results_total", "Per-id results of the readings function, by status: delivered, duplicate, conflict, rejected, throttled, error, missing (no result for an id), other.", "status"),
+		concurrency: f.gauge("lambda_concurrency", "Invocations the uplink may have in flight now (AIMD: grows on success, halves on throttling)."),
+		splits:      f.counter("lambda_invocation_splits_total", "Failed invocations of several batches sent again as two halves, to find the batch that makes them fail (a function error, or another invocation error while other batches are delivered)."),
 	}
 	for _, o := range []string{"ok", "throttled", "function_error", "error"} {
 		m.invocations.WithLabelValues(o)
 	}
-	reg.MustRegister(m.invocations, m.batches, m.seconds, m.results, m.concurrency, m.splits)
 	return m
 }

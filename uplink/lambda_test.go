@@ -45,8 +45,10 @@ type fakeFunction struct {
 
 	mu          sync.Mutex
 	invocations int
-	sizes       []int // batches per answered invocation
-	bodies      []int // event bytes per invocation
+	sizes       []int    // batches per answered invocation
+	bodies      []int    // event bytes per invocation
+	encodings   []string // each invocation's encoding
+	plain       []int    // its event's bytes as plain JSON
 	sent        map[string]int
 	delivered   []string // batch_ids in the order they were first delivered
 	isDelivered map[string]bool
@@ -86,8 +88,14 @@ func (f *fakeFunction) serve(w http.ResponseWriter, r *http.Request) {
 	if f.invocation != nil && f.invocation(n, w) {
 		return
 	}
-	var ev event.BatchEvent
-	require.NoError(f.t, json.Unmarshal(body, &ev))
+	ev, encoding, err := event.Unmarshal(body)
+	require.NoError(f.t, err)
+	f.mu.Lock()
+	f.encodings = append(f.encodings, encoding)
+	if plain, err := json.Marshal(ev); err == nil {
+		f.plain = append(f.plain, len(plain))
+	}
+	f.mu.Unlock()
 	require.Equal(f.t, 1, ev.V)
 	require.Equal(f.t, "gateway_batches", ev.Kind)
 	require.Equal(f.t, "gw-test", ev.GatewayID)
@@ -191,17 +199,19 @@ func (f *fakeFunction) snapshot() (delivered []string, sizes []int, overlap bool
 	return append([]string(nil), f.delivered...), append([]int(nil), f.sizes...), f.overlap
 }
 
-// newLambdaUplink returns an uplink with the lambda target pointed at url.
-func newLambdaUplink(t *testing.T, buf uplink.Store, url string, cfg uplink.Config, devices uplink.DeviceSource) (*uplink.Uplink, *prometheus.Registry) {
+// newLambdaUplink returns an uplink with the lambda target pointed at url,
+// with deps' device records and keys (its Store, Lambda, GatewayID and
+// Registerer are set here).
+func newLambdaUplink(t *testing.T, buf uplink.Store, url string, cfg uplink.Config, deps uplink.Deps) (*uplink.Uplink, *prometheus.Registry) {
 	t.Helper()
 	cfg.Target, cfg.Lambda.Function = uplink.TargetLambda, "readings"
 	cfg.MinBackoff, cfg.MaxBackoff = 5*time.Millisecond, 50*time.Millisecond
 	reg := prometheus.NewRegistry()
-	up, err := uplink.New(cfg, buf, devices, nil, nil, nil, cloud.Tables{}, nil, reg)
-	require.NoError(t, err)
 	client, err := cloud.NewLambdaClient(context.Background(), cloud.Config{Endpoint: url})
 	require.NoError(t, err)
-	up.SetLambda(client, "gw-test")
+	deps.Store, deps.Lambda, deps.GatewayID, deps.Registerer = buf, client, "gw-test", reg
+	up, err := uplink.New(cfg, deps)
+	require.NoError(t, err)
 	return up, reg
 }
 
@@ -227,7 +237,7 @@ func TestLambdaTargetMicroBatchesAcrossDevicesInOrder(t *testing.T) {
 	buf := openBuffer(t)
 	want := fleetBacklog(t, buf, 60, 4)
 	fn, url := newFakeFunction(t)
-	up, reg := newLambdaUplink(t, buf, url, uplink.Config{}, nil)
+	up, reg := newLambdaUplink(t, buf, url, uplink.Config{}, uplink.Deps{})
 	runUntilEmpty(t, up, buf)
 
 	delivered, sizes, overlap := fn.snapshot()
@@ -278,7 +288,7 @@ func TestLambdaTargetDemultiplexesResults(t *testing.T) {
 		}
 		return ""
 	}
-	up, reg := newLambdaUplink(t, buf, url, uplink.Config{}, nil)
+	up, reg := newLambdaUplink(t, buf, url, uplink.Config{}, uplink.Deps{})
 	runUntilEmpty(t, up, buf)
 
 	delivered, _, _ := fn.snapshot()
@@ -329,7 +339,7 @@ func TestLambdaTargetRetriesFailedInvocationsAndBacksOffOnThrottling(t *testing.
 		}
 		return true
 	}
-	up, reg := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{Concurrency: 8, MaxConcurrency: 8, MaxItems: 4}}, nil)
+	up, reg := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{Concurrency: 8, MaxConcurrency: 8, MaxItems: 4}}, uplink.Deps{})
 	runUntilEmpty(t, up, buf)
 
 	delivered, _, _ := fn.snapshot()
@@ -358,15 +368,47 @@ func TestLambdaTargetKeepsEventsUnderMaxBytes(t *testing.T) {
 	const maxBytes = 64 << 10
 	require.Greater(t, total, 2*maxBytes, "the test needs more than two events' worth")
 	fn, url := newFakeFunction(t)
-	up, _ := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{MaxBytes: maxBytes}}, nil)
+	up, _ := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{MaxBytes: maxBytes}}, uplink.Deps{})
 	runUntilEmpty(t, up, buf)
 	delivered, sizes, _ := fn.snapshot()
 	require.Len(t, delivered, 40)
 	require.Greater(t, len(sizes), 2)
 	fn.mu.Lock()
 	defer fn.mu.Unlock()
-	for _, b := range fn.bodies {
+	for i, b := range fn.bodies {
 		require.LessOrEqual(t, b, maxBytes)
+		require.LessOrEqual(t, fn.plain[i], maxBytes, "the bound holds for the plain event, whatever it compresses to")
+	}
+}
+
+func TestLambdaEventsTravelCompressed(t *testing.T) {
+	for _, enc := range []string{"", "gzip", "none"} {
+		t.Run("encoding "+enc, func(t *testing.T) {
+			buf := openBuffer(t)
+			for d := range 10 {
+				store(t, buf, seqBatch(t, fmt.Sprintf("AA:BB:CC:02:00:%02X", d), 0, 20))
+			}
+			fn, url := newFakeFunction(t)
+			up, _ := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{Encoding: enc}}, uplink.Deps{})
+			runUntilEmpty(t, up, buf)
+			delivered, _, _ := fn.snapshot()
+			require.Len(t, delivered, 10)
+			fn.mu.Lock()
+			defer fn.mu.Unlock()
+			want := map[string]string{"": "zstd", "gzip": "gzip", "none": "none"}[enc]
+			checked := 0
+			for i, got := range fn.encodings {
+				if fn.plain[i] < 200 { // an empty event does not shrink and goes plain
+					continue
+				}
+				checked++
+				require.Equal(t, want, got, "invocation %d", i)
+				if want != "none" {
+					require.Less(t, fn.bodies[i], fn.plain[i]/3, "invocation %d: %d bytes for %d plain", i, fn.bodies[i], fn.plain[i])
+				}
+			}
+			require.Positive(t, checked, "invocations carried batches")
+		})
 	}
 }
 
@@ -404,12 +446,13 @@ func TestLambdaTargetSendsDeviceRecordsAndKeysThroughTheFunction(t *testing.T) {
 		FirmwareVersion: "1.0.16", FirstRegisteredAt: time.Unix(1700000000, 0).UTC(), LastSeenAt: time.Unix(1700000300, 0).UTC()})
 	keys := &fakeKeys{pending: []cloud.KeyWrite{{Key: cloud.KeyInfo{KeyID: "k1", Hash: strings.Repeat("ab", 32), Active: true, HardwareID: "AA:BB:CC:00:00:01"}}}}
 	fn, url := newFakeFunction(t)
-	up, reg := newLambdaUplink(t, buf, url, uplink.Config{}, devices)
-	up.SetKeys(keys, nil)
-	runUntilEmpty(t, up, buf)
+	up, reg := newLambdaUplink(t, buf, url, uplink.Config{}, uplink.Deps{Devices: devices, Keys: keys})
+	runUntil(t, up, func() bool {
+		keys.mu.Lock()
+		defer keys.mu.Unlock()
+		return buf.Stats().PendingBatches == 0 && devices.written() == 1 && len(keys.written) == 1
+	})
 
-	require.Equal(t, 1, devices.written())
-	require.Len(t, keys.written, 1)
 	fn.mu.Lock()
 	defer fn.mu.Unlock()
 	require.Len(t, fn.devices, 1)
@@ -422,9 +465,8 @@ func TestLambdaTargetSendsDeviceRecordsAndKeysThroughTheFunction(t *testing.T) {
 
 func TestLambdaTargetNeedsAClient(t *testing.T) {
 	buf := openBuffer(t)
-	up, err := uplink.New(uplink.Config{Target: uplink.TargetLambda, Lambda: uplink.LambdaConfig{Function: "f"}}, buf, nil, nil, nil, nil, cloud.Tables{}, nil, nil)
-	require.NoError(t, err)
-	require.ErrorContains(t, up.Run(context.Background()), "SetLambda")
+	_, err := uplink.New(uplink.Config{Target: uplink.TargetLambda, Lambda: uplink.LambdaConfig{Function: "f"}}, uplink.Deps{Store: buf})
+	require.ErrorContains(t, err, "needs a Lambda client")
 }
 
 // A few devices with deep backlogs still fill invocations: a device's
@@ -441,7 +483,7 @@ func TestLambdaTargetFillsInvocationsFromFewDevices(t *testing.T) {
 		}
 		return ""
 	}
-	up, _ := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{MaxItems: 60}}, nil)
+	up, _ := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{MaxItems: 60}}, uplink.Deps{})
 	runUntilEmpty(t, up, buf)
 	delivered, sizes, overlap := fn.snapshot()
 	require.Len(t, delivered, 120)
@@ -463,7 +505,7 @@ func TestLambdaTargetProbesWhileUnreachable(t *testing.T) {
 	require.NoError(t, proxy.Set(faultproxy.Fault{Mode: faultproxy.Reset}))
 
 	st := &leaseCountingStore{Buffer: buf}
-	up, reg := newLambdaUplink(t, st, proxy.URL(), uplink.Config{}, nil)
+	up, reg := newLambdaUplink(t, st, proxy.URL(), uplink.Config{}, uplink.Deps{})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -4,8 +4,11 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
+	"greenhouse-gateway/function/event"
 	"greenhouse-gateway/internal/cloud"
 )
 
@@ -82,13 +85,19 @@ type LambdaConfig struct {
 	// only once it has failed both PoisonFailures times and for this long.
 	// Default 10m.
 	PoisonTime time.Duration `yaml:"poison_time"`
+	// Encoding is how events travel: zstd (the default) or gzip, the
+	// event's JSON compressed in an envelope that names it (see
+	// firmware-contract/CLOUD.md), or none, plain JSON, for a function
+	// that predates compressed events. An event that would not come out
+	// smaller goes plain.
+	Encoding string `yaml:"encoding"`
 }
 
 // DefaultLambdaConfig returns the defaults documented on LambdaConfig.
 func DefaultLambdaConfig() LambdaConfig {
 	return LambdaConfig{MaxItems: 200, MaxBytes: 5 << 20, MaxWait: 50 * time.Millisecond,
 		Concurrency: 4, MaxConcurrency: 16, Timeout: time.Minute, ReportInterval: time.Minute,
-		PoisonFailures: 5, PoisonTime: 10 * time.Minute}
+		PoisonFailures: 5, PoisonTime: 10 * time.Minute, Encoding: event.EncodingZstd}
 }
 
 // validate reports the first invalid field; target is uplink.target.
@@ -116,6 +125,8 @@ func (c LambdaConfig) validate(target string) error {
 		return errors.New("uplink.lambda.poison_failures: must be between 1 and 1000")
 	case c.PoisonTime < 0:
 		return errors.New("uplink.lambda.poison_time: must not be negative")
+	case c.Encoding != "" && !slices.Contains(event.Encodings, c.Encoding):
+		return fmt.Errorf("uplink.lambda.encoding: %q must be one of %s", c.Encoding, strings.Join(event.Encodings, ", "))
 	}
 	if err := (cloud.Config{Endpoint: c.Endpoint}).Validate(); err != nil {
 		return fmt.Errorf("uplink.lambda.endpoint: %q must be an http or https URL with a host", c.Endpoint)
@@ -136,5 +147,6 @@ func (c LambdaConfig) withDefaults() LambdaConfig {
 	c.ReportInterval = cmp.Or(c.ReportInterval, d.ReportInterval)
 	c.PoisonFailures = cmp.Or(c.PoisonFailures, d.PoisonFailures)
 	c.PoisonTime = cmp.Or(c.PoisonTime, d.PoisonTime)
+	c.Encoding = cmp.Or(c.Encoding, d.Encoding)
 	return c
 }

@@ -39,91 +39,29 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	f := promauto.With(reg)
+	f := factory{promauto.With(reg)}
 	batchBuckets := []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
 	m := &metrics{
-		reg: reg,
-		concurrency: f.NewGauge(prometheus.GaugeOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "concurrency",
-			Help: "DynamoDB requests the uplink may have in flight now (AIMD: grows on success, halves on throttling).",
-		}),
-		roundBatches: f.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "round_batches",
-			Help:    "Batches per forwarding round.",
-			Buckets: batchBuckets,
-		}),
-		waveBatches: f.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "wave_batches",
-			Help:    "Batches per bulk write (one round's batches) in batch write mode.",
-			Buckets: batchBuckets,
-		}),
-		roundWait: f.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "round_wait_seconds",
-			Help:    "Adaptive wait for more batches before a round is sent (0 at low arrival rates).",
-			Buckets: []float64{0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2},
-		}),
-		freshBatches: f.NewCounter(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "fresh_batches_total",
-			Help: "Batches of devices without a backlog forwarded ahead of other devices' backlog.",
-		}),
-		batches: f.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "batches_total",
-			Help: "Batches forwarded, by result: delivered, already_delivered (the cloud marker existed), dead_lettered.",
-		}, []string{"result"}),
-		readings: f.NewCounter(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "readings_total",
-			Help: "Readings of batches forwarded (delivered or already delivered).",
-		}),
-		retries: f.NewCounter(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "retried_rounds_total",
-			Help: "Forwarding rounds, or while the cloud gave no answer the probes before them, that failed and were retried after a backoff.",
-		}),
-		requestErrors: f.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "request_errors_total",
-			Help: "Failed DynamoDB requests, by operation and kind.",
-		}, []string{"operation", "kind"}),
-		refusedRequests: f.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "refused_requests_total",
-			Help: "DynamoDB requests refused for their shape or the endpoint's limits, not for a batch's content (a ValidationException of another kind than an item's data), by operation and cause (transaction_limit, request_limit, parameter, request); their batches are retried, never dead-lettered.",
-		}, []string{"operation", "cause"}),
-		requestSeconds: f.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "request_duration_seconds",
-			Help:    "DynamoDB request latency, by operation.",
-			Buckets: prometheus.ExponentialBuckets(0.002, 2, 14),
-		}, []string{"operation"}),
-		requestItems: f.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "batch_write_items",
-			Help:    "Items per BatchWriteItem request (at most 25).",
-			Buckets: []float64{1, 2, 5, 10, 15, 20, 25},
-		}),
-		unprocessed: f.NewCounter(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "unprocessed_items_total",
-			Help: "Items BatchWriteItem returned unprocessed (throttling) and that were resent.",
-		}),
-		consumed: f.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "consumed_capacity_units_total",
-			Help: "Capacity units DynamoDB reported consumed by the uplink's requests, by operation (write units for writes, read units for BatchGetItem).",
-		}, []string{"operation"}),
-		deviceUpserts: f.NewCounter(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "device_upserts_total",
-			Help: "Device records written to the devices table.",
-		}),
-		keyWrites: f.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "device_key_writes_total",
-			Help: "Device keys written to api_keys, by kind: issued (at a device's enrollment), revoked (at an operator's reset).",
-		}, []string{"kind"}),
-		up: f.NewGauge(prometheus.GaugeOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "up",
-			Help: "1 while the last forwarding round succeeded, 0 while the uplink is failing.",
-		}),
-		lastDelivery: f.NewGauge(prometheus.GaugeOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "last_delivery_timestamp_seconds",
-			Help: "Unix time, by the gateway's corrected clock, when the uplink last recorded batches as delivered (0 until then).",
-		}),
-		txLimit: f.NewGauge(prometheus.GaugeOpts{
-			Namespace: "gateway", Subsystem: "uplink", Name: "transaction_max_items",
-			Help: "Actions per TransactWriteItems the endpoint accepts (configured or probed; 0 until known).",
-		}),
+		reg:             reg,
+		concurrency:     f.gauge("concurrency", "DynamoDB requests the uplink may have in flight now (AIMD: grows on success, halves on throttling)."),
+		roundBatches:    f.histogram("round_batches", "Batches per forwarding round.", batchBuckets),
+		waveBatches:     f.histogram("wave_batches", "Batches per bulk write (one round's batches) in batch write mode.", batchBuckets),
+		roundWait:       f.histogram("round_wait_seconds", "Wait for more batches before a round is sent: the adaptive wait (uplink.max_wait) or, while few batches are pending, the wait for the link (uplink.max_delay).", []float64{0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30}),
+		freshBatches:    f.counter("fresh_batches_total", "Batches of devices without a backlog forwarded ahead of other devices' backlog."),
+		batches:         f.counterVec("batches_total", "Batches forwarded, by result: delivered, already_delivered (the cloud marker existed), dead_lettered.", "result"),
+		readings:        f.counter("readings_total", "Readings of batches forwarded (delivered or already delivered)."),
+		retries:         f.counter("retried_rounds_total", "Forwarding rounds, or while the cloud gave no answer the probes before them, that failed and were retried after a backoff."),
+		requestErrors:   f.counterVec("request_errors_total", "Failed DynamoDB requests, by operation and kind.", "operation", "kind"),
+		refusedRequests: f.counterVec("refused_requests_total", "DynamoDB requests refused for their shape or the endpoint's limits, not for a batch's content (a ValidationException of another kind than an item's data), by operation and cause (transaction_limit, request_limit, parameter, request); their batches are retried, never dead-lettered.", "operation", "cause"),
+		requestSeconds:  f.histogramVec("request_duration_seconds", "DynamoDB request latency, by operation.", prometheus.ExponentialBuckets(0.002, 2, 14), "operation"),
+		requestItems:    f.histogram("batch_write_items", "Items per BatchWriteItem request (at most 25).", []float64{1, 2, 5, 10, 15, 20, 25}),
+		unprocessed:     f.counter("unprocessed_items_total", "Items BatchWriteItem returned unprocessed (throttling) and that were resent."),
+		consumed:        f.counterVec("consumed_capacity_units_total", "Capacity units DynamoDB reported consumed by the uplink's requests, by operation (write units for writes, read units for BatchGetItem).", "operation"),
+		deviceUpserts:   f.counter("device_upserts_total", "Device records written to the devices table."),
+		keyWrites:       f.counterVec("device_key_writes_total", "Device keys written to api_keys, by kind: issued (at a device's enrollment), revoked (at an operator's reset).", "kind"),
+		up:              f.gauge("up", "1 while the last forwarding round succeeded, 0 while the uplink is failing."),
+		lastDelivery:    f.gauge("last_delivery_timestamp_seconds", "Unix time, by the gateway's corrected clock, when the uplink last recorded batches as delivered (0 until then)."),
+		txLimit:         f.gauge("transaction_max_items", "Actions per TransactWriteItems the endpoint accepts (configured or probed; 0 until known)."),
 	}
 	for _, r := range []string{"delivered", "already_delivered", "dead_lettered"} {
 		m.batches.WithLabelValues(r)
@@ -136,4 +74,42 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.refusedRequests.WithLabelValues("TransactWriteItems", cause)
 	}
 	return m
+}
+
+// factory makes the uplink's metrics, gateway_uplink_*, registered where
+// its promauto.Factory registers.
+type factory struct{ f promauto.Factory }
+
+// The uplink's metrics' namespace and subsystem.
+const (
+	namespace = "gateway"
+	subsystem = "uplink"
+)
+
+func opts(name, help string) prometheus.Opts {
+	return prometheus.Opts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help}
+}
+
+func (f factory) counter(name, help string) prometheus.Counter {
+	return f.f.NewCounter(prometheus.CounterOpts(opts(name, help)))
+}
+
+func (f factory) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return f.f.NewCounterVec(prometheus.CounterOpts(opts(name, help)), labels)
+}
+
+func (f factory) gauge(name, help string) prometheus.Gauge {
+	return f.f.NewGauge(prometheus.GaugeOpts(opts(name, help)))
+}
+
+func (f factory) gaugeFunc(name, help string, value func() float64) {
+	f.f.NewGaugeFunc(prometheus.GaugeOpts(opts(name, help)), value)
+}
+
+func (f factory) histogram(name, help string, buckets []float64) prometheus.Histogram {
+	return f.f.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help, Buckets: buckets})
+}
+
+func (f factory) histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	return f.f.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help, Buckets: buckets}, labels)
 }

@@ -86,11 +86,12 @@ type microBatcher struct {
 	markErr error
 }
 
-// forwardInvocations forwards a round's batches through the readings
-// function and returns the first error; a device whose batch failed stops
-// for the round.
-func (u *Uplink) forwardInvocations(ctx context.Context, order []string, byDevice map[string][]buffer.Pending) error {
-	m := &microBatcher{u: u, t: u.lambda, byDevice: byDevice, sent: make(map[string]int, len(order)), done: make(chan packDone),
+// forward forwards a round's batches through the readings function and
+// returns the first error; a device whose batch failed stops for the
+// round.
+func (t *lambdaTarget) forward(ctx context.Context, l lease) error {
+	order, byDevice := l.devices(l.batches)
+	m := &microBatcher{u: t.u, t: t, byDevice: byDevice, sent: make(map[string]int, len(order)), done: make(chan packDone),
 		held: map[string][]readyBatch{}}
 	now := time.Now()
 	for _, hw := range order {
@@ -220,13 +221,12 @@ func (m *microBatcher) decode(hw string) (readyBatch, int, bool) {
 	if err == nil {
 		return readyBatch{p: withSpan, readings: len(b.Readings)}, len(p.Payload) + itemOverhead, true
 	}
-	if dlErr := m.u.deadLetter(p, err.Error()); dlErr != nil {
+	if st := m.u.settle([]result{damagedBatch(p, err)}); st.err != nil {
 		// Kept pending: the device stops here for this round.
-		m.firstErr = cmp.Or(m.firstErr, fmt.Errorf("dead-lettering %s: %w", p.BatchID, dlErr))
+		m.firstErr = cmp.Or(m.firstErr, st.err)
 		m.sent[hw] = len(m.byDevice[hw])
 		return readyBatch{}, 0, false
 	}
-	m.u.metrics.batches.WithLabelValues("dead_lettered").Inc()
 	m.sent[hw]++
 	return readyBatch{}, 0, false
 }
@@ -257,13 +257,13 @@ func (m *microBatcher) recount() {
 // buffer.
 func itemID(p buffer.Pending) string { return strconv.FormatUint(p.Seq, 10) }
 
-// settle applies an invocation's results, each device's in order:
-// delivered and duplicate batches are recorded as delivered, conflict and
-// rejected ones dead-lettered; any other result (or a failed invocation)
-// stops the device for this round, unless it made the batch a poison
-// batch (poison.go). A failed invocation of several batches that may
-// follow one of them is split instead. A device that did not stop has its
-// held batches sent, or else its remaining batches queued again.
+// settle hands an invocation's results to the settle step, each device's
+// in order: delivered and duplicate batches are recorded as delivered,
+// conflict and rejected ones dead-lettered; any other result (or a failed
+// invocation) stops the device for this round, unless it made the batch
+// a poison batch (poison.go). A failed invocation of several batches that
+// may follow one of them is split instead. A device that did not stop has
+// its held batches sent, or else its remaining batches queued again.
 func (m *microBatcher) settle(d packDone) {
 	now := time.Now()
 	if d.err != nil && len(d.pack) > 1 && m.splittable(d) {
@@ -273,28 +273,26 @@ func (m *microBatcher) settle(d packDone) {
 	if d.err == nil {
 		m.noteDelivered(d, now)
 	}
-	var delivered []buffer.Pending
+	var done []buffer.Pending
 	stopped := map[string]bool{}
 	var devices []string
 	for _, rb := range d.pack {
-		hw, id := rb.p.HardwareID, itemID(rb.p)
+		hw := rb.p.HardwareID
 		if len(devices) == 0 || devices[len(devices)-1] != hw {
 			devices = append(devices, hw)
 		}
 		if stopped[hw] {
 			continue
 		}
-		if d.err != nil {
-			if len(d.pack) == 1 && blamable(d.err) && m.poisoned(rb, "invocation "+invocationKind(d.err), d.err.Error(), d.since, d.answering) {
-				continue
-			}
-			m.firstErr, stopped[hw] = cmp.Or(m.firstErr, d.err), true
-			continue
-		}
-		r, ok := d.results[id]
-		m.t.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
-		if !m.apply(rb, id, r, ok, d.since, &delivered) {
+		r, poison := m.judge(rb, d)
+		st := m.u.settle([]result{r})
+		m.firstErr = cmp.Or(m.firstErr, st.err)
+		done = append(done, st.delivered...)
+		switch {
+		case st.stopped[hw]:
 			stopped[hw] = true
+		case poison:
+			m.t.poison.forget(rb.p.BatchID)
 		}
 	}
 	for _, hw := range devices {
@@ -310,41 +308,43 @@ func (m *microBatcher) settle(d packDone) {
 	}
 	// Recorded per invocation, so that a crash re-sends little.
 	m.marks.Go(func() {
-		if err := m.u.markDelivered(delivered); err != nil {
+		if err := m.u.record(done); err != nil {
 			m.markMu.Lock()
-			m.markErr = cmp.Or(m.markErr, fmt.Errorf("recording delivery: %w", err))
+			m.markErr = cmp.Or(m.markErr, err)
 			m.markMu.Unlock()
 		}
 	})
 }
 
-// apply settles one batch by its result and reports whether its device
-// goes on.
-func (m *microBatcher) apply(rb readyBatch, id string, r event.ItemResult, ok bool, since time.Time, delivered *[]buffer.Pending) bool {
-	hw := rb.p.HardwareID
-	switch {
-	case ok && (r.Status == event.StatusDelivered || r.Status == event.StatusDuplicate):
-		*delivered = append(*delivered, rb.p)
-		m.u.metrics.batches.WithLabelValues(map[bool]string{true: "delivered", false: "already_delivered"}[r.Status == event.StatusDelivered]).Inc()
-		m.u.metrics.readings.Add(float64(rb.readings))
-	case ok && (r.Status == event.StatusConflict || r.Status == event.StatusRejected):
-		reason := fmt.Sprintf("the readings function answered %s: %s %s", r.Status, r.Reason, r.Message)
-		if err := m.u.deadLetter(rb.p, reason); err != nil {
-			m.firstErr = cmp.Or(m.firstErr, fmt.Errorf("dead-lettering %s: %w", rb.p.BatchID, err))
-			return false
+// judge turns one batch's answer in invocation d into its result, and
+// reports whether it made the batch a poison batch.
+func (m *microBatcher) judge(rb readyBatch, d packDone) (result, bool) {
+	if d.err != nil {
+		if len(d.pack) == 1 && blamable(d.err) {
+			if r, ok := m.poisoned(rb, "invocation "+invocationKind(d.err), d.err.Error(), d.since, d.answering); ok {
+				return r, true
+			}
 		}
-		m.u.metrics.batches.WithLabelValues("dead_lettered").Inc()
-		m.u.logger.Error("cloud refused a batch permanently; moved to the dead-letter area",
-			"batch_id", rb.p.BatchID, "hardware_id", hw, "status", r.Status, "reason", r.Reason, "message", r.Message)
-	default:
-		err := resultError(id, r, ok)
-		m.t.reports.failed(err, false)
-		if ok && r.Status == event.StatusError && blamableReason(r.Reason) &&
-			m.poisoned(rb, "result "+r.Reason, err.Error(), since, true) {
-			return true
-		}
-		m.firstErr = cmp.Or(m.firstErr, fmt.Errorf("batch %s: %w", rb.p.BatchID, err))
-		return false
+		return result{p: rb.p, verdict: retry, err: d.err}, false
 	}
-	return true
+	id := itemID(rb.p)
+	r, ok := d.results[id]
+	m.t.metrics.results.WithLabelValues(resultLabel(r, ok)).Inc()
+	switch {
+	case ok && r.Status == event.StatusDelivered:
+		return result{p: rb.p, verdict: delivered, readings: rb.readings}, false
+	case ok && r.Status == event.StatusDuplicate:
+		return result{p: rb.p, verdict: duplicate, readings: rb.readings}, false
+	case ok && (r.Status == event.StatusConflict || r.Status == event.StatusRejected):
+		reason := fmt.Errorf("the readings function answered %s: %s %s", r.Status, r.Reason, r.Message)
+		return refusedBatch(rb.p, reason, "status", r.Status, "reason", r.Reason, "message", r.Message), false
+	}
+	err := resultError(id, r, ok)
+	m.t.reports.failed(err, false)
+	if ok && r.Status == event.StatusError && blamableReason(r.Reason) {
+		if pr, dead := m.poisoned(rb, "result "+r.Reason, err.Error(), d.since, true); dead {
+			return pr, true
+		}
+	}
+	return result{p: rb.p, verdict: retry, err: fmt.Errorf("batch %s: %w", rb.p.BatchID, err)}, false
 }

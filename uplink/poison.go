@@ -1,7 +1,6 @@
 package uplink
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -196,24 +195,18 @@ func (m *microBatcher) noteDelivered(d packDone, now time.Time) {
 }
 
 // poisoned counts a failure of class that follows the batch and reports
-// whether it made the batch a poison batch, now dead-lettered: its device
-// goes on.
-func (m *microBatcher) poisoned(rb readyBatch, class, errText string, since time.Time, answering bool) bool {
+// whether it made the batch a poison batch, with the result that
+// dead-letters it: its device goes on.
+func (m *microBatcher) poisoned(rb readyBatch, class, errText string, since time.Time, answering bool) (result, bool) {
 	before := m.t.poison.counted(rb.p.BatchID)
 	dead, counted := m.t.poison.fail(rb.p.BatchID, class, errText, since, time.Now(), answering, m.t.cfg)
 	if counted > before {
 		m.u.progress.Add(1) // blamed on this batch, not on the uplink
 	}
 	if !dead {
-		return false
+		return result{}, false
 	}
-	if err := m.u.deadLetter(rb.p, poisonReason(counted, errText)); err != nil {
-		m.firstErr = cmp.Or(m.firstErr, fmt.Errorf("dead-lettering %s: %w", rb.p.BatchID, err))
-		return false
-	}
-	m.t.poison.forget(rb.p.BatchID)
-	m.u.metrics.batches.WithLabelValues("dead_lettered").Inc()
-	m.u.logger.Error("the readings function keeps failing on a batch while others are delivered; moved to the dead-letter area",
-		"batch_id", rb.p.BatchID, "hardware_id", rb.p.HardwareID, "failures", counted, "err", errText)
-	return true
+	return result{p: rb.p, verdict: refused, err: errors.New(poisonReason(counted, errText)),
+		log:   "the readings function keeps failing on a batch while others are delivered; moved to the dead-letter area",
+		attrs: []any{"failures", counted, "err", errText}}, true
 }

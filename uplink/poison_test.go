@@ -51,7 +51,7 @@ func TestLambdaTargetIsolatesABatchTheFunctionCrashesOn(t *testing.T) {
 		crashOn(w)
 		return true
 	}
-	up, reg := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{PoisonFailures: 3}}, nil)
+	up, reg := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{PoisonFailures: 3}}, uplink.Deps{})
 	runUntilEmpty(t, up, buf)
 
 	delivered, _, _ := fn.snapshot()
@@ -90,7 +90,7 @@ func TestLambdaTargetDeadLettersABatchAnsweredErrorWhileOthersAreDelivered(t *te
 		}
 		return ""
 	}
-	up, reg := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{PoisonFailures: 4, PoisonTime: time.Millisecond}}, nil)
+	up, reg := newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{PoisonFailures: 4, PoisonTime: time.Millisecond}}, uplink.Deps{})
 	runUntilEmpty(t, up, buf)
 
 	delivered, _, _ := fn.snapshot()
@@ -151,7 +151,7 @@ func TestLambdaTargetBlamesNoBatchForAnOutage(t *testing.T) {
 				}
 				return ""
 			}
-			up, _ = newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{PoisonFailures: 2}}, nil)
+			up, _ = newLambdaUplink(t, buf, url, uplink.Config{Lambda: uplink.LambdaConfig{PoisonFailures: 2}}, uplink.Deps{})
 			runUntilEmpty(t, up, buf)
 
 			delivered, _, _ := fn.snapshot()

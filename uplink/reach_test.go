@@ -68,8 +68,7 @@ func TestUnreachableCloudIsProbedNotLeased(t *testing.T) {
 	require.NoError(t, err)
 	e := &env{local: local, client: local.Client(t), tables: local.NewTables(t), reg: prometheus.NewRegistry(), buf: openBuffer(t)}
 	st := &leaseCountingStore{Buffer: e.buf}
-	e.up, err = uplink.New(uplink.Config{MinBackoff: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond},
-		st, nil, nil, client, nil, e.tables, nil, e.reg)
+	e.up, err = uplink.New(uplink.Config{MinBackoff: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond}, uplink.Deps{Store: st, DynamoDB: client, Tables: e.tables, Registerer: e.reg})
 	require.NoError(t, err)
 
 	var batches []*contract.Batch

@@ -4,21 +4,13 @@ import (
 	"math"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
-	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/delivery"
 )
 
 // minRate is the drain rate below which no ETA is given.
 const minRate = 1e-3
-
-// backlogSource is implemented by stores that can tell their backlog
-// (*buffer.Buffer).
-type backlogSource interface {
-	Stats() buffer.Stats
-}
 
 // Report returns the uplink's state and backlog for operators.
 func (u *Uplink) Report() delivery.Report {
@@ -38,12 +30,10 @@ func (u *Uplink) Report() delivery.Report {
 		r.LastDeliveryAt = &at
 	}
 	u.mu.Unlock()
-	if s, ok := u.store.(backlogSource); ok {
-		bs := s.Stats()
-		r.BacklogBatches, r.BacklogBytes = bs.PendingBatches, bs.PendingBytes
-		if !bs.Oldest.IsZero() {
-			r.OldestAgeSeconds = max(0, u.clock.Now().Sub(bs.Oldest).Seconds())
-		}
+	bs := u.store.Stats()
+	r.BacklogBatches, r.BacklogBytes = bs.PendingBatches, bs.PendingBytes
+	if !bs.Oldest.IsZero() {
+		r.OldestAgeSeconds = max(0, u.clock.Now().Sub(bs.Oldest).Seconds())
 	}
 	now := time.Now()
 	r.DrainRateBatches = u.drain.at(now)
@@ -72,22 +62,16 @@ func eta(backlog int64, rate float64) *float64 {
 
 // registerReportMetrics exports the drain figures, computed at scrape time.
 func (u *Uplink) registerReportMetrics() {
-	f := promauto.With(u.metrics.reg)
-	f.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "gateway", Subsystem: "uplink", Name: "drain_rate_batches_per_second",
-		Help: "Recent delivery rate, batches per second (exponentially weighted, 30 s time constant); 0 once nothing was delivered for 15 s.",
-	}, func() float64 { return u.drain.at(time.Now()) })
-	f.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "gateway", Subsystem: "uplink", Name: "drain_eta_seconds",
-		Help: "Estimated time to drain the backlog at the recent delivery rate: 0 without a backlog, +Inf with a backlog and no recent delivery.",
-	}, func() float64 {
-		backlog := int64(0)
-		if s, ok := u.store.(backlogSource); ok {
-			backlog = s.Stats().PendingBatches
-		}
-		if v := eta(backlog, u.drain.at(time.Now())); v != nil {
-			return *v
-		}
-		return math.Inf(1)
-	})
+	f := factory{promauto.With(u.metrics.reg)}
+	f.gaugeFunc("drain_rate_batches_per_second",
+		"Recent delivery rate, batches per second (exponentially weighted, 30 s time constant); 0 once nothing was delivered for 15 s.",
+		func() float64 { return u.drain.at(time.Now()) })
+	f.gaugeFunc("drain_eta_seconds",
+		"Estimated time to drain the backlog at the recent delivery rate: 0 without a backlog, +Inf with a backlog and no recent delivery.",
+		func() float64 {
+			if v := eta(u.store.Stats().PendingBatches, u.drain.at(time.Now())); v != nil {
+				return *v
+			}
+			return math.Inf(1)
+		})
 }

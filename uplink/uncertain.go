@@ -3,7 +3,6 @@ package uplink
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"maps"
 
 	"greenhouse-gateway/buffer"
@@ -48,7 +47,7 @@ func (u *Uplink) checkUncertain(ctx context.Context, leased []buffer.Pending, fr
 	}
 	u.mu.Unlock()
 	if len(check) == 0 {
-		u.settle(leased)
+		u.noteLeased(leased)
 		return leased, nil
 	}
 	found := map[string]string{}
@@ -68,12 +67,12 @@ func (u *Uplink) checkUncertain(ctx context.Context, leased []buffer.Pending, fr
 			rest = append(rest, p)
 		}
 	}
-	if err := u.markDelivered(delivered); err != nil {
-		return nil, fmt.Errorf("recording delivery: %w", err)
+	inCloud := make([]result, len(delivered))
+	for i, p := range delivered {
+		inCloud[i] = result{p: p, verdict: duplicate, readings: readingCount(p.Payload)}
 	}
-	for _, p := range delivered {
-		u.metrics.batches.WithLabelValues("already_delivered").Inc()
-		u.metrics.readings.Add(float64(readingCount(p.Payload)))
+	if err := u.record(u.settle(inCloud).delivered); err != nil {
+		return nil, err
 	}
 	u.mu.Lock()
 	u.startChecked = true
@@ -81,18 +80,18 @@ func (u *Uplink) checkUncertain(ctx context.Context, leased []buffer.Pending, fr
 		delete(u.uncertain, p.BatchID)
 	}
 	u.mu.Unlock()
-	u.settle(leased)
+	u.noteLeased(leased)
 	if len(delivered) > 0 {
 		u.logger.Info("batches found in the cloud already; recorded as delivered without writing", "batches", len(delivered))
 	}
 	return rest, nil
 }
 
-// settle records that the lease held a batch of each of its devices: their
+// noteLeased records that the lease held a batch of each of its devices: their
 // oldest batch of before the start has been checked or taken in queue
 // order. Once the oldest batch leased was queued after the start, no
 // device has such a batch left.
-func (u *Uplink) settle(leased []buffer.Pending) {
+func (u *Uplink) noteLeased(leased []buffer.Pending) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if len(leased) == 0 || leased[0].Seq > u.startSeq {

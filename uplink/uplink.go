@@ -1,20 +1,3 @@
-// Package uplink forwards buffered batches to the cloud DynamoDB tables.
-//
-// Each batch goes up as one idempotent unit, as the contract says: the
-// conditional processed_batches marker and the device_readings items in one
-// TransactWriteItems when the endpoint's per-transaction item limit allows,
-// otherwise the readings first (deterministic keys make a replay an
-// identical overwrite) and the marker last. A conditional failure on the
-// marker means the batch is already in the cloud and counts as delivered.
-//
-// Batches are forwarded in arrival order per device; devices are served
-// concurrently. Every failure that can heal (network, throttling, 5xx,
-// credentials, clocks, missing tables) is retried forever with capped,
-// jittered backoff; nothing is dropped. After a round that got no answer
-// (network, timeout), each retry is one small request (reach) before the
-// next round. Only a refusal that no retry can change (DynamoDB's
-// ValidationException for the batch's own items) moves the batch to the
-// buffer's dead-letter area.
 package uplink
 
 import (
@@ -29,12 +12,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"greenhouse-gateway/buffer"
-	"greenhouse-gateway/function/event"
 	"greenhouse-gateway/internal/adaptive"
 	"greenhouse-gateway/internal/clock"
 	"greenhouse-gateway/internal/cloud"
@@ -80,7 +61,7 @@ type Config struct {
 	// its last requests, the record of its deliveries) leaves requests
 	// unsent, so a larger lease drains a backlog faster over a slow link.
 	// In batch write mode the items a round holds stay bounded however
-	// large the lease (forwardBulk); its batches' payloads do not.
+	// large the lease (bulkSink); its batches' payloads do not.
 	LeaseBatches int `yaml:"lease_batches"`
 	// FreshReserve is how many of a round's LeaseBatches go to devices
 	// without a backlog, so that their new batches are not held behind
@@ -92,6 +73,16 @@ type Config struct {
 	// at low rates (each batch goes at once), MaxWait at high rates (fuller
 	// requests). Default 100ms; a negative value is an error.
 	MaxWait time.Duration `yaml:"max_wait"`
+	// MaxDelay is how long batches may wait for each other before a
+	// round sends them, so that at a live rate (a greenhouse's devices
+	// sending a batch a minute each) they travel in full requests and
+	// invocations instead of one signed request (or three: marker lookup,
+	// readings, marker) per batch: a round waits while fewer than
+	// MaxBatchSize batches are pending, until the oldest of them has
+	// waited MaxDelay. A backlog is not held. Readings reach the cloud up
+	// to MaxDelay later. Default 5s; a negative value sends each batch as
+	// soon as the adaptive wait (MaxWait) lets it.
+	MaxDelay time.Duration `yaml:"max_delay"`
 	// MaxBatchSize is how many pending batches end a wait at once.
 	// Default 100; at most LeaseBatches.
 	MaxBatchSize int `yaml:"max_batch_size"`
@@ -134,6 +125,7 @@ func DefaultConfig() Config {
 		LeaseBatches:      1024,
 		FreshReserve:      128,
 		MaxWait:           100 * time.Millisecond,
+		MaxDelay:          5 * time.Second,
 		MaxBatchSize:      100,
 		WaitTargetRate:    20,
 		WaitSteepness:     0.25,
@@ -224,6 +216,7 @@ func (c Config) withDefaults() Config {
 		c.FreshReserve = min(d.FreshReserve, c.LeaseBatches/8)
 	}
 	c.MaxWait = cmp.Or(c.MaxWait, d.MaxWait)
+	c.MaxDelay = cmp.Or(c.MaxDelay, d.MaxDelay)
 	if c.MaxBatchSize == 0 {
 		c.MaxBatchSize = min(d.MaxBatchSize, c.LeaseBatches)
 	}
@@ -239,12 +232,18 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Store is the part of the buffer the uplink uses.
+// Store is the part of the buffer the uplink uses (*buffer.Buffer).
 type Store interface {
+	// Pending returns up to limit pending batches queued after seq after,
+	// oldest first; PendingRefs the same without their payloads.
 	Pending(after uint64, limit int) ([]buffer.Pending, error)
+	PendingRefs(after uint64, limit int) ([]buffer.Pending, error)
 	MarkDelivered([]buffer.Pending) error
 	DeadLetter(p buffer.Pending, reason string) error
+	// Notify is signalled when a batch is queued.
 	Notify() <-chan struct{}
+	// Stats tells the backlog, for the adaptive wait and the reports.
+	Stats() buffer.Stats
 }
 
 // DynamoDB is the part of the DynamoDB API the uplink uses.
@@ -274,23 +273,23 @@ const (
 // (cloud.ProbeTransactionLimit).
 type Prober func(ctx context.Context) (int, error)
 
-// Uplink forwards the buffer's pending batches to DynamoDB.
+// Uplink forwards the buffer's pending batches to the cloud.
 type Uplink struct {
 	cfg     Config
 	store   Store
-	devices DeviceSource
-	// keys and keyWriter write device keys to api_keys (SetKeys; nil:
-	// none); keyLoggedAt is Run's last warning about them.
-	keys        KeySource
-	keyWriter   KeyWriter
-	keyLoggedAt time.Time
-	db          DynamoDB
-	lambda      *lambdaTarget // the lambda target (SetLambda); nil: dynamodb
-	probe       Prober
-	tables      cloud.Tables
-	logger      *slog.Logger
-	metrics     *metrics
-	clock       clock.Source
+	db      DynamoDB
+	tables  cloud.Tables
+	logger  *slog.Logger
+	metrics *metrics
+	clock   clock.Source
+
+	// sink writes the batches: tx with write_mode transaction, lambda
+	// with target lambda (else nil), a bulkSink otherwise.
+	sink   sink
+	tx     *transactionSink
+	lambda *lambdaTarget
+	// sync writes device records and keys (Sync).
+	sync *Sync
 
 	limiter  *aimd
 	marks    deliveryGroup
@@ -306,7 +305,6 @@ type Uplink struct {
 	progress atomic.Int64
 
 	mu           sync.Mutex
-	txLimit      int // 0 until known
 	status       Status
 	lastErr      string
 	lastErrAt    time.Time
@@ -331,19 +329,65 @@ type Status struct {
 	Failures int
 }
 
-// New validates cfg and returns an uplink; it does no I/O. devices may be
-// nil (no device records to write); clk nil means the system clock.
-func New(cfg Config, store Store, devices DeviceSource, clk clock.Source, db DynamoDB, probe Prober, tables cloud.Tables, logger *slog.Logger, reg prometheus.Registerer) (*Uplink, error) {
+// Deps are what the uplink works with. Store is required; the rest as
+// the target needs them.
+type Deps struct {
+	// Store is the buffer whose batches are forwarded.
+	Store Store
+	// Devices holds the device records to write (nil: none).
+	Devices DeviceSource
+	// Clock is the gateway's corrected clock (nil: the system clock).
+	Clock clock.Source
+	// DynamoDB is the client of the tables; required with target
+	// dynamodb.
+	DynamoDB DynamoDB
+	// Probe finds the endpoint's per-transaction item limit; required
+	// with target dynamodb, write_mode transaction and
+	// transaction_max_items 0.
+	Probe Prober
+	// Tables are the cloud tables' names.
+	Tables cloud.Tables
+	// Keys holds the device keys to write to api_keys (nil: none), and
+	// KeyWriter writes them with target dynamodb (required there when
+	// Keys is set).
+	Keys      KeySource
+	KeyWriter KeyWriter
+	// Lambda is the client of the readings function; required with
+	// target lambda, and only there.
+	Lambda Invoker
+	// GatewayID is the gateway's id, sent in every event of the lambda
+	// target.
+	GatewayID string
+	// Logger is nil for no logging; Registerer nil for a private
+	// registry.
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// New validates cfg and deps and returns an uplink; it does no I/O. Run
+// forwards the batches; the device records and keys are written by
+// Sync's Run.
+func New(cfg Config, deps Deps) (*Uplink, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	if store == nil || (db == nil && cfg.Target != TargetLambda) {
-		return nil, errors.New("uplink: store and DynamoDB client are required")
-	}
-	if cfg.TransactionMaxItems == 0 && probe == nil && cfg.WriteMode != "batch" && cfg.Target != TargetLambda {
+	lambdaTarget := cfg.Target == TargetLambda
+	switch {
+	case deps.Store == nil:
+		return nil, errors.New("uplink: a store is required")
+	case lambdaTarget && deps.Lambda == nil:
+		return nil, errors.New("uplink.target: lambda needs a Lambda client")
+	case !lambdaTarget && deps.Lambda != nil:
+		return nil, errors.New("uplink: a Lambda client is for uplink.target lambda only")
+	case !lambdaTarget && deps.DynamoDB == nil:
+		return nil, errors.New("uplink: a DynamoDB client is required")
+	case !lambdaTarget && cfg.WriteMode == "transaction" && cfg.TransactionMaxItems == 0 && deps.Probe == nil:
 		return nil, errors.New("uplink.transaction_max_items: 0 (probe) needs a prober")
+	case !lambdaTarget && deps.Keys != nil && deps.KeyWriter == nil:
+		return nil, errors.New("uplink: device keys need a key writer")
 	}
+	logger, clk := deps.Logger, deps.Clock
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -351,14 +395,14 @@ func New(cfg Config, store Store, devices DeviceSource, clk clock.Source, db Dyn
 		clk = clock.System{}
 	}
 	u := &Uplink{
-		cfg: cfg, store: store, devices: devices, db: db, probe: probe, tables: tables,
+		cfg: cfg, store: deps.Store, db: deps.DynamoDB, tables: deps.Tables,
 		logger:    logger.With("component", "uplink"),
-		metrics:   newMetrics(reg),
+		metrics:   newMetrics(deps.Registerer),
 		clock:     clk,
-		txLimit:   cfg.TransactionMaxItems,
 		status:    Status{Up: true, Since: time.Now()},
 		drain:     &ewmaRate{rate: adaptive.Rate{Tau: drainTau}, stopAfter: drainStopped},
 		arrivals:  newEWMARate(arrivalTau),
+		index:     &backlogIndex{src: deps.Store, devices: map[string][]uint64{}},
 		uncertain: map[string]bool{},
 		settled:   map[string]bool{},
 
@@ -367,13 +411,21 @@ func New(cfg Config, store Store, devices DeviceSource, clk clock.Source, db Dyn
 	// Deliveries are measured from the start.
 	u.drain.add(0, time.Now())
 	u.limiter = newAIMD(cfg.Concurrency, cfg.MaxConcurrency, func(n int) { u.metrics.concurrency.Set(float64(n)) })
-	if src, ok := store.(refSource); ok {
-		u.index = &backlogIndex{src: src, devices: map[string][]uint64{}}
+	switch {
+	case lambdaTarget:
+		u.lambda = newLambdaTarget(u, deps.Lambda, deps.GatewayID)
+		u.sink = u.lambda
+	case cfg.WriteMode == "transaction":
+		u.tx = &transactionSink{tableSink: tableSink{u}, probe: deps.Probe, txLimit: cfg.TransactionMaxItems}
+		u.sink = u.tx
+	default:
+		u.sink = bulkSink{tableSink{u}}
 	}
+	u.sync = newSync(u, deps.Devices, deps.Keys, deps.KeyWriter)
 	u.registerReportMetrics()
 	u.metrics.up.Set(1)
-	if u.txLimit > 0 {
-		u.metrics.txLimit.Set(float64(u.txLimit))
+	if cfg.TransactionMaxItems > 0 {
+		u.metrics.txLimit.Set(float64(cfg.TransactionMaxItems))
 	}
 	return u, nil
 }
@@ -388,9 +440,6 @@ func (u *Uplink) Status() Status {
 // Run forwards batches until ctx is done. A round interrupted by ctx leaves
 // its batches pending; forwarding them again after a restart is harmless.
 func (u *Uplink) Run(ctx context.Context) error {
-	if u.cfg.Target == TargetLambda && u.lambda == nil {
-		return errLambdaUnset
-	}
 	backoff := u.cfg.MinBackoff
 	poll := time.NewTimer(0)
 	defer poll.Stop()
@@ -465,16 +514,7 @@ func (u *Uplink) Run(ctx context.Context) error {
 // readings function with an empty event (which it answers with no
 // results, writing nothing).
 func (u *Uplink) reach(ctx context.Context) error {
-	var err error
-	if u.lambda != nil {
-		_, err = u.lambda.invoke(ctx, &event.BatchEvent{})
-	} else {
-		err = u.call(ctx, "DescribeTable", func(ctx context.Context) error {
-			_, err := u.db.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(u.tables.ProcessedBatches)})
-			return err
-		})
-	}
-	if unreachable(err) {
+	if err := u.sink.reach(ctx); unreachable(err) {
 		return fmt.Errorf("cloud unreachable: %w", err)
 	}
 	return nil
@@ -485,19 +525,19 @@ func (u *Uplink) nextWait() time.Duration {
 	return adaptiveWait(u.arrivals.at(time.Now()), u.cfg.MaxWait, u.cfg.WaitTargetRate, u.cfg.WaitSteepness)
 }
 
-// gather waits up to wait for more batches to arrive, less when
-// MaxBatchSize batches are pending sooner.
+// gather waits up to wait, or for the link (linger), for more batches to
+// arrive, less when MaxBatchSize batches are pending sooner.
 func (u *Uplink) gather(ctx context.Context, wait time.Duration) {
 	start := time.Now()
 	defer func() { u.metrics.roundWait.Observe(time.Since(start).Seconds()) }()
+	wait = max(wait, u.linger(u.store.Stats(), start))
 	if wait <= 0 {
 		return
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	stats, _ := u.store.(backlogSource)
 	for {
-		if stats != nil && stats.Stats().PendingBatches >= int64(u.cfg.MaxBatchSize) {
+		if u.store.Stats().PendingBatches >= int64(u.cfg.MaxBatchSize) {
 			return
 		}
 		select {
@@ -510,89 +550,39 @@ func (u *Uplink) gather(ctx context.Context, wait time.Duration) {
 	}
 }
 
+// linger is how long a round waits at now for the link (MaxDelay): while
+// batches are pending but fewer than MaxBatchSize, until the oldest of
+// them has waited MaxDelay since it was received.
+func (u *Uplink) linger(st buffer.Stats, now time.Time) time.Duration {
+	if u.cfg.MaxDelay <= 0 || st.PendingBatches == 0 || st.PendingBatches >= int64(u.cfg.MaxBatchSize) || st.Oldest.IsZero() {
+		return 0
+	}
+	return min(u.cfg.MaxDelay, max(0, u.cfg.MaxDelay-now.Sub(st.Oldest)))
+}
+
 // round forwards one lease of pending batches and returns how many it
 // took, and whether the lease was full (more are waiting). An error means
 // some batches must be retried later.
 //
-// A round first makes sure the clock can be trusted, writes the device
-// records and keys the cloud lacks, then leases batches (lease), checks
-// the ones whose earlier write may have been applied (checkUncertain) and
-// forwards the rest device by device, fresh devices first. The lambda
-// target sends device records, keys and batches through the readings
-// function, which answers duplicate for a batch already in the cloud, so
-// it reads no table.
+// A round first readies the sink (with the dynamodb target: makes sure
+// the clock can be trusted) and asks Sync to write the device records and
+// keys the cloud lacks, then leases batches (lease) and hands them to the
+// sink, which forwards them device by device, fresh devices first.
 func (u *Uplink) round(ctx context.Context) (int, bool, error) {
-	devices, err := u.prepare(ctx)
-	if err != nil {
+	if err := u.sink.prepare(ctx); err != nil {
 		return 0, false, err
 	}
+	u.sync.kick()
 	l, err := u.lease()
 	if err != nil {
 		return 0, false, err
 	}
 	if len(l.batches) == 0 {
 		u.nothingPending()
-		return devices, false, nil
+		return 0, false, nil
 	}
 	u.metrics.roundBatches.Observe(float64(len(l.batches)))
-	taken, fresh := len(l.batches), l.freshDevices()
-	batches := l.batches
-	// The batch write mode looks up every batch's marker before writing.
-	if u.lambda == nil && u.cfg.WriteMode != "batch" {
-		if batches, err = u.checkUncertain(ctx, l.batches, l.oldest); err != nil {
-			return 0, false, err
-		}
-	}
-	order, byDevice := groupByDevice(batches)
-	freshFirst(order, fresh)
-	switch {
-	case len(order) == 0:
-		return taken, l.full, nil
-	case u.lambda != nil:
-		return taken, l.full, u.forwardInvocations(ctx, order, byDevice)
-	case u.cfg.WriteMode == "batch":
-		return taken, l.full, u.forwardBulk(ctx, order, byDevice)
-	}
-	limit, err := u.transactionLimit(ctx)
-	if err != nil {
-		return 0, false, err
-	}
-	return taken, l.full, u.forwardDevices(ctx, order, byDevice, limit)
-}
-
-// prepare readies a round: with the dynamodb target it checks the clock
-// and writes the device records and keys the cloud lacks; with the lambda
-// target it sends those through the function. It returns how many device
-// records were written.
-func (u *Uplink) prepare(ctx context.Context) (int, error) {
-	if u.lambda != nil {
-		return u.syncLambda(ctx)
-	}
-	if err := u.checkClock(ctx); err != nil {
-		return 0, err
-	}
-	devices, err := u.upsertDevices(ctx)
-	if err != nil {
-		return 0, err
-	}
-	u.writeKeys(ctx)
-	return devices, nil
-}
-
-// checkClock fails while the gateway's clock is not plausible, after one
-// DescribeTable: any answer from DynamoDB teaches the clock its offset.
-func (u *Uplink) checkClock(ctx context.Context) error {
-	if u.clock.Plausible() {
-		return nil
-	}
-	_ = u.call(ctx, "DescribeTable", func(ctx context.Context) error {
-		_, err := u.db.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(u.tables.ProcessedBatches)})
-		return err
-	})
-	if !u.clock.Plausible() {
-		return errClockImplausible
-	}
-	return nil
+	return len(l.batches), l.full, u.sink.forward(ctx, l)
 }
 
 // lease is one round's batches.
@@ -612,13 +602,10 @@ type lease struct {
 // the least backlog first. Forwarding a device's oldest pending batch out
 // of queue order keeps the device's own order.
 func (u *Uplink) lease() (lease, error) {
-	reserve := 0
-	if u.index != nil {
-		if err := u.index.extend(64); err != nil {
-			return lease{}, err
-		}
-		reserve = u.cfg.FreshReserve
+	if err := u.index.extend(64); err != nil {
+		return lease{}, err
 	}
+	reserve := u.cfg.FreshReserve
 	l := lease{oldest: u.cfg.LeaseBatches - reserve}
 	batches, err := u.store.Pending(0, l.oldest)
 	if err != nil {
@@ -626,7 +613,7 @@ func (u *Uplink) lease() (lease, error) {
 	}
 	l.full = len(batches) == l.oldest
 	u.countArrivals(batches)
-	if len(batches) == 0 || u.index == nil {
+	if len(batches) == 0 {
 		l.batches = batches
 		return l, nil
 	}
@@ -652,11 +639,17 @@ func (l lease) freshDevices() map[string]bool {
 	return fresh
 }
 
+// devices groups batches of the lease by device (groupByDevice), the
+// devices whose batches were leased as fresh first (freshFirst).
+func (l lease) devices(batches []buffer.Pending) ([]string, map[string][]buffer.Pending) {
+	order, byDevice := groupByDevice(batches)
+	freshFirst(order, l.freshDevices())
+	return order, byDevice
+}
+
 // nothingPending resets what a lease keeps when the queue is empty.
 func (u *Uplink) nothingPending() {
-	if u.index != nil {
-		u.index.clear()
-	}
+	u.index.clear()
 	// Nothing was pending at start, so nothing is uncertain.
 	u.mu.Lock()
 	u.startChecked = true
@@ -691,49 +684,6 @@ func freshFirst(order []string, fresh map[string]bool) {
 	})
 }
 
-// forwardDevices forwards each device's batches in order (forwardDevice),
-// devices concurrently, and returns the first error. The AIMD limiter, not
-// the number of workers, bounds the requests in flight.
-func (u *Uplink) forwardDevices(ctx context.Context, order []string, byDevice map[string][]buffer.Pending, limit int) error {
-	work := make(chan []buffer.Pending)
-	var (
-		mu       sync.Mutex
-		firstErr error
-		wg       sync.WaitGroup
-		marks    sync.WaitGroup
-	)
-	fail := func(err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	for range min(u.cfg.MaxConcurrency, len(order)) {
-		wg.Go(func() {
-			for batches := range work {
-				done, err := u.forwardDevice(ctx, batches, limit)
-				fail(err)
-				// Recorded per device as soon as it is done, so that a
-				// crash mid-round re-sends as little as possible; the
-				// worker goes on with the next device meanwhile.
-				marks.Go(func() {
-					if err := u.markDelivered(done); err != nil {
-						fail(fmt.Errorf("recording delivery: %w", err))
-					}
-				})
-			}
-		})
-	}
-	for _, hw := range order {
-		work <- byDevice[hw]
-	}
-	close(work)
-	wg.Wait()
-	marks.Wait()
-	return firstErr
-}
-
 // freshBatches returns the oldest pending batch of up to n devices that
 // have none in byDevice, read from the queue.
 func (u *Uplink) freshBatches(n int, after uint64, byDevice map[string][]buffer.Pending) ([]buffer.Pending, error) {
@@ -758,9 +708,7 @@ func (u *Uplink) countArrivals(leased []buffer.Pending) {
 	if len(leased) > 0 {
 		newest = max(newest, leased[len(leased)-1].Seq)
 	}
-	if u.index != nil {
-		newest = max(newest, u.index.newest())
-	}
+	newest = max(newest, u.index.newest())
 	if u.seqKnown {
 		u.arrivals.add(int(newest-u.lastSeq), time.Now())
 	} else {
@@ -781,9 +729,7 @@ func (u *Uplink) markDelivered(done []buffer.Pending) error {
 	if err := u.marks.record(u.store, done); err != nil {
 		return err
 	}
-	if u.index != nil {
-		u.index.remove(done)
-	}
+	u.index.remove(done)
 	u.drain.add(len(done), time.Now())
 	u.progress.Add(int64(len(done)))
 	if u.lambda != nil {
@@ -803,68 +749,8 @@ func (u *Uplink) deadLetter(p buffer.Pending, reason string) error {
 		return err
 	}
 	u.progress.Add(1)
-	if u.index != nil {
-		u.index.remove([]buffer.Pending{p})
-	}
+	u.index.remove([]buffer.Pending{p})
 	return nil
-}
-
-// forwardDevice sends one device's batches in order, stopping at the first
-// batch that must be retried so that later batches never overtake it.
-func (u *Uplink) forwardDevice(ctx context.Context, batches []buffer.Pending, limit int) ([]buffer.Pending, error) {
-	var done []buffer.Pending
-	for _, p := range batches {
-		sent, err := u.forward(ctx, p, limit)
-		var perm *permanentError
-		switch {
-		case err == nil:
-			done = append(done, sent)
-		case errors.As(err, &perm):
-			if dlErr := u.deadLetter(p, perm.Error()); dlErr != nil {
-				return done, fmt.Errorf("dead-lettering %s: %w", p.BatchID, dlErr)
-			}
-			u.metrics.batches.WithLabelValues("dead_lettered").Inc()
-			u.logger.Error("cloud refused a batch permanently; moved to the dead-letter area",
-				"batch_id", p.BatchID, "hardware_id", p.HardwareID, "err", perm.err)
-		default:
-			if ambiguous(err) {
-				u.markUncertain(p.BatchID)
-			}
-			return done, err
-		}
-	}
-	return done, nil
-}
-
-func (u *Uplink) transactionLimit(ctx context.Context) (int, error) {
-	u.mu.Lock()
-	limit := u.txLimit
-	u.mu.Unlock()
-	if limit > 0 {
-		return limit, nil
-	}
-	pctx, cancel := context.WithTimeout(ctx, u.cfg.RequestTimeout)
-	defer cancel()
-	limit, err := u.probe(pctx)
-	if err != nil {
-		return 0, fmt.Errorf("probing the transaction item limit: %w", err)
-	}
-	u.mu.Lock()
-	u.txLimit = limit
-	u.mu.Unlock()
-	u.metrics.txLimit.Set(float64(limit))
-	u.logger.Info("transaction item limit probed", "items", limit)
-	return limit, nil
-}
-
-// forgetLimit makes the next round probe the limit again.
-func (u *Uplink) forgetLimit() {
-	if u.cfg.TransactionMaxItems != 0 {
-		return // configured by the operator
-	}
-	u.mu.Lock()
-	u.txLimit = 0
-	u.mu.Unlock()
 }
 
 func (u *Uplink) setDown(err error) {

@@ -88,7 +88,7 @@ func newEnv(t *testing.T, local *dynamotest.Local, cfg uplink.Config) *env {
 	probe := func(ctx context.Context) (int, error) {
 		return cloud.ProbeTransactionLimit(ctx, upClient, e.tables.ProcessedBatches)
 	}
-	e.up, err = uplink.New(cfg, e.buf, nil, nil, upClient, probe, e.tables, nil, e.reg)
+	e.up, err = uplink.New(cfg, uplink.Deps{Store: e.buf, DynamoDB: upClient, Probe: probe, Tables: e.tables, Registerer: e.reg})
 	require.NoError(t, err)
 	return e
 }
@@ -381,8 +381,7 @@ func TestPerDeviceOrderSurvivesAFailure(t *testing.T) {
 	b1 := testBatch(t, "BB:00:00:00:00:01", 0, 1)
 	store(t, buf, a1, b1, a2)
 	db := &fakeDB{failID: a1.BatchID, failing: true}
-	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
-		buf, nil, nil, db, nil, cloud.TableNames(""), nil, nil)
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}, uplink.Deps{Store: buf, DynamoDB: db, Tables: cloud.TableNames("")})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -442,12 +441,13 @@ func TestDeviceUpsertKeepsFirstRegistration(t *testing.T) {
 	require.NoError(t, err)
 	defer buf.Close()
 	devs := &fakeDevices{}
-	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, PollInterval: 10 * time.Millisecond}, buf, devs, nil, client, nil, tables, nil, nil)
+	up, err := uplink.New(uplink.Config{TransactionMaxItems: 10, PollInterval: 10 * time.Millisecond}, uplink.Deps{Store: buf, Devices: devs, DynamoDB: client, Tables: tables})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	done := make(chan error, 2)
 	go func() { done <- up.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
+	go func() { done <- up.Sync().Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done); require.NoError(t, <-done) }()
 
 	hw := "AA:BB:CC:00:00:05"
 	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -494,8 +494,7 @@ func TestNoForwardingWhileTheClockIsImplausible(t *testing.T) {
 	store(t, buf, testBatch(t, "CC:00:00:00:00:01", 0, 1))
 	db := &fakeDB{}
 	clk := &settableClock{}
-	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond},
-		buf, nil, clk, &describingDB{fakeDB: db}, nil, cloud.TableNames(""), nil, nil)
+	up, err := uplink.New(uplink.Config{WriteMode: "transaction", TransactionMaxItems: 10, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}, uplink.Deps{Store: buf, Clock: clk, DynamoDB: &describingDB{fakeDB: db}, Tables: cloud.TableNames("")})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -619,8 +618,7 @@ func (s *deadLetterFailsOnce) MarkDelivered(ps []buffer.Pending) error {
 func TestBatchModeRecordsNothingOfADeviceAfterABatchLeftPending(t *testing.T) {
 	e := newEnv(t, dynamotest.Shared(t), uplink.Config{WriteMode: "batch", MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
 	st := &deadLetterFailsOnce{Buffer: e.buf, watch: map[string]bool{}}
-	up, err := uplink.New(uplink.Config{WriteMode: "batch", MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond},
-		st, nil, nil, e.local.Client(t, cloud.WithRetryMaxAttempts(1)), nil, e.tables, nil, prometheus.NewRegistry())
+	up, err := uplink.New(uplink.Config{WriteMode: "batch", MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond}, uplink.Deps{Store: st, DynamoDB: e.local.Client(t, cloud.WithRetryMaxAttempts(1)), Tables: e.tables, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	e.up = up
 	hw := "DF:00:00:00:00:01"

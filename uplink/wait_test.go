@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/adaptive"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -218,5 +219,33 @@ func TestStoppedDrainReadsZero(t *testing.T) {
 	}
 	if got := e.at(end.Add(drainStopped)); got != 0 {
 		t.Fatalf("nothing delivered for %v: got %v, want 0", drainStopped, got)
+	}
+}
+
+func TestLingerWaitsForTheOldestBatchUpToMaxDelay(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name     string
+		maxDelay time.Duration
+		pending  int64
+		age      time.Duration
+		want     time.Duration
+	}{
+		{"a fresh batch waits the whole delay", 5 * time.Second, 1, 0, 5 * time.Second},
+		{"the wait counts from the oldest batch", 5 * time.Second, 3, 2 * time.Second, 3 * time.Second},
+		{"an old batch goes at once", 5 * time.Second, 3, time.Minute, 0},
+		{"enough batches go at once", 5 * time.Second, 100, 0, 0},
+		{"nothing pending, no wait", 5 * time.Second, 0, 0, 0},
+		{"a negative delay never waits", -time.Second, 1, 0, 0},
+		{"a clock that went back waits no longer than the delay", 5 * time.Second, 1, -time.Hour, 5 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := &Uplink{cfg: Config{MaxDelay: tc.maxDelay, MaxBatchSize: 100}}
+			st := buffer.Stats{PendingBatches: tc.pending}
+			if tc.pending > 0 {
+				st.Oldest = now.Add(-tc.age)
+			}
+			require.Equal(t, tc.want, u.linger(st, now))
+		})
 	}
 }

@@ -3,10 +3,7 @@ package uplink
 import (
 	"cmp"
 	"context"
-	"errors"
-	"fmt"
 
-	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/internal/tablewrite"
 )
 
@@ -19,19 +16,24 @@ func bulkAhead(limit int) int {
 	return 2*tablewrite.BatchGetMax + 3*limit
 }
 
-// forwardBulk forwards a round in "batch" write mode with a tablewrite
-// bulk write, fed 100 batches at a time as they are built: their markers
-// looked up in one BatchGetItem, then the readings of all the round's
-// batches packed 25 to a BatchWriteItem, each batch's marker joining the
-// requests once its readings are written. Building stays about
-// bulkAhead batches ahead of the writes, and the items of batches handed
-// to the writer are let go here, so the items a round holds stay bounded
-// however large its lease (its batches' payloads are held to its end).
-// The batches are given round-robin across devices (every
-// device's oldest first), so that the devices' markers do not wait for
-// one another; a device whose batch fails stops for this round, so its
-// later batches never overtake it.
-func (u *Uplink) forwardBulk(ctx context.Context, order []string, byDevice map[string][]buffer.Pending) error {
+// bulkSink writes a round in "batch" write mode with a tablewrite bulk
+// write (tablewrite.Writer.StartBulk).
+type bulkSink struct{ tableSink }
+
+// forward forwards a round with a tablewrite bulk write, fed 100 batches
+// at a time as they are built: their markers looked up in one
+// BatchGetItem, then the readings of all the round's batches packed 25 to
+// a BatchWriteItem, each batch's marker joining the requests once its
+// readings are written. Building stays about bulkAhead batches ahead of
+// the writes, and the items of batches handed to the writer are let go
+// here, so the items a round holds stay bounded however large its lease
+// (its batches' payloads are held to its end). The batches are given
+// round-robin across devices (every device's oldest first), so that the
+// devices' markers do not wait for one another; a device whose batch
+// fails stops for this round, so its later batches never overtake it.
+func (s bulkSink) forward(ctx context.Context, l lease) error {
+	u := s.u
+	order, byDevice := l.devices(l.batches)
 	var (
 		batches  []*cloudBatch
 		firstErr error
@@ -74,57 +76,26 @@ func (u *Uplink) forwardBulk(ctx context.Context, order []string, byDevice map[s
 				add(false)
 				continue
 			}
-			// Damaged on disk: keep it aside and go on with the device.
-			if dlErr := u.deadLetter(p, err.Error()); dlErr != nil {
-				firstErr = cmp.Or(firstErr, dlErr)
+			// Damaged on disk: kept aside, and the device goes on.
+			if st := u.settle([]result{damagedBatch(p, err)}); st.err != nil {
+				firstErr = cmp.Or(firstErr, st.err)
 				byDevice[hw] = byDevice[hw][:depth] // the device stops here
-				continue
 			}
-			u.metrics.batches.WithLabelValues("dead_lettered").Inc()
 		}
 		if !more {
 			break
 		}
 	}
 	add(true)
-	results := bulk.Wait()
+	written := bulk.Wait()
 	if len(batches) == 0 {
 		return firstErr
 	}
 	u.metrics.waveBatches.Observe(float64(len(batches)))
-	var delivered []buffer.Pending
-	// pending holds the devices with a batch left pending although the
-	// cloud decided it (it could not be dead-lettered): their later
-	// batches are not recorded before it, and are found in the cloud
-	// next round.
-	pending := map[string]bool{}
+	results := make([]result, len(batches))
 	for i, cb := range batches {
-		if pending[cb.pending.HardwareID] {
-			continue
-		}
-		var perm *permanentError
-		switch err := u.outcome(results[i], cb); {
-		case err == nil:
-			delivered = append(delivered, cb.pending)
-		case errors.As(err, &perm):
-			if dlErr := u.deadLetter(cb.pending, perm.Error()); dlErr != nil {
-				firstErr = cmp.Or(firstErr, dlErr)
-				pending[cb.pending.HardwareID] = true
-				continue
-			}
-			u.metrics.batches.WithLabelValues("dead_lettered").Inc()
-			u.logger.Error("cloud refused a batch permanently; moved to the dead-letter area",
-				"batch_id", cb.pending.BatchID, "hardware_id", cb.pending.HardwareID, "err", perm.err)
-		case errors.Is(err, tablewrite.ErrHeldBack):
-			// Waiting for an earlier batch of its device, whose own
-			// result is the round's error if it has one (a refused
-			// batch, dead-lettered, is none): tried again next round.
-		default:
-			firstErr = cmp.Or(firstErr, err)
-		}
+		results[i] = u.resultOf(written[i], cb)
 	}
-	if err := u.markDelivered(delivered); err != nil {
-		firstErr = cmp.Or(firstErr, fmt.Errorf("recording delivery: %w", err))
-	}
-	return firstErr
+	st := u.settle(results)
+	return cmp.Or(firstErr, st.err, u.record(st.delivered))
 }

@@ -40,6 +40,7 @@ func run(args []string) int {
 		"comma-separated scenarios to run: mqtt (closed-loop MQTT ingest; idle RSS and CPU per reading), "+
 			"fixed (fixed offered load from each fleet size), sdcard (MQTT ingest with every fsync of the data directory 10 ms slower; root, FUSE), "+
 			"http, drain (forwarding against the plain-write ceiling; RSS while draining), lambda (drain through the readings function), "+
+			"uplink-bytes (bytes, requests and connections on the uplink per reading, live and draining, direct and through the function, against the plain same-items writer; about 2x --bytes-live plus 2 minutes), "+
 			"footprint (time to ready, disk per reading), idle (memory breakdown of the largest fleet connected and idle)")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "measured window of each load, after the warm-up")
 	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "warm-up before each measured window")
@@ -61,6 +62,9 @@ func run(args []string) int {
 	fs.IntVar(&cfg.DrainRepeats, "drain-repeats", cfg.DrainRepeats, "drain: batch-mode drains, each on its own backlog between its own plain-writer runs; the median by its ratio to its ceiling is reported")
 	drainModes := fs.String("drain-modes", strings.Join(cfg.DrainModes, ","), "drain: comma-separated uplink write modes to drain in (transaction, batch)")
 	fs.IntVar(&cfg.LambdaInstances, "lambda-instances", cfg.LambdaInstances, "lambda scenario: Runtime Interface Emulators running the readings function side by side (each one invocation at a time)")
+	fs.DurationVar(&cfg.BytesLive, "bytes-live", cfg.BytesLive, "uplink-bytes: how long the live rate runs for each uplink target (dynamodb, lambda)")
+	fs.IntVar(&cfg.BytesDevices, "bytes-devices", cfg.BytesDevices, "uplink-bytes: devices of the live rate, each sending a batch of --readings readings a minute, and of the backlog")
+	fs.IntVar(&cfg.BytesBacklog, "bytes-backlog", cfg.BytesBacklog, "uplink-bytes: readings in the backlog each target drains")
 	fs.IntVar(&cfg.ReadyReadings, "ready-readings", cfg.ReadyReadings, "readings pending for the time-to-ready figure")
 	fs.IntVar(&cfg.ReadyRuns, "ready-runs", cfg.ReadyRuns, "starts measured for the time-to-ready figure (median reported)")
 	fs.StringVar(&cfg.CacheDir, "cache-dir", cfg.CacheDir, "where the time-to-ready data directory is cached (relative to the module root)")

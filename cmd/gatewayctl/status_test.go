@@ -34,6 +34,7 @@ func serveGateway(t *testing.T, buf *buffer.Buffer, reg *prometheus.Registry) st
 	t.Helper()
 	devices, err := registry.New(registry.Config{}, buf, nil, nil, reg)
 	require.NoError(t, err)
+	require.NoError(t, devices.Load())
 	ready := func() error { return nil }
 	ops := operator.New(operator.Deps{Devices: devices, AdminToken: testAdminToken, DeadLetters: buf, Ready: ready}, nil)
 	api, err := httpserve.NewHTTPServer(httpserve.HTTPConfig{Addr: "127.0.0.1:0"}, httpserve.HTTPDeps{

@@ -91,7 +91,8 @@ func startDaemonBinary(t *testing.T, bin, dataDir, endpoint, prefix string, extr
 	d.cmd.Env = append(os.Environ(), "GATEWAY_API_KEY_PEPPER="+e2ePepper, "AWS_ACCESS_KEY_ID=local",
 		"AWS_SECRET_ACCESS_KEY=local", "AWS_REGION=us-east-1",
 		// Fast retries so that tests see recovery quickly.
-		"GATEWAY_UPLINK_MAX_BACKOFF=500ms", "GATEWAY_UPLINK_REQUEST_TIMEOUT=3s", "GATEWAY_UPLINK_POLL_INTERVAL=200ms")
+		"GATEWAY_UPLINK_MAX_BACKOFF=500ms", "GATEWAY_UPLINK_REQUEST_TIMEOUT=3s", "GATEWAY_UPLINK_POLL_INTERVAL=200ms",
+		"GATEWAY_UPLINK_MAX_DELAY=200ms")
 	d.cmd.Env = append(d.cmd.Env, extraEnv...)
 	d.cmd.Stdout = d.logs
 	d.cmd.Stderr = d.logs

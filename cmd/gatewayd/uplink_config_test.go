@@ -70,6 +70,7 @@ func TestUplinkLambdaSettingsFromFileEnvironmentAndFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "lambda", cfg.Uplink.Target)
 	require.Equal(t, 5<<20, cfg.Uplink.Lambda.MaxBytes, "the default stays under Lambda's 6 MB payload")
+	require.Equal(t, "zstd", cfg.Uplink.Lambda.Encoding, "events travel compressed by default")
 }
 
 func TestUplinkLambdaSettingsErrorsNameTheSetting(t *testing.T) {
@@ -85,6 +86,7 @@ func TestUplinkLambdaSettingsErrorsNameTheSetting(t *testing.T) {
 		{"max_bytes over the payload limit", nil, []string{"GATEWAY_UPLINK_LAMBDA_MAX_BYTES=6291456"}, "uplink.lambda.max_bytes: must be between 65536 and 5767168"},
 		{"negative max_items", nil, []string{"GATEWAY_UPLINK_LAMBDA_MAX_ITEMS=-1"}, "uplink.lambda.max_items: must be between 1 and 10000"},
 		{"negative max_wait", nil, []string{"GATEWAY_UPLINK_LAMBDA_MAX_WAIT=-1ms"}, "uplink.lambda.max_wait: must not be negative"},
+		{"unknown encoding", nil, []string{"GATEWAY_UPLINK_LAMBDA_ENCODING=brotli"}, `uplink.lambda.encoding: "brotli" must be one of zstd, gzip, none`},
 		{"concurrency above max", nil, []string{"GATEWAY_UPLINK_LAMBDA_CONCURRENCY=20", "GATEWAY_UPLINK_LAMBDA_MAX_CONCURRENCY=10"}, "uplink.lambda.concurrency: must not exceed uplink.lambda.max_concurrency"},
 	}
 	for _, tt := range tests {

@@ -1,9 +1,9 @@
-// Command soak runs the gateway's fault scenarios (harness/soak) against
+// Command soak runs the gateway's fault scenarios and its steady hour (harness/soak) against
 // real gatewayd processes and DynamoDB Local, prints their figures, and
 // exits 1 if any acknowledged batch was lost or duplicated or anything else
 // went wrong.
 //
-//	go run ./cmd/soak --duration 10m --kill-cycles 100 --powercut-cycles 50 --devices 10
+//	go run ./cmd/soak --duration 10m --kill-cycles 100 --powercut-cycles 50 --devices 10 --steady-duration 1h
 package main
 
 import (
@@ -32,7 +32,10 @@ func run(args []string) int {
 		scenarios string
 		verbose   bool
 	)
-	fs.DurationVar(&cfg.Duration, "duration", 10*time.Minute, "load time of the whole soak, split evenly across the scenarios (setup, drain and checks come on top)")
+	fs.DurationVar(&cfg.Duration, "duration", 10*time.Minute, "load time of the fault scenarios, split evenly across them (setup, drain and checks come on top)")
+	fs.DurationVar(&cfg.SteadyDuration, "steady-duration", time.Hour, "load time of the steady scenario (no faults; gatewayd's RSS peaks, goroutines and open files must stay flat after the first quarter)")
+	fs.IntVar(&cfg.SteadyDevices, "steady-devices", 100, "simulated devices of the steady scenario, half MQTT, half HTTP")
+	fs.DurationVar(&cfg.SteadyInterval, "steady-interval", 5*time.Second, "time between two batches of a device in the steady scenario")
 	fs.IntVar(&cfg.KillCycles, "kill-cycles", 100, "kill -9 cycles of gatewayd in the kill9 scenario")
 	torn := fs.Bool("powercut-torn", true, "make every other power cut torn (a random half of the pages written since the last fsync survive); false: every cut drops all of them")
 	fs.IntVar(&cfg.PowerCutCycles, "powercut-cycles", 50, "power cuts in the powercut scenario (gatewayd's data directory on a FUSE file system that drops what was not fsynced; needs /dev/fuse and root)")

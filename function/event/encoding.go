@@ -48,7 +48,9 @@ var (
 )
 
 // Marshal encodes ev as the function reads it: plain JSON for
-// EncodingNone (or ""), else the compressed envelope.
+// EncodingNone (or ""), else the compressed envelope, unless that would
+// not be smaller than the plain event (which a sender keeps within
+// Lambda's payload limit).
 func Marshal(ev *BatchEvent, encoding string) ([]byte, error) {
 	plain, err := json.Marshal(ev)
 	if err != nil || encoding == "" || encoding == EncodingNone {
@@ -71,7 +73,11 @@ func Marshal(ev *BatchEvent, encoding string) ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("event encoding %q: must be one of %v", encoding, Encodings)
 	}
-	return json.Marshal(envelope{V: ev.V, Kind: ev.Kind, Encoding: encoding, Data: packed})
+	env, err := json.Marshal(envelope{V: ev.V, Kind: ev.Kind, Encoding: encoding, Data: packed})
+	if err != nil || len(env) >= len(plain) {
+		return plain, err
+	}
+	return env, nil
 }
 
 // Unmarshal decodes a gateway_batches event, plain or compressed, and

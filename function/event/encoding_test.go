@@ -101,3 +101,14 @@ func TestDecompressionBombsAreRefused(t *testing.T) {
 		require.ErrorContains(t, err, "expands to more than", enc)
 	}
 }
+
+func TestAnEventThatDoesNotShrinkGoesPlain(t *testing.T) {
+	ev := &event.BatchEvent{V: event.EventVersion, Kind: event.KindGatewayBatches}
+	plain, err := json.Marshal(ev)
+	require.NoError(t, err)
+	for _, enc := range event.Encodings {
+		raw, err := event.Marshal(ev, enc)
+		require.NoError(t, err)
+		require.JSONEq(t, string(plain), string(raw), enc)
+	}
+}

@@ -89,6 +89,7 @@ func startHostileBroker(tb testing.TB, o hostileOptions) (*gatewaytest.Gateway, 
 	require.NoError(tb, authn.Load())
 	devices, err := registry.New(registry.Config{}, buf, nil, nil, reg)
 	require.NoError(tb, err)
+	require.NoError(tb, devices.Load())
 	var store ingest.Committer = buf
 	if o.store != nil {
 		store = o.store

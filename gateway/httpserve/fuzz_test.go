@@ -128,6 +128,7 @@ func newFuzzAPI(f *testing.F) *fuzzAPI {
 	require.NoError(f, authn.Load())
 	devices, err := registry.New(registry.Config{}, buf, clock, nil, reg)
 	require.NoError(f, err)
+	require.NoError(f, devices.Load())
 	ing, err := ingest.New(ingest.Config{}, ingest.Deps{Store: store, Devices: devices, Clock: clock, Registerer: reg})
 	require.NoError(f, err)
 	api, err := httpserve.NewHTTPServer(httpserve.HTTPConfig{MaxBodyBytes: 64 << 10}, httpserve.HTTPDeps{

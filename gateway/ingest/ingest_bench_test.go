@@ -79,6 +79,9 @@ func benchIngest(b *testing.B, store Committer) (*Ingest, *buffer.Buffer) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	if err := devices.Load(); err != nil {
+		b.Fatal(err)
+	}
 	in, err := New(Config{}, Deps{Store: store, Devices: devices, Registerer: reg})
 	if err != nil {
 		b.Fatal(err)

@@ -35,6 +35,7 @@ func TestRejectOlderAnswersAResendDuplicate(t *testing.T) {
 	defer buf.Close()
 	reg, err := registry.New(registry.Config{}, buf, nil, nil, nil)
 	require.NoError(t, err)
+	require.NoError(t, reg.Load())
 	in, err := ingest.New(ingest.Config{Ordering: "reject_older", OrderingGrace: time.Minute}, ingest.Deps{Store: buf, Devices: reg})
 	require.NoError(t, err)
 	hw, boot := "AA:BB:CC:DD:EE:31", uuid.NewString()

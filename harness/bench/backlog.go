@@ -32,17 +32,36 @@ type backlog struct {
 // identity hash), the devices taking turns in arrival order, as a fleet
 // whose uplink is down would fill it.
 func fillBacklog(ctx context.Context, dir string, fleetID byte, devices, batches, readings int) (backlog, error) {
+	start := time.Now().Add(-48 * time.Hour)
+	devs := make([]*fleetgen.Device, devices)
+	for i := range devs {
+		devs[i] = fleetgen.NewDevice(fleetgen.HardwareID(fleetID, i), start, uint64(i))
+	}
+	info, err := storeBatches(ctx, dir, batches, func(i int) (string, []byte, error) {
+		d := devs[i%devices]
+		_, payload, err := d.Next(readings)
+		return d.HardwareID(), payload, err
+	})
+	info.Devices = devices
+	return info, err
+}
+
+// deviceBatch is a batch as a device sent it.
+type deviceBatch struct {
+	hardwareID string
+	payload    []byte
+}
+
+// storeBatches writes the batches next returns for 0 to batches-1 (each a
+// device's hardware_id and the batch as the device sends it) into the
+// buffer in dir, as fillBacklog does.
+func storeBatches(ctx context.Context, dir string, batches int, next func(i int) (hardwareID string, payload []byte, err error)) (backlog, error) {
 	begin := time.Now()
 	buf, err := buffer.Open(dir, buffer.Options{}, nil, nil)
 	if err != nil {
 		return backlog{}, err
 	}
-	start := begin.Add(-48 * time.Hour)
-	devs := make([]*fleetgen.Device, devices)
-	for i := range devs {
-		devs[i] = fleetgen.NewDevice(fleetgen.HardwareID(fleetID, i), start, uint64(i))
-	}
-	info := backlog{Devices: devices, Batches: batches, Readings: batches * readings}
+	info := backlog{Batches: batches}
 	lim := contract.DefaultLimits()
 	var entries []buffer.Entry
 	flush := func() error {
@@ -62,17 +81,17 @@ func fillBacklog(ctx context.Context, dir string, fleetID byte, devices, batches
 		return nil
 	}
 	for i := range batches {
-		d := devs[i%devices]
-		_, payload, err := d.Next(readings)
+		hw, payload, err := next(i)
 		if err != nil {
 			return backlog{}, closeWith(buf, err)
 		}
 		now := time.Now()
-		b, err := contract.DecodeBatch(payload, d.HardwareID(), lim, now)
+		b, err := contract.DecodeBatch(payload, hw, lim, now)
 		if err != nil {
 			return backlog{}, closeWith(buf, fmt.Errorf("backlog batch: %w", err))
 		}
 		canonical := b.Canonical()
+		info.Readings += len(b.Readings)
 		info.CanonicalBytes += int64(len(canonical))
 		entries = append(entries, buffer.Entry{BatchID: b.BatchID, HardwareID: b.HardwareID,
 			Hash: b.IdentityHash(), Payload: canonical, ReceivedAt: now})

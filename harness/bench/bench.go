@@ -33,13 +33,14 @@ const (
 	ScenarioHTTP      = "http"
 	ScenarioDrain     = "drain"
 	ScenarioLambda    = "lambda"
+	ScenarioBytes     = "uplink-bytes"
 	ScenarioFootprint = "footprint"
 	ScenarioIdle      = "idle"
 	ScenarioSDCard    = "sdcard"
 )
 
 // Scenarios lists every scenario in run order.
-var Scenarios = []string{ScenarioMQTT, ScenarioFixed, ScenarioSDCard, ScenarioHTTP, ScenarioDrain, ScenarioLambda, ScenarioFootprint, ScenarioIdle}
+var Scenarios = []string{ScenarioMQTT, ScenarioFixed, ScenarioSDCard, ScenarioHTTP, ScenarioDrain, ScenarioLambda, ScenarioBytes, ScenarioFootprint, ScenarioIdle}
 
 // Config configures a run. DefaultConfig documents the defaults.
 type Config struct {
@@ -91,6 +92,13 @@ type Config struct {
 	// invokeproxy (each runs one invocation at a time), as Lambda runs
 	// concurrent instances.
 	LambdaInstances int `json:"lambda_instances"`
+	// BytesLive is how long the uplink-bytes scenario's live rate runs for
+	// each uplink target; BytesDevices its devices, each sending a batch
+	// of Readings readings a minute, and the devices of its backlog;
+	// BytesBacklog the backlog's readings.
+	BytesLive    time.Duration `json:"bytes_live_ns"`
+	BytesDevices int           `json:"bytes_devices"`
+	BytesBacklog int           `json:"bytes_backlog_readings"`
 	// ReadyReadings is the backlog of the time-to-ready figure; ReadyRuns
 	// how many starts are measured (the median is reported).
 	ReadyReadings int `json:"ready_readings"`
@@ -141,6 +149,9 @@ func DefaultConfig() Config {
 		DrainModes:            []string{"transaction", "batch"},
 		DrainRepeats:          3,
 		LambdaInstances:       1,
+		BytesLive:             3 * time.Minute,
+		BytesDevices:          100,
+		BytesBacklog:          20_000,
 		ReadyReadings:         1_000_000,
 		ReadyRuns:             3,
 		CacheDir:              ".cache/bench",
@@ -190,6 +201,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("drain modes %q: one or both of %s", c.DrainModes, strings.Join(writeModes, ", "))
 	case len(c.CeilingGoroutines) == 0 || slices.ContainsFunc(c.CeilingGoroutines, func(n int) bool { return n < 1 || n > 256 }):
 		return errors.New("ceiling goroutines: at least one count, each between 1 and 256")
+	case c.BytesLive < 10*time.Second || c.BytesLive > 30*time.Minute:
+		return errors.New("bytes live: must be between 10s and 30m")
+	case c.BytesDevices < 1 || c.BytesDevices > 10_000:
+		return errors.New("bytes devices: must be between 1 and 10000")
+	case c.BytesBacklog < c.Readings || c.BytesBacklog > 1_000_000:
+		return errors.New("bytes backlog: must be between one batch and 1,000,000 readings")
 	case c.ReadyReadings < c.Readings || c.ReadyReadings > 10_000_000:
 		return errors.New("ready readings: must be between one batch and 10,000,000")
 	case c.ReadyRuns < 1 || c.ReadyRuns > 20:
@@ -305,7 +322,7 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	ingest := r.cfg.has(ScenarioMQTT) || r.cfg.has(ScenarioFixed) || r.cfg.has(ScenarioSDCard) || r.cfg.has(ScenarioHTTP) ||
 		r.cfg.has(ScenarioIdle)
-	if ingest || r.cfg.has(ScenarioDrain) || r.cfg.has(ScenarioLambda) {
+	if ingest || r.cfg.has(ScenarioDrain) || r.cfg.has(ScenarioLambda) || r.cfg.has(ScenarioBytes) {
 		r.log.Info("starting DynamoDB Local")
 		if r.dynamo, err = startDynamoLocal(ctx, r.root, r.work); err != nil {
 			return err
@@ -347,6 +364,11 @@ func (r *runner) run(ctx context.Context) error {
 	if r.cfg.has(ScenarioLambda) {
 		if err := r.lambdaDrain(ctx); err != nil {
 			return fmt.Errorf("drain through lambda: %w", err)
+		}
+	}
+	if r.cfg.has(ScenarioBytes) {
+		if err := r.uplinkBytes(ctx); err != nil {
+			return fmt.Errorf("uplink bytes: %w", err)
 		}
 	}
 	if r.cfg.has(ScenarioFootprint) {

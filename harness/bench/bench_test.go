@@ -14,6 +14,7 @@ import (
 
 	"greenhouse-gateway/buffer"
 	contract "greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/harness/byterelay"
 	"greenhouse-gateway/harness/fleetgen"
 	"greenhouse-gateway/internal/cloud"
 	"greenhouse-gateway/internal/tablewrite"
@@ -304,4 +305,70 @@ func TestDrainModesAndRepeatsAreValidated(t *testing.T) {
 		cfg.DrainRepeats = bad
 		require.Error(t, cfg.Validate(), bad)
 	}
+}
+
+func TestSameItemRequestsPackReadingsAndMarkers(t *testing.T) {
+	dir := t.TempDir()
+	_, err := fillBacklog(t.Context(), dir, 9, 3, 7, 10)
+	require.NoError(t, err)
+	pend, err := readBacklog(dir)
+	require.NoError(t, err)
+	items, err := allItems(pend)
+	require.NoError(t, err)
+	tables := cloud.TableNames("t_")
+	reqs := sameItemRequests(items, tables)
+	// 7 batches of 10 readings and a marker: 77 items, 25 a request.
+	require.Len(t, reqs, 4)
+	var readings, markers int
+	for i, rq := range reqs {
+		n := len(rq[tables.Readings]) + len(rq[tables.ProcessedBatches])
+		if i < 3 {
+			require.Equal(t, 25, n)
+		} else {
+			require.Equal(t, 2, n)
+		}
+		readings += len(rq[tables.Readings])
+		markers += len(rq[tables.ProcessedBatches])
+	}
+	require.Equal(t, 70, readings)
+	require.Equal(t, 7, markers)
+	// Each batch's marker follows its readings.
+	require.Len(t, reqs[0][tables.ProcessedBatches], 2)
+	require.Equal(t, items[0].marker, reqs[0][tables.ProcessedBatches][0].PutRequest.Item)
+}
+
+func TestTLSEstimate(t *testing.T) {
+	run := bytesRun{Readings: 1000, Total: byterelay.Counts{Up: 40_000, Down: 4000, Requests: 2, Connections: 1}}
+	up, down := run.tlsEstimate()
+	// Up: 20 KB a request, two records each; a handshake; two tokens.
+	require.InDelta(t, float64(40_000+4*tlsRecordBytes+tlsHandshakeUp+2*sessionTokenBytes)/1000, up, 1e-9)
+	require.InDelta(t, float64(4000+2*tlsRecordBytes+tlsHandshakeDown)/1000, down, 1e-9)
+	require.Equal(t, int64(1), records(100, 0))
+	require.Equal(t, int64(3), records(100, 3))
+	up, down = bytesRun{}.tlsEstimate()
+	require.Zero(t, up)
+	require.Zero(t, down)
+}
+
+func TestBytesTargets(t *testing.T) {
+	require.Equal(t, "<= 1x baseline", bytesTarget(bytesDirect, "live").text)
+	require.Nil(t, bytesTarget(bytesDirect, "draining"))
+	require.True(t, bytesTarget(bytesLambda, "live").pass(Figure{Value: 60}))
+	require.False(t, bytesTarget(bytesLambda, "live").pass(Figure{Value: 61}))
+	require.True(t, bytesTarget(bytesLambda, "draining").pass(Figure{Value: 30}))
+	require.False(t, bytesTarget(bytesLambda, "draining").pass(Figure{Value: 31}))
+}
+
+func TestBytesSettingsAreValidated(t *testing.T) {
+	c := DefaultConfig()
+	require.Contains(t, c.Scenarios, ScenarioBytes, "make bench runs it")
+	require.NoError(t, c.Validate())
+	c.BytesLive = time.Second
+	require.Error(t, c.Validate())
+	c = DefaultConfig()
+	c.BytesDevices = 0
+	require.Error(t, c.Validate())
+	c = DefaultConfig()
+	c.BytesBacklog = 5
+	require.Error(t, c.Validate())
 }

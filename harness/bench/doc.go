@@ -35,6 +35,18 @@
 //     delays every request (--link-delay), as an uplink to AWS does.
 //   - lambda: the drain through the readings function under AWS's Runtime
 //     Interface Emulator, against gatewayd writing directly.
+//   - uplink-bytes: what the uplink puts on its link per reading, counted
+//     at the socket by a relay in front of each endpoint
+//     (harness/byterelay): bytes up and down, headers included, requests
+//     and connections per 1,000 readings; with uplink.target dynamodb,
+//     then lambda (the readings function under the emulator), at a live
+//     greenhouse rate (100 devices, a batch of 10 readings a minute each,
+//     spread over the minute, for 3 minutes by default, --bytes-live) and
+//     draining a backlog of 20,000 readings; against the plain same-items
+//     writer (gatewayd's readings and markers, 25 to an unconditional
+//     BatchWriteItem) through the same kind of relay; with an estimate of
+//     what TLS and a session token would add, stated as one. About 8
+//     minutes with the defaults.
 //   - footprint: the time to /readyz with 1,000,000 readings pending (the
 //     data directory is built once and cached under .cache/bench), and the
 //     bytes on disk per buffered reading.

@@ -27,11 +27,7 @@ func (r *runner) lambdaDrain(ctx context.Context) error {
 			return err
 		}
 	}
-	bootstrap, err := lambdatest.FunctionBinary()
-	if err != nil {
-		return err
-	}
-	rie, err := lambdatest.BuildRIE()
+	rie, bootstrap, err := functionBinaries()
 	if err != nil {
 		return err
 	}
@@ -40,9 +36,7 @@ func (r *runner) lambdaDrain(ctx context.Context) error {
 		if err != nil {
 			return nil, nil, err
 		}
-		env := []string{"GATEWAY_UPLINK_TARGET=lambda", "GATEWAY_UPLINK_LAMBDA_FUNCTION=" + lambdatest.FunctionName,
-			"GATEWAY_UPLINK_LAMBDA_ENDPOINT=" + url}
-		return env, stop, nil
+		return lambdaTargetEnv(url), stop, nil
 	}
 	batches := r.cfg.DrainReadings / r.cfg.Readings
 	var runs [2]gatewayDrain
@@ -65,6 +59,16 @@ func (r *runner) lambdaDrain(ctx context.Context) error {
 	}
 	r.reportLambdaDrain(runs[0], runs[1], batches)
 	return nil
+}
+
+// functionBinaries builds the Runtime Interface Emulator and the readings
+// function, once.
+func functionBinaries() (rie, bootstrap string, err error) {
+	if bootstrap, err = lambdatest.FunctionBinary(); err != nil {
+		return "", "", err
+	}
+	rie, err = lambdatest.BuildRIE()
+	return rie, bootstrap, err
 }
 
 // startFunctions runs LambdaInstances emulators of the function for the

@@ -124,7 +124,11 @@ func (r *runner) plainAt(ctx context.Context, client *dynamodb.Client, reqs [][]
 		return plainRun{}, err
 	}
 	r.log.Info("drain: plain writer", "goroutines", g, "requests", len(reqs), "consumed_capacity", r.consumedCapacity())
-	run, err := r.plainWrite(ctx, client, tables.Readings, reqs, g, r.consumedCapacity())
+	toTable := make([]map[string][]types.WriteRequest, len(reqs))
+	for i, rq := range reqs {
+		toTable[i] = map[string][]types.WriteRequest{tables.Readings: rq}
+	}
+	run, err := r.plainWrite(ctx, client, toTable, g, r.consumedCapacity())
 	if err == nil {
 		run.Stored, err = countItems(ctx, r.dynamo.client, tables.Readings)
 	}
@@ -140,11 +144,11 @@ func (r *runner) plainAt(ctx context.Context, client *dynamodb.Client, reqs [][]
 	return run, nil
 }
 
-// plainWrite writes reqs into table through client with g goroutines,
-// resending what DynamoDB leaves unprocessed (at most 10 times per
-// request); with consumed, it asks for the consumed capacity (TOTAL) and
-// sums it.
-func (r *runner) plainWrite(ctx context.Context, client *dynamodb.Client, table string, reqs [][]types.WriteRequest, g int, consumed bool) (plainRun, error) {
+// plainWrite sends reqs (BatchWriteItem's RequestItems) through client
+// with g goroutines, resending what DynamoDB leaves unprocessed (at most
+// 10 times per request); with consumed, it asks for the consumed capacity
+// (TOTAL) and sums it. Its Readings are the items written.
+func (r *runner) plainWrite(ctx context.Context, client *dynamodb.Client, reqs []map[string][]types.WriteRequest, g int, consumed bool) (plainRun, error) {
 	ask := types.ReturnConsumedCapacityNone
 	if consumed {
 		ask = types.ReturnConsumedCapacityTotal
@@ -177,15 +181,15 @@ func (r *runner) plainWrite(ctx context.Context, client *dynamodb.Client, table 
 					return
 				}
 				rq := reqs[i]
-				readings.Add(int64(len(rq)))
+				readings.Add(int64(countWrites(rq)))
 				for attempt := 0; len(rq) > 0; attempt++ {
 					if attempt == 10 {
-						fail(fmt.Errorf("plain writer: %d items still unprocessed", len(rq)))
+						fail(fmt.Errorf("plain writer: %d items still unprocessed", countWrites(rq)))
 						return
 					}
 					requests.Add(1)
 					out, err := client.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{
-						RequestItems: map[string][]types.WriteRequest{table: rq}, ReturnConsumedCapacity: ask})
+						RequestItems: rq, ReturnConsumedCapacity: ask})
 					if err != nil {
 						fail(fmt.Errorf("plain writer: %w", err))
 						return
@@ -198,8 +202,8 @@ func (r *runner) plainWrite(ctx context.Context, client *dynamodb.Client, table 
 						reported = true
 						mu.Unlock()
 					}
-					rq = out.UnprocessedItems[table]
-					unprocessed.Add(int64(len(rq)))
+					rq = out.UnprocessedItems
+					unprocessed.Add(int64(countWrites(rq)))
 				}
 			}
 		})
@@ -219,6 +223,15 @@ func (r *runner) plainWrite(ctx context.Context, client *dynamodb.Client, table 
 		firstErr = ctx.Err()
 	}
 	return run, firstErr
+}
+
+// countWrites is the write requests of a BatchWriteItem's RequestItems.
+func countWrites(items map[string][]types.WriteRequest) int {
+	n := 0
+	for _, w := range items {
+		n += len(w)
+	}
+	return n
 }
 
 // consumedCapacity reports whether gatewayd asks DynamoDB for the consumed

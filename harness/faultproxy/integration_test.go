@@ -125,8 +125,7 @@ func TestUplinkThroughFaultsDeliversExactlyOnce(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 			up, err := uplink.New(uplink.Config{WriteMode: tt.writeMode, Concurrency: 3, RequestTimeout: 2 * time.Second,
-				MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond},
-				buf, nil, nil, upClient, probe, tables, logger, reg)
+				MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond}, uplink.Deps{Store: buf, DynamoDB: upClient, Probe: probe, Tables: tables, Logger: logger, Registerer: reg})
 			require.NoError(t, err)
 			runCtx, stop := context.WithCancel(context.Background())
 			done := make(chan error, 1)

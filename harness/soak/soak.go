@@ -34,8 +34,17 @@ const (
 	ScenarioPowerCut = "powercut"
 )
 
+// ScenarioSteady runs no fault: SteadyDevices devices for SteadyDuration,
+// while gatewayd's resident memory, goroutines and open files are sampled,
+// to tell warm-up from a slow leak (memory.go).
+const ScenarioSteady = "steady"
+
 // Scenarios returns every scenario name, in running order.
-func Scenarios() []string {
+func Scenarios() []string { return append(FaultScenarios(), ScenarioSteady) }
+
+// FaultScenarios returns the scenarios that inject faults, in running
+// order; they share Config.Duration.
+func FaultScenarios() []string {
 	return []string{ScenarioKill9, ScenarioDynamoDB, ScenarioProxy, ScenarioSIGTERM, ScenarioPowerCut}
 }
 
@@ -64,6 +73,15 @@ type Config struct {
 	// (10 devices then send about 170 readings a second, about what the
 	// gateway forwards to DynamoDB Local on 2 busy cores).
 	Interval time.Duration
+	// SteadyDuration is the steady scenario's load time, on top of
+	// Duration. Default 1h.
+	SteadyDuration time.Duration
+	// SteadyDevices is the steady scenario's device count, half over MQTT
+	// and half over HTTP. Default 100.
+	SteadyDevices int
+	// SteadyInterval is the time between two batches of one device in the
+	// steady scenario. Default 5s (100 devices: 20 batches a second).
+	SteadyInterval time.Duration
 	// Scenarios are the scenarios to run. Default all (Scenarios()).
 	Scenarios []string
 	// Seed makes fault timing, fault choice and sensor values repeatable;
@@ -114,6 +132,15 @@ func (c Config) withDefaults() Config {
 	if len(c.Scenarios) == 0 {
 		c.Scenarios = Scenarios()
 	}
+	if c.SteadyDuration <= 0 {
+		c.SteadyDuration = time.Hour
+	}
+	if c.SteadyDevices <= 0 {
+		c.SteadyDevices = 100
+	}
+	if c.SteadyInterval <= 0 {
+		c.SteadyInterval = 5 * time.Second
+	}
 	if c.Seed == 0 {
 		c.Seed = rand.Uint64()>>1 | 1
 	}
@@ -144,7 +171,7 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("soak: write mode %q is not one of alternate, transaction, batch", c.WriteMode)
 	}
-	if c.Devices > 1000 {
+	if c.Devices > 1000 || c.SteadyDevices > 1000 {
 		return errors.New("soak: at most 1000 devices")
 	}
 	if c.KillCycles > 100_000 || c.PowerCutCycles > 100_000 {
@@ -196,6 +223,9 @@ type Figures struct {
 	Skipped string
 	// Dir is the scenario's work directory (removed unless Config.Keep).
 	Dir string
+	// Memory is the steady scenario's account of gatewayd's resident
+	// memory, goroutines and open files after warm-up (memory.go).
+	Memory string
 }
 
 // OK reports whether the invariant held and nothing else went wrong.
@@ -279,6 +309,9 @@ func (r Report) WriteTable(w io.Writer) {
 		if f.Skipped != "" {
 			fmt.Fprintf(w, "\n%s skipped: %s\n", f.Scenario, f.Skipped)
 		}
+		if f.Memory != "" {
+			fmt.Fprintf(w, "\n%s memory: %s\n", f.Scenario, f.Memory)
+		}
 		if len(f.Problems) == 0 {
 			continue
 		}
@@ -329,14 +362,24 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if _, err := dynamotest.EnsureInstalled(); err != nil {
 		return rep, err
 	}
-	share := cfg.Duration / time.Duration(len(cfg.Scenarios))
+	faults := 0
+	for _, name := range cfg.Scenarios {
+		if name != ScenarioSteady {
+			faults++
+		}
+	}
+	share := cfg.Duration / time.Duration(max(faults, 1))
 	for i, name := range cfg.Scenarios {
+		load := share
+		if name == ScenarioSteady {
+			load = cfg.SteadyDuration
+		}
 		sdir := filepath.Join(dir, name)
 		if err := os.MkdirAll(sdir, 0o750); err != nil {
 			return rep, err
 		}
-		log.Info("scenario starting", "scenario", name, "load", share.String(), "dir", sdir)
-		s := &scenario{name: name, index: i, cfg: cfg, dir: sdir, bin: bin, devicesim: devicesimBin, load: share,
+		log.Info("scenario starting", "scenario", name, "load", load.String(), "dir", sdir)
+		s := &scenario{name: name, index: i, cfg: cfg, dir: sdir, bin: bin, devicesim: devicesimBin, load: load,
 			seed: cfg.Seed + uint64(i)*1000, log: log.With("scenario", name),
 			rng: rand.New(rand.NewPCG(cfg.Seed, uint64(i)))}
 		begin := time.Now()
@@ -459,8 +502,12 @@ func (s *scenario) drive(ctx context.Context, client *dynamodb.Client, tables cl
 	}
 	defer func() { _ = s.gw.kill9() }()
 
+	devices, interval := s.cfg.Devices, s.cfg.Interval
+	if s.name == ScenarioSteady {
+		devices, interval = s.cfg.SteadyDevices, s.cfg.SteadyInterval
+	}
 	fl, err := startFleet(fleetConfig{
-		bin: s.devicesim, devices: s.cfg.Devices, interval: s.cfg.Interval, load: s.load, drain: s.cfg.DrainTimeout,
+		bin: s.devicesim, devices: devices, interval: interval, load: s.load, drain: s.cfg.DrainTimeout,
 		seed: s.seed, apiKey: key, dir: s.dir,
 		mqttURL: "tcp://" + s.gw.mqttAddr, httpURL: "http://" + s.gw.httpAddr,
 	})
@@ -481,6 +528,8 @@ func (s *scenario) drive(ctx context.Context, client *dynamodb.Client, tables cl
 		s.sigterm(ctx, until)
 	case ScenarioPowerCut:
 		s.powerCuts(ctx, until)
+	case ScenarioSteady:
+		s.steady(ctx, until)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -561,20 +561,21 @@ type batchWriteFunc func(ctx context.Context, readings, markers []types.WriteReq
 // unprocessed again up to four times, with a growing jittered wait.
 func (w *Writer) resend(ctx context.Context, readings, markers []types.WriteRequest, send batchWriteFunc) error {
 	wait := 50 * time.Millisecond
-	if w.opts.RequestItems != nil {
-		w.opts.RequestItems(len(readings) + len(markers))
-	}
+	items := len(readings) + len(markers)
 	for attempt := 0; ; attempt++ {
 		var out *dynamodb.BatchWriteItemOutput
-		err := w.opts.Call(ctx, "BatchWriteItem", func(ctx context.Context) (bool, error) {
+		err := w.call(ctx, "BatchWriteItem", items, func(ctx context.Context, r *Request) error {
 			var err error
 			out, err = send(ctx, readings, markers)
 			if err == nil {
-				w.consumed("BatchWriteItem", out.ConsumedCapacity...)
+				r.Consumed = units(out.ConsumedCapacity...)
+				// Unprocessed items are DynamoDB throttling part of a request.
+				r.Partly = len(out.UnprocessedItems) > 0
+				r.Unprocessed = len(out.UnprocessedItems[w.tables.Readings]) + len(out.UnprocessedItems[w.tables.ProcessedBatches])
 			}
-			// Unprocessed items are DynamoDB throttling part of a request.
-			return err == nil && len(out.UnprocessedItems) > 0, err
+			return err
 		})
+		items = 0
 		if err != nil {
 			return err
 		}
@@ -582,9 +583,6 @@ func (w *Writer) resend(ctx context.Context, readings, markers []types.WriteRequ
 		left := len(readings) + len(markers)
 		if left == 0 {
 			return nil
-		}
-		if w.opts.Unprocessed != nil {
-			w.opts.Unprocessed(left)
 		}
 		if attempt == 4 {
 			return fmt.Errorf("%d items still unprocessed: %w", left, ErrUnprocessed)
@@ -607,25 +605,20 @@ func nonEmpty(items map[string][]types.WriteRequest) map[string][]types.WriteReq
 	return items
 }
 
-// capacity is what requests ask of ReturnConsumedCapacity: TOTAL when
-// someone is told the units.
+// capacity is what requests ask of ReturnConsumedCapacity: TOTAL with
+// Options.ConsumedCapacity.
 func (w *Writer) capacity() types.ReturnConsumedCapacity {
-	if w.opts.Consumed == nil {
+	if !w.opts.ConsumedCapacity {
 		return types.ReturnConsumedCapacityNone
 	}
 	return types.ReturnConsumedCapacityTotal
 }
 
-// consumed reports the capacity units DynamoDB says a request used.
-func (w *Writer) consumed(op string, cc ...types.ConsumedCapacity) {
-	if w.opts.Consumed == nil {
-		return
-	}
-	var units float64
+// units sums the capacity units DynamoDB says a request used.
+func units(cc ...types.ConsumedCapacity) float64 {
+	var u float64
 	for _, c := range cc {
-		units += aws.ToFloat64(c.CapacityUnits)
+		u += aws.ToFloat64(c.CapacityUnits)
 	}
-	if units > 0 {
-		w.opts.Consumed(op, units)
-	}
+	return u
 }

@@ -365,7 +365,11 @@ func TestWriteBulkResendsUnprocessedItems(t *testing.T) {
 	items := bulkFleet(5, 2, 10)
 	f.unprocessed = items[2].BatchID
 	var unprocessed atomic.Int64
-	w := tablewrite.New(f, f.tables, tablewrite.Options{Unprocessed: func(n int) { unprocessed.Add(int64(n)) }})
+	w := tablewrite.New(f, f.tables, tablewrite.Options{Call: func(ctx context.Context, r *tablewrite.Request) error {
+		err := r.Send(ctx)
+		unprocessed.Add(int64(r.Unprocessed))
+		return err
+	}})
 	results := w.WriteBulk(context.Background(), items, 3)
 	require.Equal(t, map[tablewrite.Outcome]int{tablewrite.Delivered: 10}, outcomes(results))
 	require.Positive(t, unprocessed.Load())

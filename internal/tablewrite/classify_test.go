@@ -46,14 +46,14 @@ func validation(msg string) error {
 
 // Only a refusal of the items' own data rejects a batch; a refusal of the
 // request's shape or of the endpoint's limits is retried (Failed), told to
-// Options.Refused once with its cause, or, for a transaction with too
+// the Caller once, in Request.Refused, with its cause, or, for a transaction with too
 // many actions, written the split way at once.
 func TestErrorsAreClassified(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
 		err     error
 		outcome tablewrite.Outcome
-		cause   string // told to Options.Refused; "" when not told
+		cause   string // in Request.Refused; "" when none
 	}{
 		{"item too large", validation("Item size has exceeded the maximum allowed size"), tablewrite.Rejected, ""},
 		{"number out of range", validation("Number overflow. Attempting to store a number with magnitude larger than supported range"), tablewrite.Rejected, ""},
@@ -76,16 +76,20 @@ func TestErrorsAreClassified(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			limitRefused := false
 			var refused []*tablewrite.RequestRefusedError
-			w := tablewrite.New(refusingDB{err: tt.err}, cloud.TableNames(""), tablewrite.Options{
-				LimitRefused: func() { limitRefused = true },
-				Refused:      func(e *tablewrite.RequestRefusedError) { refused = append(refused, e) },
-			})
+			w := tablewrite.New(refusingDB{err: tt.err}, cloud.TableNames(""), tablewrite.Options{Call: func(ctx context.Context, r *tablewrite.Request) error {
+				err := r.Send(ctx)
+				if r.Refused != nil {
+					refused = append(refused, r.Refused)
+					limitRefused = limitRefused || r.Refused.Cause == tablewrite.CauseTransactionLimit
+				}
+				return err
+			}})
 			r := w.Write(context.Background(), build(testBatch("EE:00:00:00:15:07", 0, 1, 20), nil), 10)
 			require.Equal(t, tt.outcome, r.Outcome, r.Err)
 			if tt.outcome != tablewrite.Delivered {
 				require.ErrorIs(t, r.Err, tt.err)
 			}
-			require.Equal(t, tt.cause == tablewrite.CauseTransactionLimit, limitRefused, "LimitRefused")
+			require.Equal(t, tt.cause == tablewrite.CauseTransactionLimit, limitRefused, "refused for the transaction limit")
 			if tt.cause == "" {
 				require.Empty(t, refused)
 				return
@@ -108,7 +112,13 @@ func TestTransactionLimitRefusalFallsBackToSplitWrites(t *testing.T) {
 	tables := local.NewTables(t)
 	client := local.Client(t)
 	var refused []*tablewrite.RequestRefusedError
-	w := tablewrite.New(client, tables, tablewrite.Options{Refused: func(e *tablewrite.RequestRefusedError) { refused = append(refused, e) }})
+	w := tablewrite.New(client, tables, tablewrite.Options{Call: func(ctx context.Context, r *tablewrite.Request) error {
+		err := r.Send(ctx)
+		if r.Refused != nil {
+			refused = append(refused, r.Refused)
+		}
+		return err
+	}})
 	hw := "EE:00:00:00:15:08"
 	b := testBatch(hw, 0, 20, 20)
 	r := w.Write(context.Background(), build(b, nil), 100)

@@ -31,7 +31,7 @@ func (w *Writer) MarkerHashes(ctx context.Context, batchIDs []string) (map[strin
 	wait := 50 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		var out *dynamodb.BatchGetItemOutput
-		err := w.call(ctx, "BatchGetItem", func(ctx context.Context) error {
+		err := w.call(ctx, "BatchGetItem", 0, func(ctx context.Context, r *Request) error {
 			var err error
 			out, err = w.db.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{
 				RequestItems: map[string]types.KeysAndAttributes{w.tables.ProcessedBatches: {
@@ -43,7 +43,7 @@ func (w *Writer) MarkerHashes(ctx context.Context, batchIDs []string) (map[strin
 				ReturnConsumedCapacity: w.capacity(),
 			})
 			if err == nil {
-				w.consumed("BatchGetItem", out.ConsumedCapacity...)
+				r.Consumed = units(out.ConsumedCapacity...)
 			}
 			return err
 		})

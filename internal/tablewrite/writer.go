@@ -62,30 +62,44 @@ type Result struct {
 // InCloud reports whether the batch is in the tables (written now or before).
 func (r Result) InCloud() bool { return r.Outcome == Delivered || r.Outcome == Duplicate }
 
-// Caller runs one DynamoDB request f and returns its error. f's first
-// result reports a request that succeeded but left items unprocessed
-// (throttling of part of it). The uplink's Caller bounds requests in
-// flight by AIMD and records metrics.
-type Caller func(ctx context.Context, op string, f func(context.Context) (partly bool, err error)) error
+// Request is one DynamoDB request of the writer, as its Caller runs it:
+// Send sends it and fills in what the answer said.
+type Request struct {
+	// Op is the DynamoDB operation.
+	Op string
+	// Items is a BatchWriteItem's number of items at its first sending
+	// (0 when it resends what the answer left unprocessed, and for other
+	// operations).
+	Items int
+	// Send sends the request once.
+	Send func(context.Context) error
 
-// Options are the writer's hooks; every field may be nil.
+	// Partly is set by Send when the request succeeded but left items
+	// unprocessed (throttling of part of it), Unprocessed to how many.
+	Partly      bool
+	Unprocessed int
+	// Consumed is the capacity units DynamoDB reported (with
+	// Options.ConsumedCapacity).
+	Consumed float64
+	// Refused is set by Send when DynamoDB refused the request's shape or
+	// the endpoint's limits (the batches are Failed, to be retried; with
+	// CauseTransactionLimit the caller's limit is too high).
+	Refused *RequestRefusedError
+}
+
+// Caller runs one request (r.Send) and returns its error. The uplink's
+// Caller bounds requests in flight by AIMD and records each request's
+// figures in its metrics.
+type Caller func(ctx context.Context, r *Request) error
+
+// Options configure the writer; the zero value sends each request
+// directly and asks for no consumed capacity.
 type Options struct {
 	// Call runs each request (nil: directly).
 	Call Caller
-	// RequestItems is told the size of each BatchWriteItem request.
-	RequestItems func(n int)
-	// Unprocessed is told how many items a BatchWriteItem left unprocessed.
-	Unprocessed func(n int)
-	// LimitRefused is called when the endpoint refused a transaction for
-	// its item count: the caller's limit is too high.
-	LimitRefused func()
-	// Refused is told each refusal of a request's shape or of the
-	// endpoint's limits (the batch is Failed, to be retried), once.
-	Refused func(*RequestRefusedError)
-	// Consumed is told the capacity units DynamoDB reports for each
-	// request; when it is set, requests ask for ReturnConsumedCapacity
-	// TOTAL.
-	Consumed func(op string, units float64)
+	// ConsumedCapacity makes requests ask for ReturnConsumedCapacity
+	// TOTAL; each Request carries the units.
+	ConsumedCapacity bool
 }
 
 // Writer writes batches to the tables. It is safe for concurrent use.
@@ -101,10 +115,7 @@ type Writer struct {
 // New returns a writer for tables through db; it does no I/O.
 func New(db DB, tables cloud.Tables, opts Options) *Writer {
 	if opts.Call == nil {
-		opts.Call = func(ctx context.Context, _ string, f func(context.Context) (bool, error)) error {
-			_, err := f(ctx)
-			return err
-		}
+		opts.Call = func(ctx context.Context, r *Request) error { return r.Send(ctx) }
 	}
 	w := &Writer{db: db, tables: tables, opts: opts}
 	if c, ok := db.(*dynamodb.Client); ok {
@@ -113,8 +124,19 @@ func New(db DB, tables cloud.Tables, opts Options) *Writer {
 	return w
 }
 
-func (w *Writer) call(ctx context.Context, op string, f func(context.Context) error) error {
-	return w.opts.Call(ctx, op, func(ctx context.Context) (bool, error) { return false, f(ctx) })
+// call runs request r of operation op through the Caller; f sends it and
+// notes the answer's figures in r. A refusal of the request's shape or of
+// the endpoint's limits is noted in r.Refused.
+func (w *Writer) call(ctx context.Context, op string, items int, f func(context.Context, *Request) error) error {
+	r := &Request{Op: op, Items: items}
+	r.Send = func(ctx context.Context) error {
+		err := f(ctx, r)
+		if err != nil {
+			_, r.Refused = refusal(op, err)
+		}
+		return err
+	}
+	return w.opts.Call(ctx, r)
 }
 
 // Write writes one batch: in one transaction when its readings and marker
@@ -124,7 +146,7 @@ func (w *Writer) call(ctx context.Context, op string, f func(context.Context) er
 // overwrite the readings the table holds.
 //
 // A transaction the endpoint refuses for its number of actions is written
-// the split way at once: the limit was too high (Options.LimitRefused).
+// the split way at once: the limit was too high (Request.Refused, CauseTransactionLimit).
 func (w *Writer) Write(ctx context.Context, it *Items, txLimit int) Result {
 	if it.Readings()+1 <= txLimit {
 		r := w.writeTransaction(ctx, it)
@@ -149,11 +171,11 @@ func (w *Writer) writeTransaction(ctx context.Context, it *Items) Result {
 		Item:                it.marker,
 		ConditionExpression: aws.String(markerCondition),
 	}})
-	err := w.call(ctx, "TransactWriteItems", func(ctx context.Context) error {
+	err := w.call(ctx, "TransactWriteItems", 0, func(ctx context.Context, r *Request) error {
 		out, err := w.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items,
 			ReturnConsumedCapacity: w.capacity()})
 		if err == nil {
-			w.consumed("TransactWriteItems", out.ConsumedCapacity...)
+			r.Consumed = units(out.ConsumedCapacity...)
 		}
 		return err
 	})
@@ -273,7 +295,7 @@ func (w *Writer) unwrite(ctx context.Context, it *Items, r Result) Result {
 // it does not exist yet; an existing marker means the batch was written
 // before (or another payload under its batch_id).
 func (w *Writer) putMarker(ctx context.Context, it *Items) Result {
-	err := w.call(ctx, "PutItem", func(ctx context.Context) error {
+	err := w.call(ctx, "PutItem", 0, func(ctx context.Context, r *Request) error {
 		out, err := w.db.PutItem(ctx, &dynamodb.PutItemInput{
 			TableName:              aws.String(w.tables.ProcessedBatches),
 			Item:                   it.marker,
@@ -281,7 +303,7 @@ func (w *Writer) putMarker(ctx context.Context, it *Items) Result {
 			ReturnConsumedCapacity: w.capacity(),
 		})
 		if err == nil && out.ConsumedCapacity != nil {
-			w.consumed("PutItem", *out.ConsumedCapacity)
+			r.Consumed = units(*out.ConsumedCapacity)
 		}
 		return err
 	})
@@ -336,8 +358,8 @@ func (w *Writer) batchWrite(ctx context.Context, reqs []types.WriteRequest) erro
 
 // classify turns a request error into its outcome: Rejected only for a
 // refusal of the batch's own content; Failed for a refusal of the
-// request's shape or the endpoint's limits (a RequestRefusedError, told to
-// Options.Refused), Throttled or Failed for the rest.
+// request's shape or the endpoint's limits (a RequestRefusedError, also
+// noted in the Request its Caller ran), Throttled or Failed for the rest.
 func (w *Writer) classify(op, batchID string, err error) Result {
 	content, refused := refusal(op, err)
 	if refused != nil {
@@ -348,14 +370,6 @@ func (w *Writer) classify(op, batchID string, err error) Result {
 	case content:
 		return Result{Outcome: Rejected, Err: err}
 	case refused != nil:
-		if refused.Cause == CauseTransactionLimit && w.opts.LimitRefused != nil {
-			// The endpoint takes fewer actions per transaction than the
-			// caller thought: it should find out again.
-			w.opts.LimitRefused()
-		}
-		if w.opts.Refused != nil {
-			w.opts.Refused(refused)
-		}
 		return Result{Outcome: Failed, Err: err}
 	case Throttling(err) || errors.Is(err, ErrUnprocessed):
 		return Result{Outcome: Throttled, Err: err}

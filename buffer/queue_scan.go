@@ -213,3 +213,16 @@ func (s *scanResult) record(k, v []byte) error {
 	}
 	return nil
 }
+
+type scanResult struct {
+	nextSeq, storedSeq           uint64
+	pendingBatches, pendingBytes int64
+	stateRecords                 int64
+	historySpan                  int64
+	usage                        Usage
+	// devices is the pending bytes of each hardware_id (shares).
+	devices map[string]int64
+}
+
+// scan reads every record and decodes it.
+func (b *Buffer) scan() (scanResult, error) { return scanDB(b.db) }

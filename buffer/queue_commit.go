@@ -10,9 +10,9 @@ import (
 	"github.com/dgraph-io/badger/v4"
 )
 
-// committer is the only goroutine that creates markers and queue entries.
-// It takes every request waiting, commits them in one synced transaction
-// (group commit) and then answers all of them.
+// committer is the only goroutine that creates markers, queue entries and
+// state records. It takes every request waiting, commits them in one
+// synced transaction (group commit) and then answers all of them.
 func (b *Buffer) committer() {
 	defer close(b.stopped)
 	for {
@@ -46,7 +46,7 @@ func (b *Buffer) gather(first *commitReq) []*commitReq {
 	// The first request found the committer idle; those behind it arrived
 	// while another commit was waiting or being written. Only they count:
 	// a lone device committing as fast as it can never waits for itself.
-	rate := b.arrivals.Add(len(group)-1, time.Now())
+	rate := b.arrivals.Add(batchRequests(group[1:]), time.Now())
 	wait := groupWait(rate, b.opts.GroupMaxWait, b.opts.GroupWaitRate)
 	if wait <= 0 || n >= b.opts.MaxGroupBatches {
 		b.metrics.commitWait.Observe(0)
@@ -68,9 +68,22 @@ collect:
 			break collect
 		}
 	}
-	b.arrivals.Add(len(group)-taken, time.Now())
+	b.arrivals.Add(batchRequests(group[taken:]), time.Now())
 	b.metrics.commitWait.Observe(time.Since(start).Seconds())
 	return group
+}
+
+// batchRequests counts the requests of group that are not state saves:
+// the arrival rate and the commit metrics are those of batches, and a
+// state save (SaveStates) rides along with them.
+func batchRequests(group []*commitReq) int {
+	n := 0
+	for _, req := range group {
+		if req.states == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // drain appends the requests already queued to group, up to the group cap,
@@ -88,13 +101,19 @@ func (b *Buffer) drain(group []*commitReq, n int) (int, []*commitReq) {
 	return n, group
 }
 
+// commitGroup writes group (writeGroup) and answers every request of it.
+// A group made only of state saves is left out of the commit metrics and
+// its failure is not logged here: the callers of SaveStates get the error.
 func (b *Buffer) commitGroup(group []*commitReq) {
 	start := time.Now()
+	batches := batchRequests(group) > 0
 	res, err := b.writeGroup(group)
 	if err != nil {
-		b.metrics.commitFailures.Inc()
-		b.logger.Error("group commit failed; its batches are not acknowledged", "err", err,
-			"requests", len(group))
+		if batches {
+			b.metrics.commitFailures.Inc()
+			b.logger.Error("group commit failed; its batches are not acknowledged", "err", err,
+				"requests", len(group))
+		}
 		for _, req := range group {
 			req.done <- err
 		}
@@ -109,8 +128,10 @@ func (b *Buffer) commitGroup(group []*commitReq) {
 			b.metrics.outcomes.WithLabelValues(o.String()).Inc()
 		}
 	}
-	b.metrics.groupBatches.Observe(float64(n))
-	b.metrics.commitSeconds.Observe(time.Since(start).Seconds())
+	if batches {
+		b.metrics.groupBatches.Observe(float64(n))
+		b.metrics.commitSeconds.Observe(time.Since(start).Seconds())
+	}
 	for _, req := range group {
 		req.done <- nil
 	}
@@ -135,6 +156,8 @@ type groupResult struct {
 	// (limitShares); limitedDevice is each refused device's last reason.
 	limited       map[string]int64
 	limitedDevice map[string]string
+	// states is what the group's state records change (writeStates).
+	states stateWrites
 }
 
 // report counts and logs refusals and evictions.
@@ -201,10 +224,12 @@ type admission struct {
 }
 
 // writeGroup decides every entry's outcome, makes room within the budget,
-// writes the new batches and commits them, all under wmu. When it returns
-// without error the group is on disk: its transactions are committed
-// (synced) and the directory fsynced if it changed (commitDurably), so
-// commitGroup answers the requests only after that (doc.go, Durability).
+// writes the new batches and the state records and commits them, all
+// under wmu. When it returns without error the group is on disk: its
+// transactions are committed (synced) and the directory fsynced if it
+// changed (commitDurably), so commitGroup answers the requests only after
+// that (doc.go, Durability). State records are not subject to the budget
+// or the watermark: they count, but are always written.
 func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
@@ -233,11 +258,14 @@ func (b *Buffer) writeGroup(group []*commitReq) (res groupResult, err error) {
 		return res, err
 	}
 	resolveFollowers(followers, adm.n, &res)
+	if res.states, err = writeStates(w, group); err != nil {
+		return res, err
+	}
 	if res.wroteNothing() {
 		w.discard()
 		return res, nil
 	}
-	if err := b.commitDurably(w, seq, res.stored); err != nil {
+	if err := b.commitDurably(w, seq, res); err != nil {
 		return res, err
 	}
 	b.account(cands[:adm.n], adm.cost, res)
@@ -415,10 +443,11 @@ func resolveFollowers(followers []follower, admitted int, res *groupResult) {
 	}
 }
 
-// wroteNothing reports whether the group stored and evicted nothing, so
-// that there is no transaction to commit.
+// wroteNothing reports whether the group stored, evicted and saved
+// nothing, so that there is no transaction to commit.
 func (r groupResult) wroteNothing() bool {
-	return r.stored == 0 && r.ev.markers == 0 && r.ev.markerBytes == 0 && r.ev.dropped == 0 && r.ev.history == 0
+	return r.stored == 0 && r.ev.markers == 0 && r.ev.markerBytes == 0 && r.ev.dropped == 0 && r.ev.history == 0 &&
+		r.states.records == 0
 }
 
 // commitDurably records the next sequence number and commits the group's
@@ -428,7 +457,11 @@ func (r groupResult) wroteNothing() bool {
 // of the value log, so a commit during which its logger saw one fails too
 // (vlogSyncFailed). A failure after the commit marks w written: the group
 // may be on disk, and writeGroup recounts.
-func (b *Buffer) commitDurably(w *txnWriter, seq uint64, stored int) error {
+func (b *Buffer) commitDurably(w *txnWriter, seq uint64, res groupResult) error {
+	what := fmt.Sprintf("%d batches", res.stored)
+	if res.states.records > 0 {
+		what += fmt.Sprintf(" and %d state records", res.states.records)
+	}
 	var seqVal [8]byte
 	binary.BigEndian.PutUint64(seqVal[:], seq)
 	if err := w.set(seqKey, seqVal[:]); err != nil {
@@ -442,17 +475,17 @@ func (b *Buffer) commitDurably(w *txnWriter, seq uint64, stored int) error {
 		}
 	}
 	if err := w.commit(); err != nil {
-		return fmt.Errorf("committing %d batches: %w", stored, err)
+		return fmt.Errorf("committing %s: %w", what, err)
 	}
 	if b.vlogSyncFailed.Swap(false) {
 		w.written = true
-		return fmt.Errorf("committing %d batches: badger could not sync its value log", stored)
+		return fmt.Errorf("committing %s: badger could not sync its value log", what)
 	}
 	synced, err := b.dirSync.sync()
 	if err != nil {
 		w.written = true
 		b.failure.fail(fmt.Errorf("syncing the directory: %w", err))
-		return fmt.Errorf("committing %d batches: %w", stored, err)
+		return fmt.Errorf("committing %s: %w", what, err)
 	}
 	if synced {
 		b.syncs.Add(1)
@@ -479,6 +512,8 @@ func (b *Buffer) account(admitted []candidate, admittedCost int64, res groupResu
 	b.usage.deliveredMarkers.Add(-res.ev.markers)
 	b.usage.history.Add(-res.ev.historyBytes)
 	b.usage.historyBatches.Add(-res.ev.history)
+	b.usage.state.Add(res.states.bytes)
+	b.usage.stateRecords.Add(res.states.added)
 }
 
 func sameOrConflict(stored, got [32]byte) Outcome {
@@ -533,6 +568,19 @@ func (w *txnWriter) queuedValue(seq uint64) ([]byte, bool, error) {
 		return nil, false, fmt.Errorf("reading queue entry %d: %w", seq, err)
 	}
 	return v, true, nil
+}
+
+// recordSize returns what the budget counts for the record k, 0 when
+// there is none.
+func (w *txnWriter) recordSize(k []byte) (int64, error) {
+	item, err := w.txn.Get(k)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return recordSize(len(k), int(item.ValueSize())), nil
 }
 
 func (w *txnWriter) marker(batchID string) (marker, bool, error) {
@@ -599,3 +647,13 @@ func (w *txnWriter) count() {
 }
 
 func (w *txnWriter) discard() { w.txn.Discard() }
+
+// commitReq is one request to the committer: batches to store (Submit)
+// or state records to save (SaveStates), answered on done once the group
+// it joined is on disk.
+type commitReq struct {
+	entries []Entry
+	out     []Outcome
+	states  map[string][]byte
+	done    chan error
+}

@@ -538,3 +538,18 @@ func requireOpensWith(tb testing.TB, dir string, opts Options, n int) {
 	defer func() { require.NoError(tb, b.Close()) }()
 	require.Len(tb, pendingIDs(tb, b), n)
 }
+
+func TestRemoveEmptyLogs(t *testing.T) {
+	dir := t.TempDir()
+	for name, size := range map[string]int{"00001.mem": 0, "00002.mem": 10, "000001.vlog": 0, "000002.vlog": 20, "000003.sst": 0} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), make([]byte, size), 0o600))
+	}
+	require.NoError(t, removeEmptyLogs(dir, discardLogger()))
+	names, err := filepath.Glob(filepath.Join(dir, "*"))
+	require.NoError(t, err)
+	for i := range names {
+		names[i] = filepath.Base(names[i])
+	}
+	require.ElementsMatch(t, []string{"00002.mem", "000002.vlog", "000003.sst"}, names,
+		"empty logs go, everything else stays")
+}

@@ -1,7 +1,6 @@
 package buffer
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -166,22 +165,6 @@ func TestDeliveredMarkersAnswerDuplicateUntilCollected(t *testing.T) {
 	require.Equal(t, "pending", state, "undelivered batches are never collected")
 }
 
-func TestDeadLetterLeavesQueueButKeepsBatch(t *testing.T) {
-	b := open(t, t.TempDir(), Options{})
-	_, err := b.Commit(context.Background(), []Entry{entry("a", "1")})
-	require.NoError(t, err)
-	pend, err := b.Pending(0, 10)
-	require.NoError(t, err)
-	require.NoError(t, b.DeadLetter(pend[0], "ValidationException"))
-	require.Zero(t, b.Stats().PendingBatches)
-	state, err := b.Lookup("a")
-	require.NoError(t, err)
-	require.Equal(t, "dead", state)
-	out, err := b.Commit(context.Background(), []Entry{entry("a", "1")})
-	require.NoError(t, err)
-	require.Equal(t, []Outcome{Duplicate}, out)
-}
-
 func TestBudgetRefusesNewBatchesButAnswersDuplicates(t *testing.T) {
 	big := string(make([]byte, 60))
 	a, c := entry("a", big), entry("c", "x")
@@ -310,76 +293,6 @@ func TestCommitAfterCloseFails(t *testing.T) {
 	require.ErrorIs(t, err, ErrClosed)
 	_, err = b.Pending(0, 1)
 	require.ErrorIs(t, err, ErrClosed)
-}
-
-func TestStateRecords(t *testing.T) {
-	dir := t.TempDir()
-	b, err := Open(dir, Options{}, nil, nil)
-	require.NoError(t, err)
-	v, err := b.LoadState("keys")
-	require.NoError(t, err)
-	require.Nil(t, v)
-	require.NoError(t, b.SaveState("keys", []byte("cache")))
-	require.NoError(t, b.Close())
-	b = open(t, dir, Options{})
-	v, err = b.LoadState("keys")
-	require.NoError(t, err)
-	require.Equal(t, "cache", string(v))
-	require.NoError(t, b.SaveState("dev/A", []byte("1")))
-	require.NoError(t, b.SaveState("dev/B", []byte("2")))
-	all, err := b.LoadStates("dev/")
-	require.NoError(t, err)
-	require.Equal(t, map[string][]byte{"dev/A": []byte("1"), "dev/B": []byte("2")}, all)
-}
-
-// A registry flush after a busy interval saves thousands of device records
-// at once: more than one Badger transaction holds.
-func TestSaveStatesLargerThanOneTransaction(t *testing.T) {
-	dir := t.TempDir()
-	b, err := Open(dir, Options{}, nil, nil)
-	require.NoError(t, err)
-	records := make(map[string][]byte)
-	for i := range 6000 {
-		records[fmt.Sprintf("dev/%05d", i)] = bytes.Repeat([]byte{byte(i)}, 1024)
-	}
-	require.NoError(t, b.SaveStates(records))
-	require.EqualValues(t, 6000, b.usage.stateRecords.Load())
-	records["dev/00000"] = []byte("changed")
-	require.NoError(t, b.SaveStates(records), "overwriting them all again")
-	require.EqualValues(t, 6000, b.usage.stateRecords.Load())
-	want := b.Usage().State
-	require.NoError(t, b.Close())
-	b = open(t, dir, Options{})
-	all, err := b.LoadStates("dev/")
-	require.NoError(t, err)
-	require.Equal(t, records, all)
-	require.Equal(t, want, b.Usage().State, "counted as a full scan counts it")
-}
-
-func TestOptionsValidate(t *testing.T) {
-	require.NoError(t, DefaultOptions().Validate())
-	require.NoError(t, Options{}.Validate())
-	tests := []struct {
-		name string
-		opts Options
-		want string
-	}{
-		{"negative budget", Options{MaxPendingBytes: -1}, "buffer.max_pending_bytes"},
-		{"tiny memtable", Options{MemTableSize: 1000}, "buffer.memtable_size"},
-		{"unknown policy", Options{FullPolicy: "drop_newest"}, `buffer.full_policy: "drop_newest" is not one of reject_new, drop_oldest`},
-		{"watermark below what badger may write", Options{MinFreeBytes: 64 << 20}, "buffer.min_free_bytes: 67108864 is less than 184549376"},
-		{"watermark too low for a larger memtable", Options{MinFreeBytes: 256 << 20, MemTableSize: 64 << 20}, "buffer.min_free_bytes"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			require.ErrorContains(t, tt.opts.Validate(), tt.want)
-		})
-	}
-	_, err := Open(t.TempDir(), Options{Retention: -time.Second}, nil, nil)
-	require.ErrorContains(t, err, "buffer.retention")
-	require.Equal(t, int64(176<<20), RequiredFreeBytes(8<<20))
-	require.Equal(t, int64(352<<20), RequiredFreeBytes(16<<20))
-	require.Equal(t, int64(25<<20), RequiredFreeBytes(1<<20))
 }
 
 func BenchmarkCommitParallel(b *testing.B) {

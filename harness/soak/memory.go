@@ -1,0 +1,110 @@
+package soak
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// The steady scenario's memory check. gatewayd's resident memory,
+// goroutines and open files are read from its /metrics every
+// memorySampleEvery while devices send. The first quarter of the load is
+// warm-up (caches, memtables, the Go heap finding its size); the rest is
+// cut in three windows, and a window's figure is its peak. Memory is flat
+// when the last window's peak RSS is within 10% plus 8 MiB of the first's,
+// goroutines within 50 and open files within 20: a leak of a few hundred
+// bytes a batch over an hour's 72,000 batches passes none of these.
+
+const memorySampleEvery = 5 * time.Second
+
+// memSample is one reading of gatewayd's /metrics.
+type memSample struct {
+	at                time.Duration // since the load began
+	rss               float64       // bytes
+	goroutines, files float64
+}
+
+const (
+	seriesRSS        = "process_resident_memory_bytes"
+	seriesGoroutines = "go_goroutines"
+	seriesFiles      = "process_open_fds"
+)
+
+// steady samples gatewayd until the load time is over, then judges the
+// samples.
+func (s *scenario) steady(ctx context.Context, until time.Time) {
+	begin := time.Now()
+	var samples []memSample
+	tick := time.NewTicker(memorySampleEvery)
+	defer tick.Stop()
+	for ctx.Err() == nil && time.Now().Before(until) {
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+			m, err := s.gw.metrics(seriesRSS, seriesGoroutines, seriesFiles)
+			if err != nil {
+				s.problem("reading gatewayd's metrics: %v", err)
+				continue
+			}
+			samples = append(samples, memSample{at: time.Since(begin), rss: m[seriesRSS],
+				goroutines: m[seriesGoroutines], files: m[seriesFiles]})
+		}
+	}
+	account, problems := judgeMemory(samples, s.load)
+	s.fig.Memory = account
+	for _, p := range problems {
+		s.problem("%s", p)
+	}
+}
+
+// window is one window's peaks.
+type window struct {
+	from, to          time.Duration
+	rss               float64
+	goroutines, files float64
+	n                 int
+}
+
+// judgeMemory cuts the samples after warm-up (a quarter of load) into
+// three windows and compares the last's peaks with the first's. It
+// returns the peaks as one line, and what is not flat.
+func judgeMemory(samples []memSample, load time.Duration) (string, []string) {
+	warm := load / 4
+	span := (load - warm) / 3
+	ws := make([]window, 3)
+	for i := range ws {
+		ws[i].from, ws[i].to = warm+time.Duration(i)*span, warm+time.Duration(i+1)*span
+	}
+	for _, m := range samples {
+		if m.at < warm {
+			continue
+		}
+		i := min(int((m.at-warm)/span), 2)
+		w := &ws[i]
+		w.rss, w.goroutines, w.files = max(w.rss, m.rss), max(w.goroutines, m.goroutines), max(w.files, m.files)
+		w.n++
+	}
+	var parts []string
+	for _, w := range ws {
+		parts = append(parts, fmt.Sprintf("%s-%s: RSS peak %.1f MB, %g goroutines, %g open files (%d samples)",
+			w.from.Round(time.Second), w.to.Round(time.Second), w.rss/1e6, w.goroutines, w.files, w.n))
+	}
+	account := fmt.Sprintf("after %s of warm-up, %s", warm.Round(time.Second), strings.Join(parts, "; "))
+	first, last := ws[0], ws[2]
+	if first.n == 0 || last.n == 0 {
+		return account, []string{"memory: too few samples after warm-up to compare (the load was cut short?)"}
+	}
+	var problems []string
+	if limit := first.rss*1.10 + 8<<20; last.rss > limit {
+		problems = append(problems, fmt.Sprintf("memory: RSS peaks rose after warm-up, %.1f MB to %.1f MB (more than 10%% + 8 MiB)",
+			first.rss/1e6, last.rss/1e6))
+	}
+	if last.goroutines > first.goroutines+50 {
+		problems = append(problems, fmt.Sprintf("memory: goroutines rose after warm-up, %g to %g", first.goroutines, last.goroutines))
+	}
+	if last.files > first.files+20 {
+		problems = append(problems, fmt.Sprintf("memory: open files rose after warm-up, %g to %g", first.files, last.files))
+	}
+	return account, problems
+}
