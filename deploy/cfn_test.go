@@ -1,3 +1,7 @@
+// Package deploy_test checks the files of deploy/ against the code they
+// serve: the CloudFormation templates against the tables and the function,
+// the IAM policies against the calls gatewayd, gatewayctl and the function
+// make, and the alert rules and dashboard against the metrics.
 package deploy_test
 
 import (

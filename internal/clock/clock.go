@@ -1,4 +1,5 @@
-// Package clock is the gateway's own clock.
+// Package clock is the gateway's own clock: it owns the offset it learns
+// from the cloud's answers and the judgement whether the time can be trusted.
 //
 // A Raspberry Pi has no real-time clock: until NTP syncs (and NTP may be
 // unreachable behind a flaky uplink) its clock can be hours or years off.
