@@ -116,8 +116,8 @@ type Gateway struct {
 	devices    *registry.Registry
 	audit      *audit.Log
 	ingest     *ingest.Ingest
-	// mqtt is the MQTT side: the embedded broker, or the consumer of an
-	// external broker (broker nil).
+	// broker is the embedded MQTT broker, nil in external mode; mqttRun
+	// runs it or the consumer of the external broker.
 	broker   *broker.Broker
 	mqttRun  func(context.Context) error
 	mqttAddr func() string

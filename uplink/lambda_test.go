@@ -528,3 +528,38 @@ func TestLambdaTargetProbesWhileUnreachable(t *testing.T) {
 	require.Equal(t, want, perDevice(delivered), "each batch once, in each device's order")
 	require.Equal(t, 0, sizes[0], "the first invocation the function saw was the probe's empty event")
 }
+
+// A device record the function does not write fails the round: no batch
+// goes before its device's record is in the cloud.
+func TestLambdaTargetSendsNoBatchBeforeItsDeviceRecord(t *testing.T) {
+	buf := openBuffer(t)
+	hw := "AA:BB:CC:00:00:02"
+	store(t, buf, seqBatch(t, hw, 0, 1))
+	devices := &fakeDevices{}
+	devices.add(cloud.DeviceUpsert{HardwareID: hw, ConfirmationID: "550e8400-e29b-41d4-a716-446655440000",
+		FirmwareVersion: "1.0.16", FirstRegisteredAt: time.Unix(1700000000, 0).UTC(), LastSeenAt: time.Unix(1700000300, 0).UTC()})
+	fn, url := newFakeFunction(t)
+	var mu sync.Mutex
+	early := 0 // batch events that came before the device record was written
+	fn.invocation = func(n int, w http.ResponseWriter) bool {
+		if n > 3 {
+			return false
+		}
+		w.Header().Set("X-Amz-Function-Error", "Unhandled")
+		_, _ = io.WriteString(w, `{"errorMessage":"boom","errorType":"runtime.Error"}`)
+		return true
+	}
+	fn.event = func(batchIDs []string, w http.ResponseWriter) bool {
+		if len(batchIDs) > 0 && devices.written() == 0 {
+			mu.Lock()
+			early++
+			mu.Unlock()
+		}
+		return false
+	}
+	up, _ := newLambdaUplink(t, buf, url, uplink.Config{}, uplink.Deps{Devices: devices})
+	runUntil(t, up, func() bool { return buf.Stats().PendingBatches == 0 && devices.written() == 1 })
+	mu.Lock()
+	defer mu.Unlock()
+	require.Zero(t, early, "a batch went to the function before its device record was written")
+}

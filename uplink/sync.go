@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"greenhouse-gateway/function/event"
@@ -40,35 +41,39 @@ const keyLogInterval = time.Minute
 // the uplink's target: with target dynamodb an UpdateItem per device
 // record and the key writer's writes, with target lambda events of the
 // readings function. Its requests share the uplink's limit of requests in
-// flight. It syncs at the start of each of the uplink's rounds, and every
-// poll_interval; a device record that is not written is tried again after
-// a backoff, a key that is not written at the next sync. Get it with
+// flight. Each of the uplink's rounds syncs first, and a device record
+// that is not written fails the round (so that a device's record is in the
+// cloud before its readings, and a failing devices table shows as the
+// uplink's failure); Run syncs every poll_interval besides, for the
+// records and keys of an idle uplink, and after a failure with a backoff.
+// A key that is not written is tried again at the next sync. Get it with
 // Uplink.Sync and run it beside Uplink.Run.
 type Sync struct {
 	u         *Uplink
 	devices   DeviceSource // nil: none
 	keys      KeySource    // nil: none
 	keyWriter KeyWriter
-	wake      chan struct{} // a round started (kick)
-	// keyLoggedAt is the last warning about keys; failing is set while
-	// device records fail.
+	// mu makes one pass at a time (a round's or Run's); it guards
+	// keyLoggedAt, the last warning about keys.
+	mu          sync.Mutex
 	keyLoggedAt time.Time
-	failing     bool
+	// failing is set while Run's passes fail (Run's own).
+	failing bool
 }
 
 func newSync(u *Uplink, devices DeviceSource, keys KeySource, w KeyWriter) *Sync {
-	return &Sync{u: u, devices: devices, keys: keys, keyWriter: w, wake: make(chan struct{}, 1)}
+	return &Sync{u: u, devices: devices, keys: keys, keyWriter: w}
 }
 
 // Sync returns the uplink's device and key syncing, for its Run.
 func (u *Uplink) Sync() *Sync { return u.sync }
 
-// kick makes Run sync now.
-func (s *Sync) kick() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+// pass writes what is pending once; an unwritten device record is its
+// error.
+func (s *Sync) pass(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.once(ctx)
 }
 
 // Run writes device records and keys until ctx is done.
@@ -81,7 +86,7 @@ func (s *Sync) Run(ctx context.Context) error {
 	backoff := cfg.MinBackoff
 	for {
 		wait := cfg.PollInterval
-		err := s.once(ctx)
+		err := s.pass(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -101,7 +106,6 @@ func (s *Sync) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			timer.Stop()
 			return nil
-		case <-s.wake:
 		case <-timer.C:
 		}
 		timer.Stop()
@@ -117,7 +121,7 @@ func (s *Sync) once(ctx context.Context) error {
 	}
 	if !s.u.clock.Plausible() {
 		// Nothing is written with a wrong clock; the uplink's round asks
-		// the cloud for the time, and kicks the next sync once it is set.
+		// the cloud for the time before its own pass.
 		return nil
 	}
 	if err := s.upsertDevices(ctx); err != nil {

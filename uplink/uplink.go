@@ -530,7 +530,7 @@ func (u *Uplink) nextWait() time.Duration {
 func (u *Uplink) gather(ctx context.Context, wait time.Duration) {
 	start := time.Now()
 	defer func() { u.metrics.roundWait.Observe(time.Since(start).Seconds()) }()
-	wait = max(wait, u.linger(u.store.Stats(), start))
+	wait = max(wait, u.linger(u.store.Stats(), u.clock.Now()))
 	if wait <= 0 {
 		return
 	}
@@ -566,13 +566,16 @@ func (u *Uplink) linger(st buffer.Stats, now time.Time) time.Duration {
 //
 // A round first readies the sink (with the dynamodb target: makes sure
 // the clock can be trusted) and asks Sync to write the device records and
-// keys the cloud lacks, then leases batches (lease) and hands them to the
+// keys the cloud lacks (a device record not written fails the round),
+// then leases batches (lease) and hands them to the
 // sink, which forwards them device by device, fresh devices first.
 func (u *Uplink) round(ctx context.Context) (int, bool, error) {
 	if err := u.sink.prepare(ctx); err != nil {
 		return 0, false, err
 	}
-	u.sync.kick()
+	if err := u.sync.pass(ctx); err != nil {
+		return 0, false, err
+	}
 	l, err := u.lease()
 	if err != nil {
 		return 0, false, err

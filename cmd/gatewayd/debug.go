@@ -90,6 +90,13 @@ func listenPprof(addr string, logger *slog.Logger) (*pprofServer, error) {
 	return &pprofServer{ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}}, nil
 }
 
+// close releases the listener of a server that never ran.
+func (p *pprofServer) close() {
+	if p != nil {
+		_ = p.ln.Close()
+	}
+}
+
 // Run serves until ctx is done.
 func (p *pprofServer) Run(ctx context.Context) error {
 	if p == nil {

@@ -66,7 +66,7 @@ func newGateway(ctx context.Context, cfg Config, sec secrets, buf *buffer.Buffer
 	}
 	mqttCfg := cfg.MQTT
 	mqttCfg.SessionMemory = sessionMemory(mqttCfg.SessionMemory, memoryLimit)
-	return gateway.New(gateway.Config{
+	g, err := gateway.New(gateway.Config{
 		MQTT: mqttCfg, HTTP: cfg.HTTP, Auth: cfg.Auth, Ingest: cfg.Ingest, Devices: cfg.Devices, Uplink: cfg.Uplink,
 		// The audit trail stops writing before it could take the buffer's
 		// free-space watermark.
@@ -93,6 +93,11 @@ func newGateway(ctx context.Context, cfg Config, sec secrets, buf *buffer.Buffer
 		},
 		Stopping: func() { _ = sdnotify.Stopping() },
 	})
+	if err != nil {
+		p.pprof.close() // bound by newBackground, run by the gateway only
+		return nil, err
+	}
+	return g, nil
 }
 
 // secrets are the API key peppers and the admin token.

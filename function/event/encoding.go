@@ -43,7 +43,7 @@ type envelope struct {
 }
 
 var (
-	zstdEncoder, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderConcurrency(1))
+	zstdEncoder, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault))
 	zstdDecoder, _ = zstd.NewReader(nil, zstd.WithDecoderMaxMemory(MaxDecodedBytes), zstd.WithDecoderConcurrency(0))
 )
 

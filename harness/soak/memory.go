@@ -71,7 +71,7 @@ type window struct {
 // returns the peaks as one line, and what is not flat.
 func judgeMemory(samples []memSample, load time.Duration) (string, []string) {
 	warm := load / 4
-	span := (load - warm) / 3
+	span := max((load-warm)/3, time.Nanosecond)
 	ws := make([]window, 3)
 	for i := range ws {
 		ws[i].from, ws[i].to = warm+time.Duration(i)*span, warm+time.Duration(i+1)*span
