@@ -286,39 +286,32 @@ func New(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg 
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
+	f := promauto.With(reg)
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: "gateway", Subsystem: "audit", Name: name, Help: help}
+	}
+	counterVec := func(name, help, label string) *prometheus.CounterVec {
+		return f.NewCounterVec(prometheus.CounterOpts(opts(name, help)), []string{label})
+	}
 	l := &Log{
 		cfg: cfg, dir: dir, now: now, logger: logger.With("component", "audit"), opened: now().UTC(),
 		queue: make(chan item, cfg.QueueRecords), done: make(chan struct{}),
 		agg: newAggregator(cfg), free: statfsFree(dir),
-		written: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "records_total",
-			Help: "Refused attempts written to the audit trail, one by one or in aggregates, by reason.",
-		}, []string{"reason"}),
-		dropped: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "dropped_records_total",
-			Help: "Refused attempts not written to the audit trail, by cause (queue_full: the writer fell behind; " +
-				"free_space: the file system's free space is under the trail's floor; write_error: the disk refused them).",
-		}, []string{"cause"}),
-		aggregates: promauto.With(reg).NewCounter(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "aggregates_total",
-			Help: "Aggregate records written (attempts over audit.max_records_per_second, counted per key and interval).",
-		}),
-		aggregated: promauto.With(reg).NewCounter(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "aggregated_records_total",
-			Help: "Refused attempts written as part of an aggregate (included in gateway_audit_records_total).",
-		}),
-		deleted: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "deleted_segments_total",
-			Help: "Audit segments deleted, by cause (retention: past audit.retention; max_bytes: the oldest, over audit.max_bytes).",
-		}, []string{"cause"}),
-		bytes: promauto.With(reg).NewGauge(prometheus.GaugeOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "disk_bytes",
-			Help: "Size of the audit trail's segments on disk.",
-		}),
-		segGauge: promauto.With(reg).NewGauge(prometheus.GaugeOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "segments",
-			Help: "Audit trail segment files on disk.",
-		}),
+		written: counterVec("records_total",
+			"Refused attempts written to the audit trail, one by one or in aggregates, by reason.", "reason"),
+		dropped: counterVec("dropped_records_total",
+			"Refused attempts not written to the audit trail, by cause (queue_full: the writer fell behind; "+
+				"free_space: the file system's free space is under the trail's floor; write_error: the disk refused them).", "cause"),
+		aggregates: f.NewCounter(prometheus.CounterOpts(opts("aggregates_total",
+			"Aggregate records written (attempts over audit.max_records_per_second, counted per key and interval)."))),
+		aggregated: f.NewCounter(prometheus.CounterOpts(opts("aggregated_records_total",
+			"Refused attempts written as part of an aggregate (included in gateway_audit_records_total)."))),
+		deleted: counterVec("deleted_segments_total",
+			"Audit segments deleted, by cause (retention: past audit.retention; max_bytes: the oldest, over audit.max_bytes).", "cause"),
+		bytes: f.NewGauge(prometheus.GaugeOpts(opts("disk_bytes",
+			"Size of the audit trail's segments on disk."))),
+		segGauge: f.NewGauge(prometheus.GaugeOpts(opts("segments",
+			"Audit trail segment files on disk."))),
 	}
 	for _, r := range append(slices.Clone(Reasons), "other") {
 		l.written.WithLabelValues(r)
