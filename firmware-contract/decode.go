@@ -489,41 +489,30 @@ func (d *decoder) int(v, k int, name string) (int64, *Error) {
 // nonNegInt decodes a non-negative int64 at s[v], or returns the rule it
 // breaks.
 func (d *decoder) nonNegInt(v int) (int64, string) {
-	lit, rule := d.nonNegLiteral(v)
-	if rule != "" {
-		return 0, rule
-	}
-	n, err := strconv.ParseInt(lit, 10, 64)
-	if err != nil {
-		return 0, fmt.Sprintf("is out of range: must be at most %d", int64(math.MaxInt64))
-	}
-	return n, ""
+	n, rule := d.nonNegative(v, math.MaxInt64)
+	return int64(n), rule
 }
 
 // uint decodes a non-negative uint64 at s[v], or returns the rule it breaks.
 func (d *decoder) uint(v int) (uint64, string) {
-	lit, rule := d.nonNegLiteral(v)
+	return d.nonNegative(v, math.MaxUint64)
+}
+
+// nonNegative decodes a non-negative integer of at most limit at s[v], or
+// returns the rule it breaks.
+func (d *decoder) nonNegative(v int, limit uint64) (uint64, string) {
+	lit, rule := d.intLiteral(v)
 	if rule != "" {
 		return 0, rule
 	}
+	if lit[0] == '-' {
+		return 0, "must be a non-negative integer"
+	}
 	n, err := strconv.ParseUint(lit, 10, 64)
-	if err != nil {
-		return 0, fmt.Sprintf("is out of range: must be at most %d", uint64(math.MaxUint64))
+	if err != nil || n > limit {
+		return 0, fmt.Sprintf("is out of range: must be at most %d", limit)
 	}
 	return n, ""
-}
-
-// nonNegLiteral returns the integer literal at s[v], or a rule when the
-// value is not a number written as an integer or is negative.
-func (d *decoder) nonNegLiteral(v int) (string, string) {
-	lit, rule := d.intLiteral(v)
-	if rule != "" {
-		return "", rule
-	}
-	if lit[0] == '-' {
-		return "", "must be a non-negative integer"
-	}
-	return lit, ""
 }
 
 // intLiteral returns the integer literal at s[v], or a rule when the value is
