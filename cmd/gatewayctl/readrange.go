@@ -142,6 +142,13 @@ func openQuery[Q any](ctx context.Context, env *cmdEnv, qf *queryFlags, parse fu
 	return v, q, cloudread.New(client, tables), nil
 }
 
+// printIndentedJSON writes v as JSON indented by two spaces.
+func printIndentedJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
 func printJSON(w io.Writer, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {

@@ -218,9 +218,7 @@ func setupStatus(fs *flag.FlagSet, getenv func(string) string) func(context.Cont
 			return err
 		}
 		if *asJSON {
-			enc := json.NewEncoder(env.stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(r)
+			return printIndentedJSON(env.stdout, r)
 		}
 		printStatus(env.stdout, r)
 		return nil
