@@ -46,14 +46,8 @@ func (r *Registration) Validate() error {
 }
 
 func (r *Registration) validate(sender string) *Error {
-	if rule := hardwareIDRule(r.HardwareID); rule != "" {
-		return validationErr("hardware_id", rule)
-	}
-	if sender != "" && r.HardwareID != sender {
-		return validationErr("hardware_id", fmt.Sprintf("must be the sender's hardware_id %s, got %s", quoteForPath(sender), r.HardwareID))
-	}
-	if rule := uuidV4Rule(r.BootID); rule != "" {
-		return validationErr("boot_id", rule)
+	if e := identityErr(r.HardwareID, r.BootID, sender); e != nil {
+		return e
 	}
 	if rule := firmwareVersionRule(r.FirmwareVersion); rule != "" {
 		return validationErr("firmware_version", rule)
