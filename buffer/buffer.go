@@ -288,21 +288,8 @@ func (b *Buffer) Run(ctx context.Context) error {
 			b.ballast.keep(free, known, b.opts.MinFreeBytes)
 			b.reclaimSpace(time.Now())
 		case <-collect.C:
-			if n, err := b.Collect(); err != nil {
-				if errors.Is(err, ErrClosed) {
-					return nil
-				}
-				b.logger.Error("collecting expired markers", "err", err)
-			} else if n > 0 {
-				b.logger.Debug("collected expired markers", "count", n)
-			}
-			if n, err := b.CollectHistory(); err != nil {
-				if errors.Is(err, ErrClosed) {
-					return nil
-				}
-				b.logger.Error("collecting expired history", "err", err)
-			} else if n > 0 {
-				b.logger.Debug("collected expired history", "count", n)
+			if b.logCollected("markers", b.Collect) || b.logCollected("history", b.CollectHistory) {
+				return nil
 			}
 		case <-vlog.C:
 			b.mu.RLock()
@@ -313,6 +300,21 @@ func (b *Buffer) Run(ctx context.Context) error {
 			b.mu.RUnlock()
 		}
 	}
+}
+
+// logCollected runs collect, which collects expired what, and logs its
+// outcome; it reports whether the buffer was closed.
+func (b *Buffer) logCollected(what string, collect func() (int, error)) (closed bool) {
+	n, err := collect()
+	switch {
+	case errors.Is(err, ErrClosed):
+		return true
+	case err != nil:
+		b.logger.Error("collecting expired "+what, "err", err)
+	case n > 0:
+		b.logger.Debug("collected expired "+what, "count", n)
+	}
+	return false
 }
 
 // ballastInterval is how often Run checks free space for the ballast.

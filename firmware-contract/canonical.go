@@ -150,24 +150,10 @@ func (b *Batch) appendReadings(dst []byte) []byte {
 		}
 		dst = append(dst, `,"sensors":{`...)
 		keys = sortedKeys(keys[:0], r.Sensors)
-		for n, name := range keys {
-			if n > 0 {
-				dst = append(dst, ',')
-			}
-			dst = AppendJSONString(dst, name)
-			dst = append(dst, ':')
-			dst = appendFloat(dst, r.Sensors[name])
-		}
+		dst = appendMembers(dst, keys, r.Sensors, appendFloat)
 		dst = append(dst, `},"sensor_status":{`...)
 		keys = sortedKeys(keys[:0], r.SensorStatus)
-		for n, name := range keys {
-			if n > 0 {
-				dst = append(dst, ',')
-			}
-			dst = AppendJSONString(dst, name)
-			dst = append(dst, ':')
-			dst = AppendJSONString(dst, r.SensorStatus[name])
-		}
+		dst = appendMembers(dst, keys, r.SensorStatus, AppendJSONString)
 		dst = append(dst, '}')
 		if r.TimeSource != "" {
 			dst = append(dst, `,"time_source":`...)
@@ -176,6 +162,20 @@ func (b *Batch) appendReadings(dst []byte) []byte {
 		dst = append(dst, '}')
 	}
 	return append(dst, "]}"...)
+}
+
+// appendMembers writes the members of m named by keys, in that order and
+// comma-separated, each value written by appendValue.
+func appendMembers[V any](dst []byte, keys []string, m map[string]V, appendValue func([]byte, V) []byte) []byte {
+	for n, name := range keys {
+		if n > 0 {
+			dst = append(dst, ',')
+		}
+		dst = AppendJSONString(dst, name)
+		dst = append(dst, ':')
+		dst = appendValue(dst, m[name])
+	}
+	return dst
 }
 
 func sortedKeys[V any](dst []string, m map[string]V) []string {

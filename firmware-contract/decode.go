@@ -367,34 +367,11 @@ func (d *decoder) reading(v, k int, r *Reading) (int, *Error) {
 // sensors decodes readings[k].sensors at s[v] and returns the offset after
 // it.
 func (d *decoder) sensors(v, k int) (map[string]float64, int, *Error) {
-	s := d.s
 	field := func() string { return joinIndex("readings", k) + ".sensors" }
-	if s[v] != '{' {
-		if s[v] == 'n' {
-			return nil, 0, validationErr(field(), nullRule)
-		}
-		return nil, 0, validationErr(field(), "must be an object mapping sensor names to numbers, not "+kindName(s, v))
-	}
-	m := make(map[string]float64)
-	i := v
-	for {
-		key, vv, more := nextMember(s, i)
-		if !more {
-			return m, vv, nil
-		}
-		if len(m) == d.lim.MaxSensors {
-			return nil, 0, validationErr(field(), fmt.Sprintf("must have at most %d entries", d.lim.MaxSensors))
-		}
-		if _, dup := m[key]; dup {
-			return nil, 0, validationErr(joinKey(field(), key), "duplicate key")
-		}
-		f, end, e := d.sensorValue(vv, func() string { return joinKey(field(), key) })
-		if e != nil {
-			return nil, 0, e
-		}
-		m[key] = f
-		i = end
-	}
+	return decodeSensorMap(d, v, field, "must be an object mapping sensor names to numbers",
+		func(key string, vv int) (float64, int, *Error) {
+			return d.sensorValue(vv, func() string { return joinKey(field(), key) })
+		})
 }
 
 // sensorStatus decodes readings[k].sensor_status at s[v] and returns the
@@ -402,13 +379,27 @@ func (d *decoder) sensors(v, k int) (map[string]float64, int, *Error) {
 func (d *decoder) sensorStatus(v, k int) (map[string]string, int, *Error) {
 	s := d.s
 	field := func() string { return joinIndex("readings", k) + ".sensor_status" }
+	return decodeSensorMap(d, v, field, `must be an object mapping sensor names to "ok" or "error"`,
+		func(key string, vv int) (string, int, *Error) {
+			if s[vv] != '"' {
+				return "", 0, validationErr(joinKey(field(), key), `must be "ok" or "error", not `+kindName(s, vv))
+			}
+			end, _ := skipString(s, vv)
+			return d.stringAt(vv), end, nil
+		})
+}
+
+// decodeSensorMap decodes the object at s[v], field, that maps sensor
+// names to values, at most lim.MaxSensors of them, and returns the offset
+// after it; value decodes the value of key at s[vv] and returns the offset
+// after it. want is the rule for a value at s[v] that is not an object.
+func decodeSensorMap[V any](d *decoder, v int, field func() string, want string,
+	value func(key string, vv int) (V, int, *Error)) (map[string]V, int, *Error) {
+	s := d.s
 	if s[v] != '{' {
-		if s[v] == 'n' {
-			return nil, 0, validationErr(field(), nullRule)
-		}
-		return nil, 0, validationErr(field(), `must be an object mapping sensor names to "ok" or "error", not `+kindName(s, v))
+		return nil, 0, notOpenedBy(s, v, '{', field(), want)
 	}
-	m := make(map[string]string)
+	m := make(map[string]V)
 	i := v
 	for {
 		key, vv, more := nextMember(s, i)
@@ -421,11 +412,12 @@ func (d *decoder) sensorStatus(v, k int) (map[string]string, int, *Error) {
 		if _, dup := m[key]; dup {
 			return nil, 0, validationErr(joinKey(field(), key), "duplicate key")
 		}
-		if s[vv] != '"' {
-			return nil, 0, validationErr(joinKey(field(), key), `must be "ok" or "error", not `+kindName(s, vv))
+		val, end, e := value(key, vv)
+		if e != nil {
+			return nil, 0, e
 		}
-		m[key] = d.stringAt(vv)
-		i, _ = skipString(s, vv)
+		m[key] = val
+		i = end
 	}
 }
 
@@ -489,22 +481,18 @@ func (d *decoder) int(v, k int, name string) (int64, *Error) {
 // nonNegInt decodes a non-negative int64 at s[v], or returns the rule it
 // breaks.
 func (d *decoder) nonNegInt(v int) (int64, string) {
-	lit, rule := d.intLiteral(v)
-	if rule != "" {
-		return 0, rule
-	}
-	if lit[0] == '-' {
-		return 0, "must be a non-negative integer"
-	}
-	n, err := strconv.ParseInt(lit, 10, 64)
-	if err != nil {
-		return 0, fmt.Sprintf("is out of range: must be at most %d", int64(math.MaxInt64))
-	}
-	return n, ""
+	n, rule := d.nonNegative(v, math.MaxInt64)
+	return int64(n), rule
 }
 
 // uint decodes a non-negative uint64 at s[v], or returns the rule it breaks.
 func (d *decoder) uint(v int) (uint64, string) {
+	return d.nonNegative(v, math.MaxUint64)
+}
+
+// nonNegative decodes a non-negative integer of at most limit at s[v], or
+// returns the rule it breaks.
+func (d *decoder) nonNegative(v int, limit uint64) (uint64, string) {
 	lit, rule := d.intLiteral(v)
 	if rule != "" {
 		return 0, rule
@@ -513,8 +501,8 @@ func (d *decoder) uint(v int) (uint64, string) {
 		return 0, "must be a non-negative integer"
 	}
 	n, err := strconv.ParseUint(lit, 10, 64)
-	if err != nil {
-		return 0, fmt.Sprintf("is out of range: must be at most %d", uint64(math.MaxUint64))
+	if err != nil || n > limit {
+		return 0, fmt.Sprintf("is out of range: must be at most %d", limit)
 	}
 	return n, ""
 }

@@ -46,14 +46,8 @@ func (r *Registration) Validate() error {
 }
 
 func (r *Registration) validate(sender string) *Error {
-	if rule := hardwareIDRule(r.HardwareID); rule != "" {
-		return validationErr("hardware_id", rule)
-	}
-	if sender != "" && r.HardwareID != sender {
-		return validationErr("hardware_id", fmt.Sprintf("must be the sender's hardware_id %s, got %s", quoteForPath(sender), r.HardwareID))
-	}
-	if rule := uuidV4Rule(r.BootID); rule != "" {
-		return validationErr("boot_id", rule)
+	if e := identityErr(r.HardwareID, r.BootID, sender); e != nil {
+		return e
 	}
 	if rule := firmwareVersionRule(r.FirmwareVersion); rule != "" {
 		return validationErr("firmware_version", rule)
@@ -210,12 +204,8 @@ func (d *decoder) capabilities(v int, c *Capabilities) *Error {
 // capabilitySensors decodes capabilities.sensors, the array at s[v].
 func (d *decoder) capabilitySensors(v int, c *Capabilities) *Error {
 	s := d.s
-	if s[v] != '[' {
-		rule := "must be an array of sensor names, not " + kindName(s, v)
-		if s[v] == 'n' {
-			rule = nullRule
-		}
-		return validationErr("capabilities.sensors", rule)
+	if e := notOpenedBy(s, v, '[', "capabilities.sensors", "must be an array of sensor names"); e != nil {
+		return e
 	}
 	for i, k := v, 0; ; k++ {
 		e, more := nextElem(s, i)
@@ -223,7 +213,7 @@ func (d *decoder) capabilitySensors(v int, c *Capabilities) *Error {
 			break
 		}
 		if k == MaxCapabilities {
-			return validationErr("capabilities.sensors", fmt.Sprintf("must have at most %d entries", MaxCapabilities))
+			return tooManyCapabilities("capabilities.sensors")
 		}
 		if s[e] != '"' {
 			return validationErr(joinIndex("capabilities.sensors", k), "must be a string (a sensor name), not "+kindName(s, e))
@@ -237,12 +227,8 @@ func (d *decoder) capabilitySensors(v int, c *Capabilities) *Error {
 // capabilityFeatures decodes capabilities.features, the object at s[v].
 func (d *decoder) capabilityFeatures(v int, c *Capabilities) *Error {
 	s := d.s
-	if s[v] != '{' {
-		rule := "must be an object mapping feature names to true or false, not " + kindName(s, v)
-		if s[v] == 'n' {
-			rule = nullRule
-		}
-		return validationErr("capabilities.features", rule)
+	if e := notOpenedBy(s, v, '{', "capabilities.features", "must be an object mapping feature names to true or false"); e != nil {
+		return e
 	}
 	for i, k := v, 0; ; k++ {
 		key, vv, more := nextMember(s, i)
@@ -250,7 +236,7 @@ func (d *decoder) capabilityFeatures(v int, c *Capabilities) *Error {
 			break
 		}
 		if k == MaxCapabilities {
-			return validationErr("capabilities.features", fmt.Sprintf("must have at most %d entries", MaxCapabilities))
+			return tooManyCapabilities("capabilities.features")
 		}
 		if _, dup := c.Features[key]; dup {
 			return validationErr(joinKey("capabilities.features", key), "duplicate key")
@@ -270,4 +256,24 @@ func (d *decoder) capabilityFeatures(v int, c *Capabilities) *Error {
 		i = skipValue(s, vv)
 	}
 	return nil
+}
+
+// notOpenedBy returns the error for field when the value at s[v] is not
+// the array or object that open ('[' or '{') starts, nil when it is; want
+// is the rule for any other value but null.
+func notOpenedBy(s string, v int, open byte, field, want string) *Error {
+	if s[v] == open {
+		return nil
+	}
+	rule := want + ", not " + kindName(s, v)
+	if s[v] == 'n' {
+		rule = nullRule
+	}
+	return validationErr(field, rule)
+}
+
+// tooManyCapabilities is the error for a capabilities list, field, longer
+// than MaxCapabilities.
+func tooManyCapabilities(field string) *Error {
+	return validationErr(field, fmt.Sprintf("must have at most %d entries", MaxCapabilities))
 }

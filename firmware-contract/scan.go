@@ -240,31 +240,31 @@ func (sc *syntaxScanner) number(i int) int {
 		return sc.fail(i, "invalid number: expected a digit, found "+describeByte(s, i))
 	}
 	if i < len(s) && s[i] == '.' {
-		i++
-		if i >= len(s) {
-			return sc.eof(i)
-		}
-		if !isDigit(s[i]) {
-			return sc.fail(i, "invalid number: expected a digit after '.', found "+describeByte(s, i))
-		}
-		for i < len(s) && isDigit(s[i]) {
-			i++
-		}
+		i = sc.digits(i+1, "after '.'")
 	}
 	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
 		i++
 		if i < len(s) && (s[i] == '+' || s[i] == '-') {
 			i++
 		}
-		if i >= len(s) {
-			return sc.eof(i)
-		}
-		if !isDigit(s[i]) {
-			return sc.fail(i, "invalid number: expected a digit in the exponent, found "+describeByte(s, i))
-		}
-		for i < len(s) && isDigit(s[i]) {
-			i++
-		}
+		i = sc.digits(i, "in the exponent")
+	}
+	return i
+}
+
+// digits checks the digits of a number's fraction or exponent, which must
+// start at s[i], and returns the offset after them (len(s) when they are
+// missing); where says where they are in the number's message.
+func (sc *syntaxScanner) digits(i int, where string) int {
+	s := sc.s
+	if i >= len(s) {
+		return sc.eof(i)
+	}
+	if !isDigit(s[i]) {
+		return sc.fail(i, "invalid number: expected a digit "+where+", found "+describeByte(s, i))
+	}
+	for i < len(s) && isDigit(s[i]) {
+		i++
 	}
 	return i
 }

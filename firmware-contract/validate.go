@@ -30,15 +30,25 @@ func (b *Batch) Validate(lim Limits, now time.Time) error {
 	return nil
 }
 
-func (b *Batch) validate(lim Limits, now time.Time, sender string) *Error {
-	if rule := hardwareIDRule(b.HardwareID); rule != "" {
+// identityErr checks a message's hardware_id and boot_id; sender is the
+// hardware_id the message came from, which hardware_id must equal unless
+// it is empty.
+func identityErr(hardwareID, bootID, sender string) *Error {
+	if rule := hardwareIDRule(hardwareID); rule != "" {
 		return validationErr("hardware_id", rule)
 	}
-	if sender != "" && b.HardwareID != sender {
-		return validationErr("hardware_id", fmt.Sprintf("must be the sender's hardware_id %s, got %s", quoteForPath(sender), b.HardwareID))
+	if sender != "" && hardwareID != sender {
+		return validationErr("hardware_id", fmt.Sprintf("must be the sender's hardware_id %s, got %s", quoteForPath(sender), hardwareID))
 	}
-	if rule := uuidV4Rule(b.BootID); rule != "" {
+	if rule := uuidV4Rule(bootID); rule != "" {
 		return validationErr("boot_id", rule)
+	}
+	return nil
+}
+
+func (b *Batch) validate(lim Limits, now time.Time, sender string) *Error {
+	if e := identityErr(b.HardwareID, b.BootID, sender); e != nil {
+		return e
 	}
 	if rule := batchIDRule(b.BatchID, b.HardwareID); rule != "" {
 		return validationErr("batch_id", rule)

@@ -84,25 +84,25 @@ func (f *Function) serveRead(ctx context.Context, req events.APIGatewayV2HTTPReq
 	}
 	reader := cloudread.New(f.db, f.cfg.Tables)
 	if parts[1] == "readings" {
-		rq, err := readquery.ParseReadingsQuery(q, f.now())
-		if err != nil {
-			return readError(http.StatusBadRequest, err.Error())
-		}
-		page, _, err := reader.Readings(ctx, hw, rq)
-		if err != nil {
-			return f.readFailed(err)
-		}
-		return jsonAnswer(http.StatusOK, page)
+		return deviceQuery(ctx, f, hw, q, readquery.ParseReadingsQuery, reader.Readings)
 	}
-	sq, err := readquery.ParseSummaryQuery(q, f.now())
+	return deviceQuery(ctx, f, hw, q, readquery.ParseSummaryQuery, reader.Summary)
+}
+
+// deviceQuery answers a query of device hw's readings: parse reads it
+// from q (400 when it does not parse), read runs it.
+func deviceQuery[Q, A any](ctx context.Context, f *Function, hw string, q url.Values,
+	parse func(url.Values, time.Time) (Q, error),
+	read func(context.Context, string, Q) (A, cloudread.Stats, error)) answer {
+	query, err := parse(q, f.now())
 	if err != nil {
 		return readError(http.StatusBadRequest, err.Error())
 	}
-	s, _, err := reader.Summary(ctx, hw, sq)
+	a, _, err := read(ctx, hw, query)
 	if err != nil {
 		return f.readFailed(err)
 	}
-	return jsonAnswer(http.StatusOK, s)
+	return jsonAnswer(http.StatusOK, a)
 }
 
 // readFailed answers a read DynamoDB did not serve: 429 throttled, else

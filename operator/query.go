@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"time"
 
 	"greenhouse-gateway/buffer"
@@ -76,47 +77,51 @@ func (h *API) eachReading(hw string, from, to time.Time, fn func(buffer.DeviceBa
 }
 
 func (h *API) deviceReadings(w http.ResponseWriter, r *http.Request) {
-	hw, ok := h.queryDevice(w, r)
-	if !ok {
-		return
-	}
-	q, err := readquery.ParseReadingsQuery(r.URL.Query(), time.Now())
-	if err != nil {
-		h.queryFailed(w, err)
-		return
-	}
-	p := q.Pager()
-	err = h.eachReading(hw, q.From, q.To, func(d buffer.DeviceBatch, rd *contract.Reading, _ time.Time) {
-		state := readquery.StatePending
-		if d.Delivered {
-			state = readquery.StateDelivered
+	serveQuery(h, w, r, readquery.ParseReadingsQuery, func(hw string, q readquery.ReadingsQuery) (any, error) {
+		p := q.Pager()
+		err := h.eachReading(hw, q.From, q.To, func(d buffer.DeviceBatch, rd *contract.Reading, _ time.Time) {
+			state := readquery.StatePending
+			if d.Delivered {
+				state = readquery.StateDelivered
+			}
+			p.Add(d.BatchID, rd, state, nil)
+		})
+		if err != nil {
+			return nil, err
 		}
-		p.Add(d.BatchID, rd, state, nil)
+		return p.Page(hw), nil
 	})
-	if err != nil {
-		h.queryFailed(w, err)
-		return
-	}
-	httpapi.WriteJSON(w, http.StatusOK, p.Page(hw))
 }
 
 func (h *API) deviceSummary(w http.ResponseWriter, r *http.Request) {
+	serveQuery(h, w, r, readquery.ParseSummaryQuery, func(hw string, q readquery.SummaryQuery) (any, error) {
+		s := q.Summarizer()
+		err := h.eachReading(hw, q.From, q.To, func(_ buffer.DeviceBatch, rd *contract.Reading, t time.Time) {
+			s.Add(t, rd.Sensors)
+		})
+		if err != nil {
+			return nil, err
+		}
+		return s.Result(hw), nil
+	})
+}
+
+// serveQuery answers a query of a known device's local readings: parse
+// reads it from the request, answer runs it.
+func serveQuery[Q any](h *API, w http.ResponseWriter, r *http.Request, parse func(url.Values, time.Time) (Q, error), answer func(hw string, q Q) (any, error)) {
 	hw, ok := h.queryDevice(w, r)
 	if !ok {
 		return
 	}
-	q, err := readquery.ParseSummaryQuery(r.URL.Query(), time.Now())
+	q, err := parse(r.URL.Query(), time.Now())
 	if err != nil {
 		h.queryFailed(w, err)
 		return
 	}
-	s := q.Summarizer()
-	err = h.eachReading(hw, q.From, q.To, func(_ buffer.DeviceBatch, rd *contract.Reading, t time.Time) {
-		s.Add(t, rd.Sensors)
-	})
+	a, err := answer(hw, q)
 	if err != nil {
 		h.queryFailed(w, err)
 		return
 	}
-	httpapi.WriteJSON(w, http.StatusOK, s.Result(hw))
+	httpapi.WriteJSON(w, http.StatusOK, a)
 }

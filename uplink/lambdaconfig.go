@@ -111,16 +111,17 @@ func (c LambdaConfig) validate(target string) error {
 		return fmt.Errorf("uplink.lambda.max_bytes: must be between %d and %d (Lambda's 6 MB request payload less 512 KiB for the envelope)", minLambdaBytes, maxLambdaBytes)
 	case c.MaxWait < 0:
 		return errors.New("uplink.lambda.max_wait: must not be negative")
-	case c.Concurrency < 0 || c.Concurrency > 256:
-		return errors.New("uplink.lambda.concurrency: must be between 1 and 256")
-	case c.MaxConcurrency < 0 || c.MaxConcurrency > 256:
-		return errors.New("uplink.lambda.max_concurrency: must be between 1 and 256")
-	case c.MaxConcurrency != 0 && c.Concurrency > c.MaxConcurrency:
-		return errors.New("uplink.lambda.concurrency: must not exceed uplink.lambda.max_concurrency")
-	case c.Timeout < 0:
-		return errors.New("uplink.lambda.timeout: must not be negative")
-	case c.ReportInterval < 0:
-		return errors.New("uplink.lambda.report_interval: must not be negative")
+	}
+	if err := validateConcurrency("uplink.lambda.", c.Concurrency, c.MaxConcurrency); err != nil {
+		return err
+	}
+	if err := firstNegative(
+		field{"uplink.lambda.timeout", int64(c.Timeout)},
+		field{"uplink.lambda.report_interval", int64(c.ReportInterval)},
+	); err != nil {
+		return err
+	}
+	switch {
 	case c.PoisonFailures < 0 || c.PoisonFailures > 1000:
 		return errors.New("uplink.lambda.poison_failures: must be between 1 and 1000")
 	case c.PoisonTime < 0:

@@ -152,35 +152,35 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("uplink.write_mode: %q is not one of transaction, batch", c.WriteMode)
 	}
-	switch {
-	case c.TransactionMaxItems < 0 || c.TransactionMaxItems == 1 || c.TransactionMaxItems > 100:
+	if c.TransactionMaxItems < 0 || c.TransactionMaxItems == 1 || c.TransactionMaxItems > 100 {
 		return errors.New("uplink.transaction_max_items: must be 0 (probe) or between 2 and 100")
-	case c.Concurrency < 0 || c.Concurrency > 256:
-		return errors.New("uplink.concurrency: must be between 1 and 256")
-	case c.MaxConcurrency < 0 || c.MaxConcurrency > 256:
-		return errors.New("uplink.max_concurrency: must be between 1 and 256")
-	case c.MaxConcurrency != 0 && c.Concurrency > c.MaxConcurrency:
-		return errors.New("uplink.concurrency: must not exceed uplink.max_concurrency")
-	case c.LeaseBatches < 0:
-		return errors.New("uplink.lease_batches: must not be negative")
-	case c.FreshReserve < 0:
-		return errors.New("uplink.fresh_reserve: must not be negative")
-	case c.MaxWait < 0:
-		return errors.New("uplink.max_wait: must not be negative")
-	case c.MaxBatchSize < 0:
-		return errors.New("uplink.max_batch_size: must not be negative")
+	}
+	if err := validateConcurrency("uplink.", c.Concurrency, c.MaxConcurrency); err != nil {
+		return err
+	}
+	if err := firstNegative(
+		field{"uplink.lease_batches", int64(c.LeaseBatches)},
+		field{"uplink.fresh_reserve", int64(c.FreshReserve)},
+		field{"uplink.max_wait", int64(c.MaxWait)},
+		field{"uplink.max_batch_size", int64(c.MaxBatchSize)},
+	); err != nil {
+		return err
+	}
+	switch {
 	case c.WaitTargetRate < 0 || math.IsNaN(c.WaitTargetRate) || math.IsInf(c.WaitTargetRate, 0):
 		return errors.New("uplink.wait_target_rate: must be a finite number of batches per second, not negative")
 	case c.WaitSteepness < 0 || math.IsNaN(c.WaitSteepness) || math.IsInf(c.WaitSteepness, 0):
 		return errors.New("uplink.wait_steepness: must be a finite number, not negative")
-	case c.RequestTimeout < 0:
-		return errors.New("uplink.request_timeout: must not be negative")
-	case c.MinBackoff < 0:
-		return errors.New("uplink.min_backoff: must not be negative")
-	case c.MaxBackoff < 0:
-		return errors.New("uplink.max_backoff: must not be negative")
-	case c.PollInterval < 0:
-		return errors.New("uplink.poll_interval: must not be negative")
+	}
+	if err := firstNegative(
+		field{"uplink.request_timeout", int64(c.RequestTimeout)},
+		field{"uplink.min_backoff", int64(c.MinBackoff)},
+		field{"uplink.max_backoff", int64(c.MaxBackoff)},
+		field{"uplink.poll_interval", int64(c.PollInterval)},
+	); err != nil {
+		return err
+	}
+	switch {
 	case c.MaxBackoff != 0 && c.MinBackoff > c.MaxBackoff:
 		return errors.New("uplink.min_backoff: must not exceed uplink.max_backoff")
 	case c.ReadingsRetention < 0:
@@ -192,6 +192,36 @@ func (c Config) Validate() error {
 		return fmt.Errorf("uplink.fresh_reserve: %d must be below uplink.lease_batches (%d)", d.FreshReserve, d.LeaseBatches)
 	case d.MaxBatchSize > d.LeaseBatches:
 		return fmt.Errorf("uplink.max_batch_size: %d must not exceed uplink.lease_batches (%d)", d.MaxBatchSize, d.LeaseBatches)
+	}
+	return nil
+}
+
+// validateConcurrency checks a part's concurrency and max_concurrency,
+// whose keys start with prefix.
+func validateConcurrency(prefix string, concurrency, maxConcurrency int) error {
+	switch {
+	case concurrency < 0 || concurrency > 256:
+		return errors.New(prefix + "concurrency: must be between 1 and 256")
+	case maxConcurrency < 0 || maxConcurrency > 256:
+		return errors.New(prefix + "max_concurrency: must be between 1 and 256")
+	case maxConcurrency != 0 && concurrency > maxConcurrency:
+		return errors.New(prefix + "concurrency: must not exceed " + prefix + "max_concurrency")
+	}
+	return nil
+}
+
+// field is a config key and its value, a count or a time.Duration.
+type field struct {
+	key string
+	v   int64
+}
+
+// firstNegative reports the first of fields whose value is negative.
+func firstNegative(fields ...field) error {
+	for _, f := range fields {
+		if f.v < 0 {
+			return errors.New(f.key + ": must not be negative")
+		}
 	}
 	return nil
 }

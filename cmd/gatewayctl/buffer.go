@@ -78,9 +78,7 @@ func setupBufferInspect(fs *flag.FlagSet, getenv func(string) string) func(conte
 			return err
 		}
 		if *asJSON {
-			enc := json.NewEncoder(env.stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(in)
+			return printIndentedJSON(env.stdout, in)
 		}
 		return printInspection(env.stdout, in)
 	}
@@ -316,9 +314,7 @@ func setupBufferDeadLetters(fs *flag.FlagSet, getenv func(string) string) func(c
 			list.DeadLetters = []buffer.DeadLetter{}
 		}
 		if *asJSON {
-			enc := json.NewEncoder(env.stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(list)
+			return printIndentedJSON(env.stdout, list)
 		}
 		fmt.Fprintf(env.stdout, "dead letters: %d\n", list.Count)
 		if len(list.DeadLetters) == 0 {

@@ -30,7 +30,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -454,9 +453,7 @@ func setupKeysList(fs *flag.FlagSet, getenv func(string) string) func(context.Co
 			views[i] = newKeyView(k)
 		}
 		if *asJSON {
-			enc := json.NewEncoder(env.stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(views)
+			return printIndentedJSON(env.stdout, views)
 		}
 		tw := tabwriter.NewWriter(env.stdout, 0, 8, 2, ' ', 0)
 		fmt.Fprintln(tw, "KEY_ID\tACTIVE\tBINDING\tCREATED_AT\tLAST_USED_AT\tDESCRIPTION")

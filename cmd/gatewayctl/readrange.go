@@ -93,19 +93,10 @@ func setupReadingsRange(fs *flag.FlagSet, _ func(string) string) func(context.Co
 	})
 	all := fs.Bool("all", false, "follow the cursors and print every page")
 	return func(ctx context.Context, env *cmdEnv, _ []string) error {
-		v, err := qf.query()
+		v, q, reader, err := openQuery(ctx, env, qf, readquery.ParseReadingsQuery)
 		if err != nil {
 			return err
 		}
-		q, err := readquery.ParseReadingsQuery(v, time.Now())
-		if err != nil {
-			return asUsage(err)
-		}
-		client, tables, err := env.client(ctx)
-		if err != nil {
-			return err
-		}
-		reader := cloudread.New(client, tables)
 		header := true
 		for {
 			page, _, err := reader.Readings(ctx, *qf.hw, q)
@@ -133,6 +124,29 @@ func setupReadingsRange(fs *flag.FlagSet, _ func(string) string) func(context.Co
 			}
 		}
 	}
+}
+
+// openQuery reads the query qf's flags give, v, with parse (a usage error
+// when it does not parse), and opens a reader of the tables.
+func openQuery[Q any](ctx context.Context, env *cmdEnv, qf *queryFlags, parse func(url.Values, time.Time) (Q, error)) (v url.Values, q Q, reader *cloudread.Reader, err error) {
+	if v, err = qf.query(); err != nil {
+		return nil, q, nil, err
+	}
+	if q, err = parse(v, time.Now()); err != nil {
+		return nil, q, nil, asUsage(err)
+	}
+	client, tables, err := env.client(ctx)
+	if err != nil {
+		return nil, q, nil, err
+	}
+	return v, q, cloudread.New(client, tables), nil
+}
+
+// printIndentedJSON writes v as JSON indented by two spaces.
+func printIndentedJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 func printJSON(w io.Writer, v any) error {
@@ -163,19 +177,11 @@ func setupReadingsSummary(fs *flag.FlagSet, _ func(string) string) func(context.
 		"include_empty": "true (default): averages divide by every bucket of the window and empty buckets are listed; false: by the active ones",
 	})
 	return func(ctx context.Context, env *cmdEnv, _ []string) error {
-		v, err := qf.query()
+		_, q, reader, err := openQuery(ctx, env, qf, readquery.ParseSummaryQuery)
 		if err != nil {
 			return err
 		}
-		q, err := readquery.ParseSummaryQuery(v, time.Now())
-		if err != nil {
-			return asUsage(err)
-		}
-		client, tables, err := env.client(ctx)
-		if err != nil {
-			return err
-		}
-		s, st, err := cloudread.New(client, tables).Summary(ctx, *qf.hw, q)
+		s, st, err := reader.Summary(ctx, *qf.hw, q)
 		if err != nil {
 			return err
 		}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -28,9 +27,7 @@ func setupBufferSalvage(fs *flag.FlagSet, getenv func(string) string) func(conte
 			return bufferError(err, "")
 		}
 		if *asJSON {
-			enc := json.NewEncoder(env.stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(rep)
+			return printIndentedJSON(env.stdout, rep)
 		}
 		printSalvage(env.stdout, rep)
 		return nil

@@ -218,9 +218,7 @@ func setupStatus(fs *flag.FlagSet, getenv func(string) string) func(context.Cont
 			return err
 		}
 		if *asJSON {
-			enc := json.NewEncoder(env.stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(r)
+			return printIndentedJSON(env.stdout, r)
 		}
 		printStatus(env.stdout, r)
 		return nil
@@ -297,56 +295,61 @@ func gatherUplink(ctx context.Context, c *apiClient, r *statusReport) error {
 
 // gatherDevices summarizes /v1/devices.
 func gatherDevices(ctx context.Context, c *apiClient, r *statusReport) error {
-	var aerr *apiError
 	var devices struct {
 		Devices []deviceView `json:"devices"`
 	}
-	switch err := c.do(ctx, http.MethodGet, "/v1/devices", true, &devices); {
-	case err == nil:
-		s := &deviceSummary{Known: len(devices.Devices)}
-		for _, d := range devices.Devices {
-			if d.Registered {
-				s.Registered++
-			}
-			if d.RebootLoop {
-				s.RebootLoops++
-			}
-			if d.Registered && d.CloudVersion < d.Version {
-				s.CloudPending++
-			}
-			if s.LastSeenAt == nil || d.LastSeenAt.After(*s.LastSeenAt) {
-				s.LastSeenAt = &d.LastSeenAt
-			}
-		}
-		r.Devices = s
-	case errors.Is(err, errNotAvailable):
-		r.Missing = append(r.Missing, "/v1/devices")
-	case errors.As(err, &aerr):
-		r.Problems = append(r.Problems, "/v1/devices: "+aerr.Error())
-	default:
+	if ok, err := getReported(ctx, c, r, "/v1/devices", "/v1/devices", &devices); !ok {
 		return err
 	}
+	s := &deviceSummary{Known: len(devices.Devices)}
+	for _, d := range devices.Devices {
+		if d.Registered {
+			s.Registered++
+		}
+		if d.RebootLoop {
+			s.RebootLoops++
+		}
+		if d.Registered && d.CloudVersion < d.Version {
+			s.CloudPending++
+		}
+		if s.LastSeenAt == nil || d.LastSeenAt.After(*s.LastSeenAt) {
+			s.LastSeenAt = &d.LastSeenAt
+		}
+	}
+	r.Devices = s
 	return nil
 }
 
 // gatherDeadLetters asks /v1/dead-letters for the count and the newest five.
 func gatherDeadLetters(ctx context.Context, c *apiClient, r *statusReport) error {
-	var aerr *apiError
 	var dead struct {
 		Count       int                 `json:"count"`
 		DeadLetters []buffer.DeadLetter `json:"dead_letters"`
 	}
-	switch err := c.do(ctx, http.MethodGet, "/v1/dead-letters?limit=5", true, &dead); {
-	case err == nil:
-		r.DeadLetters, r.deadList = &dead.Count, dead.DeadLetters
-	case errors.Is(err, errNotAvailable):
-		r.Missing = append(r.Missing, "/v1/dead-letters")
-	case errors.As(err, &aerr):
-		r.Problems = append(r.Problems, "/v1/dead-letters: "+aerr.Error())
-	default:
+	if ok, err := getReported(ctx, c, r, "/v1/dead-letters?limit=5", "/v1/dead-letters", &dead); !ok {
 		return err
 	}
+	r.DeadLetters, r.deadList = &dead.Count, dead.DeadLetters
 	return nil
+}
+
+// getReported GETs path, with the admin token, into v; ok reports whether
+// v holds the answer. When it does not, a route the gateway does not serve
+// is listed in r.Missing and an error it answered in r.Problems, both by
+// route; err is any other error.
+func getReported(ctx context.Context, c *apiClient, r *statusReport, path, route string, v any) (ok bool, err error) {
+	var aerr *apiError
+	switch err := c.do(ctx, http.MethodGet, path, true, v); {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, errNotAvailable):
+		r.Missing = append(r.Missing, route)
+	case errors.As(err, &aerr):
+		r.Problems = append(r.Problems, route+": "+aerr.Error())
+	default:
+		return false, err
+	}
+	return false, nil
 }
 
 func printStatus(w io.Writer, r *statusReport) {

@@ -674,12 +674,20 @@ func (c *extConn) requestRetry() {
 	c.mu.Unlock()
 }
 
-// ending reports whether the connection takes no more messages.
-func (c *extConn) ending() bool {
+// isLost reports whether the connection was lost.
+func (c *extConn) isLost() bool {
 	select {
 	case <-c.lost:
 		return true
 	default:
+		return false
+	}
+}
+
+// ending reports whether the connection takes no more messages.
+func (c *extConn) ending() bool {
+	if c.isLost() {
+		return true
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -689,10 +697,8 @@ func (c *extConn) ending() bool {
 // begin reserves the handling of one message; false when the connection
 // is ending.
 func (c *extConn) begin() bool {
-	select {
-	case <-c.lost:
+	if c.isLost() {
 		return false
-	default:
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

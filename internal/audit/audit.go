@@ -286,39 +286,32 @@ func New(dir string, cfg Config, now func() time.Time, logger *slog.Logger, reg 
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
+	f := promauto.With(reg)
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: "gateway", Subsystem: "audit", Name: name, Help: help}
+	}
+	counterVec := func(name, help, label string) *prometheus.CounterVec {
+		return f.NewCounterVec(prometheus.CounterOpts(opts(name, help)), []string{label})
+	}
 	l := &Log{
 		cfg: cfg, dir: dir, now: now, logger: logger.With("component", "audit"), opened: now().UTC(),
 		queue: make(chan item, cfg.QueueRecords), done: make(chan struct{}),
 		agg: newAggregator(cfg), free: statfsFree(dir),
-		written: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "records_total",
-			Help: "Refused attempts written to the audit trail, one by one or in aggregates, by reason.",
-		}, []string{"reason"}),
-		dropped: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "dropped_records_total",
-			Help: "Refused attempts not written to the audit trail, by cause (queue_full: the writer fell behind; " +
-				"free_space: the file system's free space is under the trail's floor; write_error: the disk refused them).",
-		}, []string{"cause"}),
-		aggregates: promauto.With(reg).NewCounter(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "aggregates_total",
-			Help: "Aggregate records written (attempts over audit.max_records_per_second, counted per key and interval).",
-		}),
-		aggregated: promauto.With(reg).NewCounter(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "aggregated_records_total",
-			Help: "Refused attempts written as part of an aggregate (included in gateway_audit_records_total).",
-		}),
-		deleted: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "deleted_segments_total",
-			Help: "Audit segments deleted, by cause (retention: past audit.retention; max_bytes: the oldest, over audit.max_bytes).",
-		}, []string{"cause"}),
-		bytes: promauto.With(reg).NewGauge(prometheus.GaugeOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "disk_bytes",
-			Help: "Size of the audit trail's segments on disk.",
-		}),
-		segGauge: promauto.With(reg).NewGauge(prometheus.GaugeOpts{
-			Namespace: "gateway", Subsystem: "audit", Name: "segments",
-			Help: "Audit trail segment files on disk.",
-		}),
+		written: counterVec("records_total",
+			"Refused attempts written to the audit trail, one by one or in aggregates, by reason.", "reason"),
+		dropped: counterVec("dropped_records_total",
+			"Refused attempts not written to the audit trail, by cause (queue_full: the writer fell behind; "+
+				"free_space: the file system's free space is under the trail's floor; write_error: the disk refused them).", "cause"),
+		aggregates: f.NewCounter(prometheus.CounterOpts(opts("aggregates_total",
+			"Aggregate records written (attempts over audit.max_records_per_second, counted per key and interval)."))),
+		aggregated: f.NewCounter(prometheus.CounterOpts(opts("aggregated_records_total",
+			"Refused attempts written as part of an aggregate (included in gateway_audit_records_total)."))),
+		deleted: counterVec("deleted_segments_total",
+			"Audit segments deleted, by cause (retention: past audit.retention; max_bytes: the oldest, over audit.max_bytes).", "cause"),
+		bytes: f.NewGauge(prometheus.GaugeOpts(opts("disk_bytes",
+			"Size of the audit trail's segments on disk."))),
+		segGauge: f.NewGauge(prometheus.GaugeOpts(opts("segments",
+			"Audit trail segment files on disk."))),
 	}
 	for _, r := range append(slices.Clone(Reasons), "other") {
 		l.written.WithLabelValues(r)
@@ -913,24 +906,11 @@ func (l *Log) readSegmentLazily(s segment, f Filter, keep int) (out []Record, sk
 		return nil, 0, true, err
 	}
 	defer file.Close()
-	sc := bufio.NewScanner(io.LimitReader(file, s.size))
-	sc.Buffer(make([]byte, 0, 4096), maxLineBytes)
-	needles := f.needles()
 	// ring holds the last keep candidate lines; next is where the next one
 	// goes, n how many it holds, passed how many fell out of it.
 	ring := make([][]byte, min(keep, 1024))
 	next, n, passed := 0, 0, 0
-scan:
-	for sc.Scan() {
-		line := sc.Bytes()
-		if len(line) == 0 {
-			continue
-		}
-		for _, nd := range needles {
-			if !bytes.Contains(line, nd) {
-				continue scan
-			}
-		}
+	skipped = l.scanCandidates(file, s, f, func(line []byte) {
 		if n == keep {
 			passed++
 		} else if n == len(ring) {
@@ -941,15 +921,10 @@ scan:
 		}
 		ring[next] = append(ring[next][:0], line...)
 		next = (next + 1) % keep
-	}
-	if err := sc.Err(); err != nil {
-		skipped++
-		l.logger.Warn("audit segment has an unreadable line; its rest is skipped", "file", s.name, "err", err)
-	}
+	})
 	for i := 1; i <= n; i++ { // newest first
-		line := ring[((next-i)%keep+keep)%keep]
-		var r Record
-		if err := json.Unmarshal(line, &r); err != nil || r.Time.IsZero() || r.Reason == "" {
+		r, ok := decodeRecord(ring[((next-i)%keep+keep)%keep])
+		if !ok {
 			skipped++
 			continue
 		}
@@ -967,39 +942,59 @@ func (l *Log) readSegmentDecoding(s segment, f Filter, keep int) ([]Record, int,
 		return nil, 0, err
 	}
 	defer file.Close()
+	var out []Record
+	skipped := 0
+	unreadable := l.scanCandidates(file, s, f, func(line []byte) {
+		r, ok := decodeRecord(line)
+		if !ok {
+			skipped++
+			return
+		}
+		if !f.match(&r) {
+			return
+		}
+		out = append(out, r)
+		if len(out) > keep {
+			out = out[1:]
+		}
+	})
+	slices.Reverse(out)
+	return out, skipped + unreadable, nil
+}
+
+// scanCandidates calls fn with each non-empty line of segment s, read from
+// file, that holds all of f's needles (one that does not cannot match:
+// spare the decoding). It returns 1 when a line was unreadable (over
+// maxLineBytes: the rest of the segment is skipped), else 0.
+func (l *Log) scanCandidates(file io.Reader, s segment, f Filter, fn func(line []byte)) int {
 	sc := bufio.NewScanner(io.LimitReader(file, s.size))
 	sc.Buffer(make([]byte, 0, 4096), maxLineBytes)
 	needles := f.needles()
-	var out []Record
-	skipped := 0
 scan:
 	for sc.Scan() {
 		line := sc.Bytes()
 		if len(line) == 0 {
 			continue
 		}
-		for _, n := range needles {
-			if !bytes.Contains(line, n) {
-				continue scan // cannot match: spare the decoding
+		for _, nd := range needles {
+			if !bytes.Contains(line, nd) {
+				continue scan
 			}
 		}
-		var r Record
-		if err := json.Unmarshal(line, &r); err != nil || r.Time.IsZero() || r.Reason == "" {
-			skipped++
-			continue
-		}
-		if !f.match(&r) {
-			continue
-		}
-		out = append(out, r)
-		if len(out) > keep {
-			out = out[1:]
-		}
+		fn(line)
 	}
 	if err := sc.Err(); err != nil {
-		skipped++ // a line over maxLineBytes: the rest of the segment is unreadable
 		l.logger.Warn("audit segment has an unreadable line; its rest is skipped", "file", s.name, "err", err)
+		return 1
 	}
-	slices.Reverse(out)
-	return out, skipped, nil
+	return 0
+}
+
+// decodeRecord decodes a segment line; false when it is not a record.
+func decodeRecord(line []byte) (Record, bool) {
+	var r Record
+	if err := json.Unmarshal(line, &r); err != nil || r.Time.IsZero() || r.Reason == "" {
+		return r, false
+	}
+	return r, true
 }
