@@ -2,99 +2,18 @@ package broker_test
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
-	"errors"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"greenhouse-gateway/buffer"
 	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/gateway/broker"
-	"greenhouse-gateway/gateway/ingest"
 	"greenhouse-gateway/harness/gatewaytest"
 )
-
-// vectorsDir holds the test vectors shared with firmware authors.
-const vectorsDir = "../../firmware-contract/testdata"
-
-// vector is one entry of the vectors' index (vectors.json); the fuzz
-// targets seed their corpus with the payloads.
-type vector struct {
-	File   string `json:"file"`
-	Sender string `json:"sender"`
-	NowMS  int64  `json:"now_ms"`
-}
-
-// fuzzVectors returns the payloads of firmware-contract/testdata/<dir>
-// with their vectors.
-func fuzzVectors(f *testing.F, dir string) (payloads [][]byte, vectors []vector) {
-	f.Helper()
-	raw, err := os.ReadFile(filepath.Join(vectorsDir, "vectors.json"))
-	require.NoError(f, err)
-	var all []vector
-	require.NoError(f, json.Unmarshal(raw, &all))
-	for _, v := range all {
-		if !strings.HasPrefix(v.File, dir+"/") {
-			continue
-		}
-		p, err := os.ReadFile(filepath.Join(vectorsDir, v.File))
-		require.NoError(f, err)
-		payloads = append(payloads, p)
-		vectors = append(vectors, v)
-	}
-	require.NotEmpty(f, payloads)
-	return payloads, vectors
-}
-
-// memStore is a Committer in memory that can be told to fail or to be
-// full, to reach the 503 and 507 answers.
-type memStore struct {
-	mu      sync.Mutex
-	batches map[string][32]byte
-	mode    atomic.Int32 // 0 works, 1 fails, 2 full
-}
-
-func (m *memStore) Commit(_ context.Context, entries []buffer.Entry) ([]buffer.Outcome, error) {
-	switch m.mode.Load() {
-	case 1:
-		return nil, errors.New("injected: input/output error")
-	case 2:
-		out := make([]buffer.Outcome, len(entries))
-		for i := range out {
-			out[i] = buffer.Full
-		}
-		return out, nil
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]buffer.Outcome, len(entries))
-	for i, e := range entries {
-		switch h, ok := m.batches[e.BatchID]; {
-		case !ok:
-			m.batches[e.BatchID] = e.Hash
-			out[i] = buffer.Stored
-		case h == e.Hash:
-			out[i] = buffer.Duplicate
-		default:
-			out[i] = buffer.Conflict
-		}
-	}
-	return out, nil
-}
-
-func (m *memStore) Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
-	return ingest.CommitFunc(m.Commit).Submit(ctx, entries)
-}
 
 // FuzzMQTTTopicACL checks the broker's access rule against the contract's
 // topic parser: a device (a client whose username is a valid hardware_id)
@@ -102,7 +21,7 @@ func (m *memStore) Submit(ctx context.Context, entries []buffer.Entry) (func() (
 // subscribe exactly to its own ack topic, and whatever it may publish to,
 // the ingest path can route.
 func FuzzMQTTTopicACL(f *testing.F) {
-	_, vectors := fuzzVectors(f, "readings")
+	_, vectors := gatewaytest.FuzzVectors(f, "readings")
 	for _, v := range vectors {
 		if v.Sender == "" {
 			continue
@@ -134,7 +53,7 @@ func FuzzMQTTTopicACL(f *testing.F) {
 // net.Pipe: a TCP connection per input would exhaust the loopback's
 // ephemeral ports (TIME_WAIT) within a minute.
 func FuzzMQTTSession(f *testing.F) {
-	payloads, vectors := fuzzVectors(f, "readings")
+	payloads, vectors := gatewaytest.FuzzVectors(f, "readings")
 	for _, version := range []byte{4, 5} {
 		props := []byte{}
 		if version == 5 {
@@ -153,7 +72,7 @@ func FuzzMQTTSession(f *testing.F) {
 		}
 	}
 	// Commits in memory: what is fuzzed is the broker, not the disk.
-	_, mqttBroker := startHostileBroker(f, hostileOptions{store: &memStore{batches: map[string][32]byte{}}})
+	_, mqttBroker := startHostileBroker(f, hostileOptions{store: gatewaytest.NewMemStore()})
 	f.Fuzz(func(t *testing.T, version byte, data []byte) {
 		if version != 5 {
 			version = 4

@@ -2,15 +2,9 @@ package httpserve_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,90 +22,18 @@ import (
 	"greenhouse-gateway/registry"
 )
 
-// vectorsDir holds the test vectors shared with firmware authors.
-const vectorsDir = "../../firmware-contract/testdata"
-
-// vector is one entry of the vectors' index (vectors.json); the fuzz
-// targets seed their corpus with the payloads.
-type vector struct {
-	File   string `json:"file"`
-	Sender string `json:"sender"`
-	NowMS  int64  `json:"now_ms"`
-}
-
-// fuzzVectors returns the payloads of firmware-contract/testdata/<dir>
-// with their vectors.
-func fuzzVectors(f *testing.F, dir string) (payloads [][]byte, vectors []vector) {
-	f.Helper()
-	raw, err := os.ReadFile(filepath.Join(vectorsDir, "vectors.json"))
-	require.NoError(f, err)
-	var all []vector
-	require.NoError(f, json.Unmarshal(raw, &all))
-	for _, v := range all {
-		if !strings.HasPrefix(v.File, dir+"/") {
-			continue
-		}
-		p, err := os.ReadFile(filepath.Join(vectorsDir, v.File))
-		require.NoError(f, err)
-		payloads = append(payloads, p)
-		vectors = append(vectors, v)
-	}
-	require.NotEmpty(f, payloads)
-	return payloads, vectors
-}
-
 // settableClock is a gateway clock each fuzz input sets.
 type settableClock struct{ ms atomic.Int64 }
 
 func (c *settableClock) Now() time.Time  { return time.UnixMilli(c.ms.Load()) }
 func (c *settableClock) Plausible() bool { return true }
 
-// memStore is a Committer in memory that can be told to fail or to be
-// full, to reach the 503 and 507 answers.
-type memStore struct {
-	mu      sync.Mutex
-	batches map[string][32]byte
-	mode    atomic.Int32 // 0 works, 1 fails, 2 full
-}
-
-func (m *memStore) Commit(_ context.Context, entries []buffer.Entry) ([]buffer.Outcome, error) {
-	switch m.mode.Load() {
-	case 1:
-		return nil, errors.New("injected: input/output error")
-	case 2:
-		out := make([]buffer.Outcome, len(entries))
-		for i := range out {
-			out[i] = buffer.Full
-		}
-		return out, nil
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]buffer.Outcome, len(entries))
-	for i, e := range entries {
-		switch h, ok := m.batches[e.BatchID]; {
-		case !ok:
-			m.batches[e.BatchID] = e.Hash
-			out[i] = buffer.Stored
-		case h == e.Hash:
-			out[i] = buffer.Duplicate
-		default:
-			out[i] = buffer.Conflict
-		}
-	}
-	return out, nil
-}
-
-func (m *memStore) Submit(ctx context.Context, entries []buffer.Entry) (func() ([]buffer.Outcome, error), error) {
-	return ingest.CommitFunc(m.Commit).Submit(ctx, entries)
-}
-
-// fuzzAPI is the HTTP API's handler over a memStore, served without a
+// fuzzAPI is the HTTP API's handler over a gatewaytest.MemStore, served without a
 // listener so that a panic fails the fuzz target.
 type fuzzAPI struct {
 	handler http.Handler
 	clock   *settableClock
-	store   *memStore
+	store   *gatewaytest.MemStore
 }
 
 func newFuzzAPI(f *testing.F) *fuzzAPI {
@@ -122,7 +44,7 @@ func newFuzzAPI(f *testing.F) *fuzzAPI {
 	reg := prometheus.NewRegistry()
 	clock := &settableClock{}
 	clock.ms.Store(time.Now().UnixMilli())
-	store := &memStore{batches: map[string][32]byte{}}
+	store := gatewaytest.NewMemStore()
 	authn, err := auth.NewAuthenticator(auth.AuthConfig{}, auth.Peppers{Current: gatewaytest.Pepper}, gatewaytest.NewFakeKeys(), buf, nil, nil, reg)
 	require.NoError(f, err)
 	require.NoError(f, authn.Load())
@@ -143,7 +65,7 @@ func newFuzzAPI(f *testing.F) *fuzzAPI {
 // X-API-Key, none, unknown key) and the store's mode (bits 2-3: works,
 // fails, full).
 func (a *fuzzAPI) serve(path string, body []byte, sel uint8) *httptest.ResponseRecorder {
-	a.store.mode.Store(int32(sel>>2&3) % 3)
+	a.store.Mode.Store(int32(sel>>2&3) % 3)
 	req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
 	switch sel & 3 {
 	case 0:
@@ -171,7 +93,7 @@ func requireJSONAnswer(t *testing.T, rec *httptest.ResponseRecorder, allowed ...
 }
 
 func FuzzHTTPReadings(f *testing.F) {
-	payloads, vectors := fuzzVectors(f, "readings")
+	payloads, vectors := gatewaytest.FuzzVectors(f, "readings")
 	for i, p := range payloads {
 		f.Add(p, vectors[i].NowMS, uint8(0))
 		f.Add([]byte(`{"batches":[`+string(p)+`,`+string(p)+`]}`), vectors[i].NowMS, uint8(0))
@@ -211,7 +133,7 @@ func FuzzHTTPReadings(f *testing.F) {
 }
 
 func FuzzHTTPRegister(f *testing.F) {
-	payloads, vectors := fuzzVectors(f, "register")
+	payloads, vectors := gatewaytest.FuzzVectors(f, "register")
 	for i, p := range payloads {
 		f.Add(p, vectors[i].NowMS, uint8(0))
 	}
