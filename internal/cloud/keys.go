@@ -167,13 +167,21 @@ func (k *Keys) PutDeviceKey(ctx context.Context, info KeyInfo) error {
 	if info.HardwareID == "" {
 		return fmt.Errorf("writing device key %s: no hardware_id", info.KeyID)
 	}
-	err := k.updateDeviceKey(ctx, info,
-		"SET api_key_hash = :hash, created_at = :created, is_active = :active, gsi1pk = :pk, gsi1sk = :created, hardware_id = :hw, description = :desc",
-		"attribute_not_exists(key_id)",
-		map[string]types.AttributeValue{
-			":active": &types.AttributeValueMemberBOOL{Value: info.Active},
-			":desc":   &types.AttributeValueMemberS{Value: cmp.Or(info.Description, "device key")},
-		})
+	createdAt := FormatTime(info.CreatedAt)
+	_, err := k.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:           aws.String(k.table),
+		Key:                 keyIDKey(info.KeyID),
+		UpdateExpression:    aws.String("SET api_key_hash = :hash, created_at = :created, is_active = :active, gsi1pk = :pk, gsi1sk = :created, hardware_id = :hw, description = :desc"),
+		ConditionExpression: aws.String("attribute_not_exists(key_id)"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":hash":    &types.AttributeValueMemberS{Value: info.Hash},
+			":created": &types.AttributeValueMemberS{Value: createdAt},
+			":active":  &types.AttributeValueMemberBOOL{Value: info.Active},
+			":pk":      &types.AttributeValueMemberS{Value: apiKeysPartition},
+			":hw":      &types.AttributeValueMemberS{Value: info.HardwareID},
+			":desc":    &types.AttributeValueMemberS{Value: cmp.Or(info.Description, "device key")},
+		},
+	})
 	var ccf *types.ConditionalCheckFailedException
 	if err != nil && !errors.As(err, &ccf) {
 		return fmt.Errorf("writing device key %s: %w", info.KeyID, err)
@@ -190,10 +198,20 @@ func (k *Keys) RevokeDeviceKey(ctx context.Context, info KeyInfo) error {
 	if info.HardwareID == "" {
 		return fmt.Errorf("revoking device key %s: no hardware_id", info.KeyID)
 	}
-	err := k.updateDeviceKey(ctx, info,
-		"SET is_active = :inactive, hardware_id = :hw, api_key_hash = if_not_exists(api_key_hash, :hash), created_at = if_not_exists(created_at, :created), gsi1pk = :pk, gsi1sk = if_not_exists(gsi1sk, :created)",
-		"attribute_not_exists(key_id) OR hardware_id = :hw",
-		map[string]types.AttributeValue{":inactive": &types.AttributeValueMemberBOOL{Value: false}})
+	createdAt := FormatTime(info.CreatedAt)
+	_, err := k.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:           aws.String(k.table),
+		Key:                 keyIDKey(info.KeyID),
+		UpdateExpression:    aws.String("SET is_active = :inactive, hardware_id = :hw, api_key_hash = if_not_exists(api_key_hash, :hash), created_at = if_not_exists(created_at, :created), gsi1pk = :pk, gsi1sk = if_not_exists(gsi1sk, :created)"),
+		ConditionExpression: aws.String("attribute_not_exists(key_id) OR hardware_id = :hw"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":inactive": &types.AttributeValueMemberBOOL{Value: false},
+			":hw":       &types.AttributeValueMemberS{Value: info.HardwareID},
+			":hash":     &types.AttributeValueMemberS{Value: info.Hash},
+			":created":  &types.AttributeValueMemberS{Value: createdAt},
+			":pk":       &types.AttributeValueMemberS{Value: apiKeysPartition},
+		},
+	})
 	var ccf *types.ConditionalCheckFailedException
 	switch {
 	case errors.As(err, &ccf):
@@ -202,25 +220,6 @@ func (k *Keys) RevokeDeviceKey(ctx context.Context, info KeyInfo) error {
 		return fmt.Errorf("revoking device key %s: %w", info.KeyID, err)
 	}
 	return nil
-}
-
-// updateDeviceKey runs UpdateItem on the api_keys item of device key info
-// with the update and condition expressions given; values holds the
-// expression's own values, to which it adds :hash, :created, :pk and :hw
-// from info.
-func (k *Keys) updateDeviceKey(ctx context.Context, info KeyInfo, update, condition string, values map[string]types.AttributeValue) error {
-	values[":hash"] = &types.AttributeValueMemberS{Value: info.Hash}
-	values[":created"] = &types.AttributeValueMemberS{Value: FormatTime(info.CreatedAt)}
-	values[":pk"] = &types.AttributeValueMemberS{Value: apiKeysPartition}
-	values[":hw"] = &types.AttributeValueMemberS{Value: info.HardwareID}
-	_, err := k.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                 aws.String(k.table),
-		Key:                       keyIDKey(info.KeyID),
-		UpdateExpression:          aws.String(update),
-		ConditionExpression:       aws.String(condition),
-		ExpressionAttributeValues: values,
-	})
-	return err
 }
 
 // Revoke marks the key inactive. Revoking a revoked key succeeds; an unknown keyID returns
