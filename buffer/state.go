@@ -76,20 +76,35 @@ func (b *Buffer) SaveState(name string, value []byte) error {
 // flush interval) are saved in as many synced transactions as they need,
 // so on an error some may already be saved.
 func (b *Buffer) SaveStates(records map[string][]byte) error {
+	wait, err := b.SubmitStates(records)
+	if err != nil {
+		return err
+	}
+	return wait()
+}
+
+// SubmitStates queues state records for the next group commit, as
+// SaveStates does, and returns at once with the wait for them to be on
+// disk. Saves are written in the order they were submitted, so a caller
+// that takes its snapshot and submits it under its own lock, then waits
+// outside it, never has an older snapshot written over a newer one.
+func (b *Buffer) SubmitStates(records map[string][]byte) (wait func() error, err error) {
 	if len(records) == 0 {
-		return nil
+		return func() error { return nil }, nil
 	}
 	req := &commitReq{states: records, done: make(chan error, 1)}
 	if err := b.enqueue(context.Background(), req); err != nil {
 		if errors.Is(err, ErrClosed) {
-			return err
+			return nil, err
 		}
-		return fmt.Errorf("saving %d state records: %w", len(records), err)
+		return nil, fmt.Errorf("saving %d state records: %w", len(records), err)
 	}
-	if err := <-req.done; err != nil {
-		return fmt.Errorf("saving %d state records: %w", len(records), err)
-	}
-	return nil
+	return func() error {
+		if err := <-req.done; err != nil {
+			return fmt.Errorf("saving %d state records: %w", len(records), err)
+		}
+		return nil
+	}, nil
 }
 
 // stateWrites is what a group's state records change in the counters.

@@ -13,7 +13,7 @@ type deviceStore interface {
 	LoadState(name string) ([]byte, error)
 	SaveState(name string, value []byte) error
 	LoadStates(prefix string) (map[string][]byte, error)
-	SaveStates(records map[string][]byte) error
+	SubmitStates(records map[string][]byte) (wait func() error, err error)
 }
 
 // Load reads the saved device records from the state store (the buffer,
@@ -59,8 +59,10 @@ func (r *Registry) save(d *Device) error {
 	return nil
 }
 
-// Flush saves every changed record, in one synced write made outside the
-// registry's lock, so that ingest (Observe) never waits for the disk here.
+// Flush saves every changed record, in one synced write waited for
+// outside the registry's lock, so that ingest (Observe) never waits for
+// the disk here. The records are submitted under the lock, so that a save
+// made after this snapshot (Register, Anchor) is written after it.
 func (r *Registry) Flush() error {
 	r.mu.Lock()
 	records := make(map[string][]byte, len(r.dirty))
@@ -75,8 +77,12 @@ func (r *Registry) Flush() error {
 		}
 	}
 	clear(r.dirty)
+	wait, err := r.state.SubmitStates(records)
 	r.mu.Unlock()
-	if err := r.state.SaveStates(records); err != nil {
+	if err == nil {
+		err = wait()
+	}
+	if err != nil {
 		r.mu.Lock()
 		for name := range records {
 			r.dirty[name[len(deviceStatePrefix):]] = true // try again next time

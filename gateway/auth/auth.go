@@ -48,6 +48,9 @@ type Peppers struct {
 type StateStore interface {
 	LoadState(name string) ([]byte, error)
 	SaveState(name string, value []byte) error
+	// SubmitStates queues records and returns the wait for them to be on
+	// disk; saves are written in the order they were submitted.
+	SubmitStates(records map[string][]byte) (wait func() error, err error)
 }
 
 // AuthConfig configures API key verification.
@@ -402,16 +405,22 @@ func (a *Authenticator) refresh(ctx context.Context, hash, rawKey string, old ca
 	} else {
 		a.cache[hash] = cachedKey{KeyID: info.KeyID, HardwareID: info.HardwareID, Active: info.Active, CheckedAt: now}
 	}
-	var snapshot []byte
-	var merr error
+	// The snapshot is submitted under the lock, so that snapshots are
+	// written in the order they were taken, and waited for outside it.
+	wait := func() error { return nil }
+	var serr error
 	if changed {
-		snapshot, merr = json.Marshal(a.cache)
+		var snapshot []byte
+		if snapshot, serr = json.Marshal(a.cache); serr == nil {
+			wait, serr = a.state.SubmitStates(map[string][]byte{authStateName: snapshot})
+		}
 	}
 	a.mu.Unlock()
-	if changed && merr == nil {
-		if err := a.state.SaveState(authStateName, snapshot); err != nil {
-			a.logger.Warn("saving the API key cache", "err", err)
-		}
+	if serr == nil {
+		serr = wait()
+	}
+	if serr != nil {
+		a.logger.Warn("saving the API key cache", "err", serr)
 	}
 	if cached && old.Active && (!found || !info.Active) {
 		a.logger.Info("API key revoked; refusing it from now on", "key_id", old.KeyID)

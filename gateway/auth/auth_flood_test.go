@@ -37,6 +37,15 @@ func (s *countingState) SaveState(name string, value []byte) error {
 	return nil
 }
 
+func (s *countingState) SubmitStates(records map[string][]byte) (func() error, error) {
+	for name, value := range records {
+		if err := s.SaveState(name, value); err != nil {
+			return nil, err
+		}
+	}
+	return func() error { return nil }, nil
+}
+
 func (s *countingState) count() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
