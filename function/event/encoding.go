@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -42,9 +43,17 @@ type envelope struct {
 	Data     []byte `json:"data,omitempty"`
 }
 
+// The zstd codecs are made at first use: a gateway only encodes, the
+// function only decodes, and a gateway writing DynamoDB needs neither.
 var (
-	zstdEncoder, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault))
-	zstdDecoder, _ = zstd.NewReader(nil, zstd.WithDecoderMaxMemory(MaxDecodedBytes), zstd.WithDecoderConcurrency(0))
+	zstdEncoder = sync.OnceValue(func() *zstd.Encoder {
+		e, _ := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault))
+		return e
+	})
+	zstdDecoder = sync.OnceValue(func() *zstd.Decoder {
+		d, _ := zstd.NewReader(nil, zstd.WithDecoderMaxMemory(MaxDecodedBytes), zstd.WithDecoderConcurrency(0))
+		return d
+	})
 )
 
 // Marshal encodes ev as the function reads it: plain JSON for
@@ -59,7 +68,7 @@ func Marshal(ev *BatchEvent, encoding string) ([]byte, error) {
 	var packed []byte
 	switch encoding {
 	case EncodingZstd:
-		packed = zstdEncoder.EncodeAll(plain, make([]byte, 0, len(plain)/8))
+		packed = zstdEncoder().EncodeAll(plain, make([]byte, 0, len(plain)/8))
 	case EncodingGzip:
 		var b bytes.Buffer
 		w, _ := gzip.NewWriterLevel(&b, gzip.BestSpeed)
@@ -117,7 +126,7 @@ var errTooLarge = fmt.Errorf("data: expands to more than %d bytes", MaxDecodedBy
 func decompress(encoding string, data []byte) ([]byte, error) {
 	switch encoding {
 	case EncodingZstd:
-		out, err := zstdDecoder.DecodeAll(data, nil)
+		out, err := zstdDecoder().DecodeAll(data, nil)
 		if errors.Is(err, zstd.ErrDecoderSizeExceeded) || errors.Is(err, zstd.ErrWindowSizeExceeded) {
 			return nil, errTooLarge
 		}
