@@ -58,7 +58,7 @@ func run(args []string) int {
 		"set against the plain writer through the same proxy (0: no slow-link drain)")
 	fs.IntVar(&cfg.UplinkConcurrency, "uplink-concurrency", cfg.UplinkConcurrency, "the SDK loop's concurrency, and gatewayd's uplink.concurrency (where its adaptive limit starts; uplink.max_concurrency stays at its default)")
 	ceilingGoroutines := fs.String("ceiling-goroutines", joinInts(cfg.CeilingGoroutines), "drain: comma-separated goroutine counts of "+
-		"the plain BatchWriteItem writer (25 readings a request, no markers); the fastest count writes the ceiling just before and just after each drain")
+		"the plain BatchWriteItem writer of the same items (readings and each batch's marker, 25 items a request); the fastest count writes the ceiling just before and just after each drain")
 	fs.IntVar(&cfg.DrainRepeats, "drain-repeats", cfg.DrainRepeats, "drain: batch-mode drains, each on its own backlog between its own plain-writer runs; the median by its ratio to its ceiling is reported")
 	drainModes := fs.String("drain-modes", strings.Join(cfg.DrainModes, ","), "drain: comma-separated uplink write modes to drain in (transaction, batch)")
 	fs.IntVar(&cfg.LambdaInstances, "lambda-instances", cfg.LambdaInstances, "lambda scenario: Runtime Interface Emulators running the readings function side by side (each one invocation at a time)")

@@ -75,8 +75,8 @@ type Config struct {
 	// UplinkConcurrency is the SDK loop's concurrency, and gatewayd's
 	// uplink.concurrency (where its adaptive limit starts).
 	UplinkConcurrency int `json:"uplink_concurrency"`
-	// CeilingGoroutines are the goroutine counts the plain BatchWriteItem
-	// writer runs at before the drains; the fastest count writes the
+	// CeilingGoroutines are the goroutine counts the plain same-items
+	// BatchWriteItem writer runs at before the drains; the fastest count writes the
 	// ceiling just before and just after each drain.
 	CeilingGoroutines []int `json:"ceiling_goroutines"`
 	// DrainModes are the uplink write modes the drain runs, of

@@ -230,14 +230,16 @@ func TestPlainRequestsPackTwentyFiveReadings(t *testing.T) {
 		built := tablewrite.Build(tablewrite.Batch{Batch: b}, time.Hour, time.Unix(1_760_000_000, 0))
 		items = append(items, &itemBatch{readings: built.ReadingItems(), built: built})
 	}
+	tables := cloud.TableNames("t_")
 	for _, encoded := range []bool{false, true} {
-		reqs := plainRequests(items, encoded)
+		reqs := plainRequests(items, tables, false, encoded)
 		require.Len(t, reqs, 3)
-		require.Len(t, reqs[0], 25)
-		require.Len(t, reqs[1], 25)
-		require.Len(t, reqs[2], 10)
+		for i, n := range []int{25, 25, 10} {
+			require.Len(t, reqs[i], 1, "readings only")
+			require.Len(t, reqs[i][tables.Readings], n)
+		}
 		// The 26th reading is batch 2's sixth.
-		item := reqs[1][0].PutRequest.Item
+		item := reqs[1][tables.Readings][0].PutRequest.Item
 		if encoded {
 			require.Len(t, item, 1, "given encoded")
 			require.Equal(t, cloud.EncodedItem(items[2].built.Encode()[5]), item)
@@ -316,7 +318,7 @@ func TestSameItemRequestsPackReadingsAndMarkers(t *testing.T) {
 	items, err := allItems(pend)
 	require.NoError(t, err)
 	tables := cloud.TableNames("t_")
-	reqs := sameItemRequests(items, tables)
+	reqs := plainRequests(items, tables, true, false)
 	// 7 batches of 10 readings and a marker: 77 items, 25 a request.
 	require.Len(t, reqs, 4)
 	var readings, markers int

@@ -23,9 +23,11 @@
 //     system without the delay.
 //   - drain: a backlog written into a data directory with the buffer
 //     package, forwarded by gatewayd to DynamoDB Local in each write mode,
-//     against the plain writer of the same readings (BatchWriteItem, 25 a
-//     request, no markers) at its fastest goroutine count, run just before
-//     and just after each drain; requests, write capacity units and
+//     against the plain writer of the same items (the readings and each
+//     batch's processed_batches marker, BatchWriteItem, 25 a request, no
+//     conditions) at its fastest goroutine count, run just before and just
+//     after each drain, and the readings alone as a second line; requests,
+//     write capacity units and
 //     DynamoDB Local's CPU per reading. By default the batch-mode drain
 //     runs three times (--drain-repeats), each on a backlog of its own
 //     between plain runs of its own, and the median is reported: on two

@@ -20,12 +20,17 @@ import (
 	"greenhouse-gateway/internal/cloud"
 )
 
-// plainRun is one run of the plain writer: the backlog's readings, 25 to
-// a BatchWriteItem, no markers, no conditions, from goroutines taking the
-// next request off a shared counter.
+// plainRun is one run of the plain writer: the backlog's readings, with
+// each batch's processed_batches marker after them (the same items
+// gatewayd writes) or without markers, 25 items to a BatchWriteItem, no
+// conditions, from goroutines taking the next request off a shared counter.
 type plainRun struct {
-	Goroutines  int     `json:"goroutines"`
+	Goroutines int  `json:"goroutines"`
+	Markers    bool `json:"with_markers"`
+	// Readings are the readings written, Items every item (the markers
+	// too).
 	Readings    int     `json:"readings"`
+	Items       int     `json:"items"`
 	Requests    int64   `json:"requests"`
 	Unprocessed int64   `json:"unprocessed_items"`
 	Seconds     float64 `json:"seconds"`
@@ -37,8 +42,9 @@ type plainRun struct {
 	// (WCUReported), otherwise computed from the items' sizes.
 	WCU         float64 `json:"wcu"`
 	WCUReported bool    `json:"wcu_reported"`
-	// Stored is the readings the table holds after the run.
-	Stored int64 `json:"readings_in_table"`
+	// Stored and MarkersStored are what the tables hold after the run.
+	Stored        int64 `json:"readings_in_table"`
+	MarkersStored int64 `json:"markers_in_table"`
 }
 
 func (p plainRun) rate() float64 {
@@ -67,30 +73,36 @@ func bestPlain(runs []plainRun) plainRun {
 	return best
 }
 
-// plainRequests packs the batches' readings, in order, 25 to a request.
-// With encoded (a client that takes them: cloud.EncodesItems) each reading
-// is given encoded (cloud.EncodedItem), as gatewayd sends it, and encoded
-// here, before the writer's clock starts: the writer only sends.
-func plainRequests(items []*itemBatch, encoded bool) [][]types.WriteRequest {
-	var out [][]types.WriteRequest
-	var cur []types.WriteRequest
-	for _, ib := range items {
-		readings := ib.readings
-		if encoded {
-			readings = readings[:0:0]
-			for _, raw := range ib.built.Encode() {
-				readings = append(readings, cloud.EncodedItem(raw))
-			}
-		}
-		for _, r := range readings {
-			cur = append(cur, types.WriteRequest{PutRequest: &types.PutRequest{Item: r}})
-			if len(cur) == 25 {
-				out = append(out, cur)
-				cur = nil
-			}
+// plainRequests packs the batches' readings, in order, each batch's
+// marker after them with markers, 25 items to a BatchWriteItem across the
+// tables. With encoded (a client that takes them: cloud.EncodesItems) each
+// reading is given encoded (cloud.EncodedItem), as gatewayd sends it, and
+// encoded here, before the writer's clock starts: the writer only sends.
+func plainRequests(items []*itemBatch, tables cloud.Tables, markers, encoded bool) []map[string][]types.WriteRequest {
+	var out []map[string][]types.WriteRequest
+	cur, n := map[string][]types.WriteRequest{}, 0
+	add := func(table string, item map[string]types.AttributeValue) {
+		cur[table] = append(cur[table], types.WriteRequest{PutRequest: &types.PutRequest{Item: item}})
+		if n++; n == 25 {
+			out = append(out, cur)
+			cur, n = map[string][]types.WriteRequest{}, 0
 		}
 	}
-	if len(cur) > 0 {
+	for _, ib := range items {
+		if encoded {
+			for _, raw := range ib.built.Encode() {
+				add(tables.Readings, cloud.EncodedItem(raw))
+			}
+		} else {
+			for _, rd := range ib.readings {
+				add(tables.Readings, rd)
+			}
+		}
+		if markers {
+			add(tables.ProcessedBatches, ib.marker)
+		}
+	}
+	if n > 0 {
 		out = append(out, cur)
 	}
 	return out
@@ -103,9 +115,8 @@ func plainRequests(items []*itemBatch, encoded bool) [][]types.WriteRequest {
 // on requests that ask, and its CPU per reading is compared.
 func (r *runner) ceiling(ctx context.Context, items []*itemBatch, pricing itemPricing) (plainCeiling, error) {
 	var c plainCeiling
-	reqs := plainRequests(items, cloud.EncodesItems(r.dynamo.client))
 	for _, g := range r.cfg.CeilingGoroutines {
-		run, err := r.plainAt(ctx, r.dynamo.client, reqs, pricing, g)
+		run, err := r.plainAt(ctx, r.dynamo.client, items, true, pricing, g)
 		if err != nil {
 			return c, err
 		}
@@ -115,31 +126,40 @@ func (r *runner) ceiling(ctx context.Context, items []*itemBatch, pricing itemPr
 	return c, nil
 }
 
-// plainAt runs the plain writer with g goroutines on reqs
-// (plainRequests), through client, into fresh tables, and checks that the
-// table holds every reading.
-func (r *runner) plainAt(ctx context.Context, client *dynamodb.Client, reqs [][]types.WriteRequest, pricing itemPricing, g int) (plainRun, error) {
+// plainAt runs the plain writer with g goroutines on items, with their
+// markers or without, through client, into fresh tables, and checks that
+// the tables hold every item.
+func (r *runner) plainAt(ctx context.Context, client *dynamodb.Client, items []*itemBatch, markers bool, pricing itemPricing, g int) (plainRun, error) {
 	_, tables, err := newTables(ctx, r.dynamo.client, false)
 	if err != nil {
 		return plainRun{}, err
 	}
-	r.log.Info("drain: plain writer", "goroutines", g, "requests", len(reqs), "consumed_capacity", r.consumedCapacity())
-	toTable := make([]map[string][]types.WriteRequest, len(reqs))
-	for i, rq := range reqs {
-		toTable[i] = map[string][]types.WriteRequest{tables.Readings: rq}
+	reqs := plainRequests(items, tables, markers, cloud.EncodesItems(client))
+	r.log.Info("drain: plain writer", "goroutines", g, "markers", markers, "requests", len(reqs), "consumed_capacity", r.consumedCapacity())
+	run, err := r.plainWrite(ctx, client, reqs, g, r.consumedCapacity())
+	run.Markers = markers
+	for _, ib := range items {
+		run.Readings += len(ib.readings)
 	}
-	run, err := r.plainWrite(ctx, client, toTable, g, r.consumedCapacity())
+	batches := 0
+	if markers {
+		batches = len(items)
+	}
 	if err == nil {
 		run.Stored, err = countItems(ctx, r.dynamo.client, tables.Readings)
+	}
+	if err == nil && markers {
+		run.MarkersStored, err = countItems(ctx, r.dynamo.client, tables.ProcessedBatches)
 	}
 	if err = errors.Join(err, dropTables(ctx, r.dynamo.client, tables)); err != nil {
 		return run, err
 	}
-	if run.Stored != int64(run.Readings) {
-		return run, fmt.Errorf("plain writer, %d goroutines: wrote %d readings, the table holds %d", g, run.Readings, run.Stored)
+	if run.Stored != int64(run.Readings) || run.MarkersStored != int64(batches) || run.Items != run.Readings+batches {
+		return run, fmt.Errorf("plain writer, %d goroutines: wrote %d items for %d readings and %d markers, the tables hold %d and %d",
+			g, run.Items, run.Readings, batches, run.Stored, run.MarkersStored)
 	}
 	if !run.WCUReported {
-		run.WCU = float64(int64(run.Readings)+run.Unprocessed) * pricing.ReadingWCU
+		run.WCU = float64(int64(run.Readings)+run.Unprocessed)*pricing.ReadingWCU + float64(batches)*pricing.MarkerWCU
 	}
 	return run, nil
 }
@@ -147,7 +167,8 @@ func (r *runner) plainAt(ctx context.Context, client *dynamodb.Client, reqs [][]
 // plainWrite sends reqs (BatchWriteItem's RequestItems) through client
 // with g goroutines, resending what DynamoDB leaves unprocessed (at most
 // 10 times per request); with consumed, it asks for the consumed capacity
-// (TOTAL) and sums it. Its Readings are the items written.
+// (TOTAL) and sums it. Its Items are the items written; the caller counts
+// the readings.
 func (r *runner) plainWrite(ctx context.Context, client *dynamodb.Client, reqs []map[string][]types.WriteRequest, g int, consumed bool) (plainRun, error) {
 	ask := types.ReturnConsumedCapacityNone
 	if consumed {
@@ -155,12 +176,12 @@ func (r *runner) plainWrite(ctx context.Context, client *dynamodb.Client, reqs [
 	}
 	run := plainRun{Goroutines: g}
 	var (
-		next, requests, unprocessed, readings atomic.Int64
-		wg                                    sync.WaitGroup
-		mu                                    sync.Mutex
-		firstErr                              error
-		units                                 float64
-		reported                              bool
+		next, requests, unprocessed, written atomic.Int64
+		wg                                   sync.WaitGroup
+		mu                                   sync.Mutex
+		firstErr                             error
+		units                                float64
+		reported                             bool
 	)
 	fail := func(err error) {
 		mu.Lock()
@@ -181,7 +202,7 @@ func (r *runner) plainWrite(ctx context.Context, client *dynamodb.Client, reqs [
 					return
 				}
 				rq := reqs[i]
-				readings.Add(int64(countWrites(rq)))
+				written.Add(int64(countWrites(rq)))
 				for attempt := 0; len(rq) > 0; attempt++ {
 					if attempt == 10 {
 						fail(fmt.Errorf("plain writer: %d items still unprocessed", countWrites(rq)))
@@ -215,7 +236,7 @@ func (r *runner) plainWrite(ctx context.Context, client *dynamodb.Client, reqs [
 		return run, err
 	}
 	run.DynamoCPU, run.ClientCPU = dyn.seconds(), self.seconds()
-	run.Readings, run.Requests, run.Unprocessed = int(readings.Load()), requests.Load(), unprocessed.Load()
+	run.Items, run.Requests, run.Unprocessed = int(written.Load()), requests.Load(), unprocessed.Load()
 	if reported {
 		run.WCU, run.WCUReported = units, true
 	}

@@ -57,7 +57,7 @@ func (r *runner) reportSlowLink(run slowLinkRun) {
 	section := "drain batch, slow link"
 	gw := run.Gateway
 	best := run.ceiling()
-	base := fmt.Sprintf("plain BatchWriteItem, %d goroutines (uplink.max_concurrency), same link, faster of the runs just before and after",
+	base := fmt.Sprintf("plain same-items BatchWriteItem, %d goroutines (uplink.max_concurrency), same link, faster of the runs just before and after",
 		best.Goroutines)
 	r.res.add(section, "readings/s until pending is 0", "readings/s", gw.Readings/gw.Seconds, best.rate(), base, nil)
 	r.res.add(section, "gatewayd CPU per 1,000 readings forwarded", "CPU s", 1000*gw.CPUSeconds/gw.Readings,

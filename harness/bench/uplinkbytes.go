@@ -15,8 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-
 	"greenhouse-gateway/harness/byterelay"
 	"greenhouse-gateway/harness/fleetgen"
 	"greenhouse-gateway/harness/lambdatest"
@@ -488,30 +486,6 @@ func (r *runner) itemsOf(ctx context.Context, dir string, batches []deviceBatch)
 	return allItems(pend)
 }
 
-// sameItemRequests packs the batches' items, readings then marker of each
-// batch in order, 25 to a BatchWriteItem across the two tables.
-func sameItemRequests(items []*itemBatch, tables cloud.Tables) []map[string][]types.WriteRequest {
-	var out []map[string][]types.WriteRequest
-	cur, n := map[string][]types.WriteRequest{}, 0
-	add := func(table string, item map[string]types.AttributeValue) {
-		cur[table] = append(cur[table], types.WriteRequest{PutRequest: &types.PutRequest{Item: item}})
-		if n++; n == 25 {
-			out = append(out, cur)
-			cur, n = map[string][]types.WriteRequest{}, 0
-		}
-	}
-	for _, ib := range items {
-		for _, rd := range ib.readings {
-			add(tables.Readings, rd)
-		}
-		add(tables.ProcessedBatches, ib.marker)
-	}
-	if n > 0 {
-		out = append(out, cur)
-	}
-	return out
-}
-
 // plainSameItems writes the items gatewayd writes for batches, readings
 // and a processed_batches marker each, unconditionally, 25 to a
 // BatchWriteItem, from g goroutines through a relay in front of DynamoDB
@@ -535,7 +509,7 @@ func (r *runner) plainSameItems(ctx context.Context, items []*itemBatch, g int) 
 		return run, err
 	}
 	defer func() { _ = dropTables(ctx, r.dynamo.client, tables) }()
-	w, err := r.plainWrite(ctx, client, sameItemRequests(items, tables), g, r.consumedCapacity())
+	w, err := r.plainWrite(ctx, client, plainRequests(items, tables, true, false), g, r.consumedCapacity())
 	if err != nil {
 		return run, err
 	}
