@@ -83,6 +83,11 @@ func postBatches(t *testing.T, d *daemon, key string, batches [][]byte) (int, st
 // request's error, or the answer's when it does not decode (code is then
 // set).
 func tryPost(d *daemon, key string, batches [][]byte) (code int, retryAfter string, results []contract.Result, err error) {
+	return tryPostWith(http.DefaultClient, d, key, batches)
+}
+
+// tryPostWith is tryPost over client.
+func tryPostWith(client *http.Client, d *daemon, key string, batches [][]byte) (code int, retryAfter string, results []contract.Result, err error) {
 	body := append([]byte(`{"batches":[`), bytes.Join(batches, []byte(","))...)
 	body = append(body, "]}"...)
 	req, err := http.NewRequest(http.MethodPost, "http://"+d.httpAddr+"/v1/readings", bytes.NewReader(body))
@@ -90,7 +95,7 @@ func tryPost(d *daemon, key string, batches [][]byte) (code int, retryAfter stri
 		return 0, "", nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return 0, "", nil, err
 	}
