@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -139,4 +140,155 @@ func startRefused(t *testing.T, dataDir, endpoint, prefix string, env ...string)
 	require.ErrorAs(t, err, &exit, "output:\n%s", out)
 	require.Equal(t, exitDamagedBuffer, exit.ExitCode(), "output:\n%s", out)
 	return string(out)
+}
+
+// TestAttackSalvageAfterKillNine: gatewayd acknowledges a backlog while
+// DynamoDB is paused (3,000 batches with GATEWAY_ATTACK_FULL, 1,200
+// otherwise) and is killed with SIGKILL, so its last batches are only in
+// the write-ahead log. Four copies of the directory are damaged four
+// ways: 64 bytes changed in the largest table, the largest table cut to
+// half its length, the newest write-ahead log cut inside its written
+// part, the MANIFEST deleted. For each, gatewayd refuses with exit status
+// 65 naming the salvage command, `gatewayctl buffer inspect` refuses with
+// the same diagnosis, the salvage leaves the copy unchanged and loses no
+// more batches than the removed bytes can have held, and gatewayd started
+// on the salvaged buffer forwards every recovered batch once into tables
+// of its own.
+func TestAttackSalvageAfterKillNine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs gatewayd")
+	}
+	posts := 60
+	if attackFull() {
+		posts = 150
+	}
+	local := dynamotest.Start(t)
+	view := cloudView{client: local.Client(t), tables: local.NewTables(t)}
+	key, _, err := cloud.NewKeys(view.client, view.tables.APIKeys, e2ePepper).Create(context.Background(), "salvage")
+	require.NoError(t, err)
+	prefix := strings.TrimSuffix(view.tables.Devices, "devices")
+	source := filepath.Join(t.TempDir(), "data")
+	env := []string{"GATEWAY_BUFFER_MEMTABLE_SIZE=1048576", "GATEWAY_BUFFER_HISTORY_RETENTION=-1s"}
+	d := startPlainDaemon(t, source, local.Endpoint, prefix, env...)
+	hw, boot := "02:00:00:00:AA:34", uuid.NewString()
+	code, _, _ := postBatches(t, d, key, [][]byte{denseBatch(hw, boot, 0)})
+	require.Equal(t, 200, code)
+	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" }, 60*time.Second, 100*time.Millisecond)
+	local.Pause(t)
+	acked := map[string]bool{}
+	for g := range posts {
+		var batches [][]byte
+		for i := range 20 {
+			batches = append(batches, denseBatch(hw, boot, 1+g*20+i))
+		}
+		code, _, results := postBatches(t, d, key, batches)
+		require.Equal(t, 200, code)
+		for _, r := range results {
+			acked[r.BatchID] = true
+		}
+	}
+	_ = d.stop(t, syscall.SIGKILL)
+	local.Resume(t)
+	ctl := gatewayctlBinary(t)
+
+	largestTable := func(t *testing.T, dir string) string {
+		tables, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
+		require.NotEmpty(t, tables)
+		slices.SortFunc(tables, func(a, b string) int { return int(fileSize(t, b) - fileSize(t, a)) })
+		return tables[0]
+	}
+	// minStored bounds a stored batch's size from below: a denseBatch is
+	// about 2.7 KiB of digits, which no table block compresses to less.
+	const minStored = 512
+	cases := []struct {
+		name string
+		// damage damages dir and returns how many bytes of records it
+		// removed or spoiled (0: none, every batch must come back).
+		damage func(t *testing.T, dir string) int64
+	}{
+		{"64 bytes changed in a table", func(t *testing.T, dir string) int64 {
+			victim := largestTable(t, dir)
+			f, err := os.OpenFile(victim, os.O_RDWR, 0)
+			require.NoError(t, err)
+			_, err = f.WriteAt([]byte(strings.Repeat("\xa5", 64)), fileSize(t, victim)/2)
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
+			return 16 << 10 // one block
+		}},
+		{"a table cut to half", func(t *testing.T, dir string) int64 {
+			victim := largestTable(t, dir)
+			size := fileSize(t, victim)
+			require.NoError(t, os.Truncate(victim, size/2))
+			return size - size/2
+		}},
+		{"a write-ahead log cut inside its records", func(t *testing.T, dir string) int64 {
+			mems, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
+			require.NotEmpty(t, mems)
+			slices.SortFunc(mems, func(a, b string) int { return strings.Compare(b, a) })
+			var victim string
+			var written int
+			for _, m := range mems { // the newest log with records
+				raw, err := os.ReadFile(m)
+				require.NoError(t, err)
+				if written = len(bytes.TrimRight(raw, "\x00")); written > 64<<10 {
+					victim = m
+					break
+				}
+			}
+			require.NotEmpty(t, victim, "a write-ahead log holds the last batches after SIGKILL")
+			cut := int64(written/2 + 7)
+			require.NoError(t, os.Truncate(victim, cut))
+			return int64(written) - cut
+		}},
+		{"the MANIFEST deleted", func(t *testing.T, dir string) int64 {
+			require.NoError(t, os.Remove(filepath.Join(dir, "MANIFEST")))
+			return 0
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "data")
+			out, err := exec.Command("cp", "-a", source, dir).CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			spoiled := tc.damage(t, dir)
+
+			refused := startRefused(t, dir, local.Endpoint, prefix, env...)
+			require.Contains(t, refused, "gatewayctl buffer salvage --data-dir "+dir+" --out NEWDIR")
+			inspect := runCtl(t, ctl, nil, "buffer", "inspect", "--data-dir", dir)
+			require.NotZero(t, inspect.code)
+			diagnosis := refused[strings.Index(refused, "is damaged"):]
+			diagnosis = diagnosis[:strings.IndexAny(diagnosis, ";\n")]
+			require.Contains(t, inspect.stderr, diagnosis, "inspect gives gatewayd's diagnosis")
+
+			before := digest(t, dir)
+			salvaged := filepath.Join(t.TempDir(), "salvaged")
+			rep, err := buffer.Salvage(context.Background(), dir, salvaged, nil)
+			require.NoError(t, err)
+			require.Equal(t, before, digest(t, dir), "the damaged directory is unchanged")
+
+			tables := local.NewTables(t)
+			cloudOf := cloudView{client: view.client, tables: tables}
+			g := startPlainDaemon(t, salvaged, local.Endpoint, strings.TrimSuffix(tables.Devices, "devices"), env...)
+			require.Eventually(t, func() bool { return g.metric(t, "gateway_buffer_pending_batches") == "0" },
+				120*time.Second, 200*time.Millisecond)
+			require.NoError(t, g.stop(t, syscall.SIGTERM))
+			markers := cloudOf.markers(t)
+			lost := 0
+			for id := range acked {
+				if markers[id] == 0 {
+					lost++
+				}
+			}
+			for id, n := range markers {
+				require.Equal(t, 1, n, "batch %s forwarded once", id)
+			}
+			require.LessOrEqual(t, int64(lost)*minStored, spoiled,
+				"%d of %d batches lost, more than %d damaged bytes can hold; skipped %+v", lost, len(acked), spoiled, rep.Skipped)
+			if spoiled > 0 {
+				require.NotEmpty(t, rep.Skipped)
+			}
+			t.Logf("%s: %d acknowledged batches, %d recovered and forwarded once, %d lost; skipped %+v",
+				tc.name, len(acked), len(acked)-lost, lost, rep.Skipped)
+		})
+	}
 }
