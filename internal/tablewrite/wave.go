@@ -41,8 +41,9 @@ func chunkWave(wave []*Items) ([]*waveChunk, []int) {
 
 // WriteWave writes many batches without transactions (which cost twice
 // the write capacity): their readings packed 25 to a BatchWriteItem, with
-// up to concurrency requests in flight, and each batch's marker as soon as
-// the last request carrying its readings is answered. A request DynamoDB
+// up to concurrency requests in flight (markers included: a wave's
+// markers would otherwise open a connection each), and each batch's
+// marker as soon as the last request carrying its readings is answered. A request DynamoDB
 // refuses, for its content or its shape, has its batches sent again one
 // by one, to find which is refused. The readings go before the conditional marker: the
 // caller looks the markers up first (MarkerHashes) and sends each
@@ -60,7 +61,10 @@ func (w *Writer) WriteWave(ctx context.Context, wave []*Items, concurrency int) 
 	)
 	// finish writes batch i's marker (or, when one of its requests was
 	// refused, the batch alone) once all its readings requests are answered.
+	sem := make(chan struct{}, max(concurrency, 1))
 	finish := func(i int) {
+		sem <- struct{}{}
+		defer func() { <-sem }()
 		switch {
 		case failed[i]:
 		case isolate[i]:
@@ -76,7 +80,6 @@ func (w *Writer) WriteWave(ctx context.Context, wave []*Items, concurrency int) 
 			wg.Go(func() { finish(i) })
 		}
 	}
-	sem := make(chan struct{}, max(concurrency, 1))
 	for _, c := range chunks {
 		sem <- struct{}{}
 		wg.Go(func() {
