@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"greenhouse-gateway/internal/cloud"
 )
 
 // waveChunk is one BatchWriteItem request of a wave.
@@ -15,13 +17,22 @@ type waveChunk struct {
 
 // chunkWave packs the readings of a wave's batches, in order, into
 // requests of at most BatchWriteMax items, and returns them with how many
-// requests carry each batch's readings.
-func chunkWave(wave []*Items) ([]*waveChunk, []int) {
+// requests carry each batch's readings. With encoded, the items are given
+// encoded (cloud.EncodedItem), as the bulk writer gives them.
+func chunkWave(wave []*Items, encoded bool) ([]*waveChunk, []int) {
 	var chunks []*waveChunk
 	remaining := make([]int, len(wave))
 	cur := &waveChunk{}
 	for i, it := range wave {
-		for _, r := range it.readingMaps() {
+		var items []map[string]types.AttributeValue
+		if encoded {
+			for _, raw := range it.Encode() {
+				items = append(items, cloud.EncodedItem(raw))
+			}
+		} else {
+			items = it.readingMaps()
+		}
+		for _, r := range items {
 			if len(cur.reqs) == BatchWriteMax {
 				chunks = append(chunks, cur)
 				cur = &waveChunk{}
@@ -53,7 +64,7 @@ func chunkWave(wave []*Items) ([]*waveChunk, []int) {
 func (w *Writer) WriteWave(ctx context.Context, wave []*Items, concurrency int) []Result {
 	results := make([]Result, len(wave))
 	failed := make([]bool, len(wave))
-	chunks, remaining := chunkWave(wave)
+	chunks, remaining := chunkWave(wave, w.encodes)
 	var (
 		mu      sync.Mutex
 		wg      sync.WaitGroup
