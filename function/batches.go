@@ -47,18 +47,25 @@ func newJob(b *contract.Batch, err error) *job {
 // store writes the unsettled jobs and settles every one: batches already
 // in the cloud answer duplicate or conflict without a write; the others
 // get the ordering rule and their quality scores against their device's
-// newest readings, then are written in waves, each device's batches in
-// order, a device stopping at its first batch to retry.
-func (f *Function) store(ctx context.Context, jobs []*job) {
+// newest readings (read, or taken from hints: history.go), then are
+// written in waves, each device's batches in order, a device stopping at
+// its first batch to retry.
+func (f *Function) store(ctx context.Context, jobs []*job, hints map[string][]contract.Reading) {
 	followers := repeats(jobs)
 	defer func() {
 		for _, j := range followers {
 			j.follow()
 		}
 	}()
+	start := time.Now()
 	f.checkMarkers(ctx, jobs)
+	observed(ctx).phase("markers", start)
 	order, byDevice := groupJobs(jobs)
-	f.prepareDevices(ctx, order, byDevice)
+	start = time.Now()
+	f.prepareDevices(ctx, order, byDevice, hints)
+	observed(ctx).phase("history", start)
+	start = time.Now()
+	defer func() { observed(ctx).phase("writes", start) }()
 	received := f.now()
 	next := make(map[string]int, len(order))
 	for {
@@ -193,23 +200,24 @@ func cloudFailure(err error) tablewrite.Outcome {
 
 // prepareDevices prepares the devices' batches (prepareDevice), up to
 // WriteConcurrency devices at once.
-func (f *Function) prepareDevices(ctx context.Context, order []string, byDevice map[string][]*job) {
+func (f *Function) prepareDevices(ctx context.Context, order []string, byDevice map[string][]*job, hints map[string][]contract.Reading) {
 	sem := make(chan struct{}, max(f.cfg.WriteConcurrency, 1))
 	var wg sync.WaitGroup
 	for _, hw := range order {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			f.prepareDevice(ctx, hw, byDevice[hw])
+			f.prepareDevice(ctx, hw, byDevice[hw], hints[hw])
 		})
 	}
 	wg.Wait()
 }
 
-// prepareDevice reads a device's newest readings, applies the ordering
-// rule to its batches in order and scores their readings.
-func (f *Function) prepareDevice(ctx context.Context, hw string, jobs []*job) {
-	hist, err := f.recentReadings(ctx, hw)
+// prepareDevice reads a device's newest readings (or takes its hint:
+// usableHint), applies the ordering rule to its batches in order and
+// scores their readings.
+func (f *Function) prepareDevice(ctx context.Context, hw string, jobs []*job, hint []contract.Reading) {
+	hist, err := f.newestReadings(ctx, hw, hint)
 	if err != nil {
 		for _, j := range jobs {
 			j.settle(cloudFailure(err), fmt.Errorf("reading the device's newest readings: %w", err))

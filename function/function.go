@@ -63,7 +63,7 @@ func New(cfg Config, db *dynamodb.Client, logger *slog.Logger) (*Function, error
 		now:     time.Now,
 		touched: map[string]time.Time{},
 	}
-	f.writer = tablewrite.New(db, cfg.Tables, tablewrite.Options{Call: f.call})
+	f.writer = tablewrite.New(db, cfg.Tables, tablewrite.Options{Call: f.call, ConsumedCapacity: true})
 	return f, nil
 }
 

@@ -118,7 +118,7 @@ func (f *Function) readings(ctx context.Context, key cloud.KeyInfo, body []byte)
 		}
 		jobs[i] = newJob(b, err)
 	}
-	f.store(ctx, jobs)
+	f.store(ctx, jobs, nil)
 	observed(ctx).jobs(jobs)
 	results := make([]contract.Result, len(jobs))
 	throttled, unfinished := false, false

@@ -53,6 +53,7 @@ func (f *Function) transactionLimit(ctx context.Context) int {
 // actions makes the next batch probe the limit again.
 func (f *Function) call(ctx context.Context, r *tablewrite.Request) error {
 	err := r.Send(ctx)
+	observed(ctx).consumed(r.Op, r.Consumed)
 	if e := r.Refused; e != nil {
 		if e.Cause == tablewrite.CauseTransactionLimit {
 			f.limit.mu.Lock()

@@ -32,7 +32,7 @@ func (f *Function) HandleBatches(ctx context.Context, ev BatchEvent) (BatchRespo
 	for i, it := range ev.Items {
 		jobs[i] = newJob(f.decodeBuffered(it.Batch))
 	}
-	f.store(ctx, jobs)
+	f.store(ctx, jobs, hints(ev.History))
 	observed(ctx).jobs(jobs)
 	observed(ctx).writes(extra)
 	for i, j := range jobs {

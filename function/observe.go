@@ -67,6 +67,8 @@ var Metrics = []Metric{
 	{"Throttles", "Count", dimsFunction},            // batches, device records and keys DynamoDB throttled
 	{"Conflicts", "Count", dimsFunction},            // batches answered conflict
 	{"DeadLetters", "Count", dimsFunction},          // batches answered conflict or rejected: refused for good
+	{"ReadCapacity", "Count", dimsFunction},         // read capacity units DynamoDB reported (ReturnConsumedCapacity TOTAL)
+	{"WriteCapacity", "Count", dimsFunction},        // write capacity units, the same
 	// One per status that occurred.
 	{"Batches", "Count", dimsStatus},  // device batches by status
 	{"Readings", "Count", dimsStatus}, // their readings
@@ -138,6 +140,59 @@ type invocation struct {
 	statusCode  int
 	encoding    string // a gateway_batches event's: none, gzip, zstd
 	eventBytes  int    // its size as invoked
+	// readUnits and writeUnits are the capacity units DynamoDB reported
+	// for the invocation's reads (Query, GetItem, BatchGetItem) and
+	// writes.
+	readUnits, writeUnits float64
+	// phases is the handler's time by step of storing batches (markers,
+	// history, writes), in milliseconds.
+	phases map[string]float64
+	// hinted counts the devices whose newest readings came with the
+	// event (event.HistoryHint), queried the devices whose were read.
+	hinted, queried int
+}
+
+// consumed adds the capacity units a DynamoDB request of operation op
+// reported.
+func (inv *invocation) consumed(op string, units float64) {
+	if inv == nil || units == 0 {
+		return
+	}
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	switch op {
+	case "Query", "GetItem", "BatchGetItem", "Scan":
+		inv.readUnits += units
+	default:
+		inv.writeUnits += units
+	}
+}
+
+// phase adds the time since start to step name.
+func (inv *invocation) phase(name string, start time.Time) {
+	if inv == nil {
+		return
+	}
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	if inv.phases == nil {
+		inv.phases = map[string]float64{}
+	}
+	inv.phases[name] += durationMS(time.Since(start))
+}
+
+// history notes where a device's newest readings came from.
+func (inv *invocation) history(hinted bool) {
+	if inv == nil {
+		return
+	}
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	if hinted {
+		inv.hinted++
+	} else {
+		inv.queried++
+	}
 }
 
 type invocationKey struct{}
@@ -283,7 +338,14 @@ func (o *Observer) finish(ctx context.Context, inv *invocation, d time.Duration,
 		attrs = append(attrs, slog.Int("status_code", inv.statusCode))
 	}
 	attrs = append(attrs, slog.Any("batches", inv.batches), slog.Any("readings", inv.readings),
-		slog.Float64("duration_ms", durationMS(d)))
+		slog.Float64("duration_ms", durationMS(d)), slog.Float64("read_units", inv.readUnits),
+		slog.Float64("write_units", inv.writeUnits))
+	if inv.phases != nil {
+		attrs = append(attrs, slog.Any("phases_ms", inv.phases))
+	}
+	if inv.hinted+inv.queried > 0 {
+		attrs = append(attrs, slog.Int("history_hinted", inv.hinted), slog.Int("history_queried", inv.queried))
+	}
 	if inv.report != nil {
 		attrs = append(attrs, slog.Any("report", inv.report))
 	}
@@ -303,8 +365,10 @@ func (o *Observer) finish(ctx context.Context, inv *invocation, d time.Duration,
 	now := time.Now()
 	docs := []emfDoc{{dims: dimsFunction, values: map[string]any{DimFunctionName: fn}, metrics: map[string]float64{
 		"Duration": durationMS(d), "BatchesPerInvocation": float64(total), "Throttles": float64(inv.throttles),
-		"Conflicts":   float64(inv.batches[StatusConflict]),
-		"DeadLetters": float64(inv.batches[StatusConflict] + inv.batches[StatusRejected]),
+		"Conflicts":     float64(inv.batches[StatusConflict]),
+		"DeadLetters":   float64(inv.batches[StatusConflict] + inv.batches[StatusRejected]),
+		"ReadCapacity":  inv.readUnits,
+		"WriteCapacity": inv.writeUnits,
 	}}}
 	for _, s := range BatchStatuses {
 		if n := inv.batches[s]; n > 0 {

@@ -35,6 +35,7 @@ type lambdaTarget struct {
 	reports   *reportState // what each event's report says
 	started   time.Time    // New's time: the idle report's first due time counts from it
 	poison    poisonState  // suspected poison batches (poison.go)
+	history   deliveredHistory
 }
 
 // newLambdaTarget returns the lambda target of u, invoking the readings

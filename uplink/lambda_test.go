@@ -42,6 +42,8 @@ type fakeFunction struct {
 	// status, when set, gives a batch's result status at its k-th sending
 	// (from 1); "" means the normal answer, "missing" leaves its id out.
 	status func(batchID string, k int) string
+	// seen, when set, sees each decoded event before it is answered.
+	seen func(ev event.BatchEvent)
 
 	mu          sync.Mutex
 	invocations int
@@ -101,6 +103,9 @@ func (f *fakeFunction) serve(w http.ResponseWriter, r *http.Request) {
 	require.Equal(f.t, "gw-test", ev.GatewayID)
 	if f.event != nil && f.event(eventBatchIDs(f.t, ev), w) {
 		return
+	}
+	if f.seen != nil {
+		f.seen(ev)
 	}
 	f.mu.Lock()
 	f.reports = append(f.reports, answeredReport{report: ev.Report, items: len(ev.Items)})

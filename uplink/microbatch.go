@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"greenhouse-gateway/buffer"
+	"greenhouse-gateway/firmware-contract"
 	"greenhouse-gateway/function/event"
 )
 
@@ -39,6 +40,7 @@ const (
 type readyBatch struct {
 	p        buffer.Pending
 	readings int
+	batch    *contract.Batch
 }
 
 // readyDevice is a device with batches ready to send.
@@ -196,8 +198,13 @@ func (m *microBatcher) send(ctx context.Context) {
 // launch sends one invocation of pack on its own goroutine.
 func (m *microBatcher) launch(ctx context.Context, pack []readyBatch, since time.Time) {
 	ev := &event.BatchEvent{Items: make([]event.BatchItem, 0, len(pack))}
-	for _, rb := range pack {
+	for i, rb := range pack {
 		ev.Items = append(ev.Items, event.BatchItem{ID: itemID(rb.p), Batch: rb.p.Payload})
+		if hw := rb.p.HardwareID; i == 0 || pack[i-1].p.HardwareID != hw {
+			if h, ok := m.t.history.hint(hw); ok {
+				ev.History = append(ev.History, h)
+			}
+		}
 	}
 	m.inflight++
 	go func() {
@@ -219,7 +226,7 @@ func (m *microBatcher) decode(hw string) (readyBatch, int, bool) {
 	p := m.byDevice[hw][m.sent[hw]]
 	b, withSpan, err := decodeBuffered(p)
 	if err == nil {
-		return readyBatch{p: withSpan, readings: len(b.Readings)}, len(p.Payload) + itemOverhead, true
+		return readyBatch{p: withSpan, readings: len(b.Readings), batch: b}, len(p.Payload) + itemOverhead, true
 	}
 	if st := m.u.settle([]result{damagedBatch(p, err)}); st.err != nil {
 		// Kept pending: the device stops here for this round.
@@ -285,6 +292,11 @@ func (m *microBatcher) settle(d packDone) {
 			continue
 		}
 		r, poison := m.judge(rb, d)
+		if r.verdict == delivered || r.verdict == duplicate {
+			m.t.history.delivered(hw, rb.p.BatchID, rb.batch.Readings)
+		} else {
+			m.t.history.forget(hw)
+		}
 		st := m.u.settle([]result{r})
 		m.firstErr = cmp.Or(m.firstErr, st.err)
 		done = append(done, st.delivered...)

@@ -7,6 +7,7 @@ package event
 import (
 	"encoding/json"
 
+	"greenhouse-gateway/firmware-contract/quality"
 	"greenhouse-gateway/internal/cloud"
 )
 
@@ -41,6 +42,39 @@ type BatchEvent struct {
 	// from a gateway that does not report (the function then emits no
 	// gateway metrics for the event).
 	Report *UplinkReport `json:"report,omitempty"`
+	// History holds, per device of Items, the newest readings the gateway
+	// has seen the function deliver for it (HistoryHint); nil from a
+	// gateway that sends none.
+	History []HistoryHint `json:"history,omitempty"`
+}
+
+// HistoryLen is how many readings a HistoryHint carries: the quality
+// checks' history (quality.HistoryLen).
+const HistoryLen = quality.HistoryLen
+
+// HistoryHint is one device's newest HistoryLen readings in
+// device_readings, oldest first, as the gateway knows them: the readings
+// of the batches the function answered delivered or duplicate since the
+// gateway started, while no other answer for the device came between.
+//
+//	"history":[{"hardware_id":"d-1","readings":[{"timestamp_ms":1700000000000,"sensors":{"t":21.5}},...]}]
+//
+// Under the ordering rule accept_older the function uses a hint of
+// exactly HistoryLen readings instead of reading the device's newest
+// readings; it affects only the readings' quality scores and the log line
+// of a batch older than the device's newest reading. Under reject_older,
+// or without a hint (a gateway's first batches of a device after its
+// start), the function reads them.
+type HistoryHint struct {
+	HardwareID string           `json:"hardware_id"`
+	Readings   []HistoryReading `json:"readings"`
+}
+
+// HistoryReading is one reading of a HistoryHint: its time and sensor
+// values.
+type HistoryReading struct {
+	TimestampMS int64              `json:"timestamp_ms"`
+	Sensors     map[string]float64 `json:"sensors"`
 }
 
 // UplinkReport is a gateway's uplink state, carried by every event it

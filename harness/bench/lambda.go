@@ -4,9 +4,13 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 
 	"greenhouse-gateway/harness/invokeproxy"
 	"greenhouse-gateway/harness/lambdatest"
@@ -31,8 +35,9 @@ func (r *runner) lambdaDrain(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var inv functionInvocations
 	target := func(ctx context.Context, prefix string) ([]string, func(), error) {
-		url, stop, err := r.startFunctions(rie, bootstrap, prefix)
+		url, stop, err := r.startFunctions(rie, bootstrap, prefix, &inv)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -57,8 +62,53 @@ func (r *runner) lambdaDrain(ctx context.Context) error {
 				"tables hold %d readings, %d markers", t != nil, bl.Readings, bl.Batches, g.ReadingsStored, g.MarkersStored)
 		}
 	}
-	r.reportLambdaDrain(runs[0], runs[1], batches)
+	r.reportLambdaDrain(runs[0], runs[1], batches, inv)
 	return nil
+}
+
+// functionInvocations sums the readings function's invocation log lines
+// (function.Observer): batches, consumed capacity, time by step.
+type functionInvocations struct {
+	Invocations            int
+	Batches                float64
+	ReadUnits, WriteUnits  float64
+	DurationMS             float64
+	PhasesMS               map[string]float64
+	HistoryHinted, Queried int
+}
+
+// add sums the invocation lines of one emulator's output.
+func (fi *functionInvocations) add(output string) {
+	for line := range strings.Lines(output) {
+		var l struct {
+			Msg        string             `json:"msg"`
+			Batches    map[string]float64 `json:"batches"`
+			ReadUnits  float64            `json:"read_units"`
+			WriteUnits float64            `json:"write_units"`
+			DurationMS float64            `json:"duration_ms"`
+			Phases     map[string]float64 `json:"phases_ms"`
+			Hinted     int                `json:"history_hinted"`
+			Queried    int                `json:"history_queried"`
+		}
+		if json.Unmarshal([]byte(line), &l) != nil || l.Msg != "invocation" {
+			continue
+		}
+		fi.Invocations++
+		for _, n := range l.Batches {
+			fi.Batches += n
+		}
+		fi.ReadUnits += l.ReadUnits
+		fi.WriteUnits += l.WriteUnits
+		fi.DurationMS += l.DurationMS
+		if fi.PhasesMS == nil {
+			fi.PhasesMS = map[string]float64{}
+		}
+		for k, v := range l.Phases {
+			fi.PhasesMS[k] += v
+		}
+		fi.HistoryHinted += l.Hinted
+		fi.Queried += l.Queried
+	}
 }
 
 // functionBinaries builds the Runtime Interface Emulator and the readings
@@ -74,10 +124,14 @@ func functionBinaries() (rie, bootstrap string, err error) {
 // startFunctions runs LambdaInstances emulators of the function for the
 // tables of prefix and returns the Invoke API's URL: the emulator's proxy,
 // or with several, an invokeproxy that passes each invoke to a free one.
-func (r *runner) startFunctions(rie, bootstrap, prefix string) (string, func(), error) {
+// With inv, the emulators' invocation lines are added to it when they stop.
+func (r *runner) startFunctions(rie, bootstrap, prefix string, inv *functionInvocations) (string, func(), error) {
 	var ems []*lambdatest.Emulator
 	stop := func() {
 		for _, em := range ems {
+			if inv != nil {
+				inv.add(em.Output())
+			}
 			_ = em.Close()
 		}
 	}
@@ -112,9 +166,9 @@ func (r *runner) startFunctions(rie, bootstrap, prefix string) (string, func(), 
 
 // reportLambdaDrain adds the figures of a drain through the function (via)
 // against the direct one.
-func (r *runner) reportLambdaDrain(direct, via gatewayDrain, batches int) {
+func (r *runner) reportLambdaDrain(direct, via gatewayDrain, batches int, inv functionInvocations) {
 	const section = "drain through lambda"
-	r.res.Details[section] = map[string]gatewayDrain{"direct": direct, "lambda": via}
+	r.res.Details[section] = map[string]any{"direct": direct, "lambda": via, "function": inv}
 	var requests float64
 	for _, n := range direct.Requests {
 		requests += n
@@ -125,6 +179,18 @@ func (r *runner) reportLambdaDrain(direct, via gatewayDrain, batches int) {
 		"batches per DynamoDB request, direct", atLeast(50, "batches"))
 	r.res.add(section, "invocations per reading", "inv", via.Invocations/via.Readings, requests/direct.Readings,
 		"DynamoDB requests per reading, direct", nil)
+	if inv.Batches > 0 {
+		r.res.add(section, "function read capacity per batch", "RCU", inv.ReadUnits/inv.Batches, 0,
+			"", nil)
+		r.res.add(section, "function write capacity per batch", "WCU", inv.WriteUnits/inv.Batches, 0, "", nil)
+		var steps []string
+		for _, k := range slices.Sorted(maps.Keys(inv.PhasesMS)) {
+			steps = append(steps, fmt.Sprintf("%s %.0f ms", k, inv.PhasesMS[k]))
+		}
+		r.res.note("%s: the function's %d invocations took %.0f ms (%s); devices' newest readings from the event's "+
+			"history hints %d times, read %d times", section, inv.Invocations, inv.DurationMS, strings.Join(steps, ", "),
+			inv.HistoryHinted, inv.Queried)
+	}
 	r.res.note("%s: %d readings from %d devices, %d a batch; %.0f invocations carried %.0f batches; %d Runtime Interface "+
 		"Emulator(s), each running one invocation at a time (invokeproxy queues the others), stand for as many concurrent "+
 		"Lambda instances: the rate is a floor of what Lambda gives at a higher concurrency, and the queue makes invocations fuller",

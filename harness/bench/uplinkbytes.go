@@ -256,7 +256,7 @@ func lambdaTargetEnv(url string) []string {
 // with a relay in front of its Invoke API, and returns gatewayd's settings
 // for it.
 func (r *runner) relayedFunction(rie, bootstrap, prefix string, rs relays) ([]string, func(), error) {
-	url, stop, err := r.startFunctions(rie, bootstrap, prefix)
+	url, stop, err := r.startFunctions(rie, bootstrap, prefix, nil)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"greenhouse-gateway/internal/cloud"
 )
 
 // waveChunk is one BatchWriteItem request of a wave.
@@ -15,13 +17,22 @@ type waveChunk struct {
 
 // chunkWave packs the readings of a wave's batches, in order, into
 // requests of at most BatchWriteMax items, and returns them with how many
-// requests carry each batch's readings.
-func chunkWave(wave []*Items) ([]*waveChunk, []int) {
+// requests carry each batch's readings. With encoded, the items are given
+// encoded (cloud.EncodedItem), as the bulk writer gives them.
+func chunkWave(wave []*Items, encoded bool) ([]*waveChunk, []int) {
 	var chunks []*waveChunk
 	remaining := make([]int, len(wave))
 	cur := &waveChunk{}
 	for i, it := range wave {
-		for _, r := range it.readingMaps() {
+		var items []map[string]types.AttributeValue
+		if encoded {
+			for _, raw := range it.Encode() {
+				items = append(items, cloud.EncodedItem(raw))
+			}
+		} else {
+			items = it.readingMaps()
+		}
+		for _, r := range items {
 			if len(cur.reqs) == BatchWriteMax {
 				chunks = append(chunks, cur)
 				cur = &waveChunk{}
@@ -41,8 +52,9 @@ func chunkWave(wave []*Items) ([]*waveChunk, []int) {
 
 // WriteWave writes many batches without transactions (which cost twice
 // the write capacity): their readings packed 25 to a BatchWriteItem, with
-// up to concurrency requests in flight, and each batch's marker as soon as
-// the last request carrying its readings is answered. A request DynamoDB
+// up to concurrency requests in flight (markers included: a wave's
+// markers would otherwise open a connection each), and each batch's
+// marker as soon as the last request carrying its readings is answered. A request DynamoDB
 // refuses, for its content or its shape, has its batches sent again one
 // by one, to find which is refused. The readings go before the conditional marker: the
 // caller looks the markers up first (MarkerHashes) and sends each
@@ -52,7 +64,7 @@ func chunkWave(wave []*Items) ([]*waveChunk, []int) {
 func (w *Writer) WriteWave(ctx context.Context, wave []*Items, concurrency int) []Result {
 	results := make([]Result, len(wave))
 	failed := make([]bool, len(wave))
-	chunks, remaining := chunkWave(wave)
+	chunks, remaining := chunkWave(wave, w.encodes)
 	var (
 		mu      sync.Mutex
 		wg      sync.WaitGroup
@@ -60,7 +72,10 @@ func (w *Writer) WriteWave(ctx context.Context, wave []*Items, concurrency int) 
 	)
 	// finish writes batch i's marker (or, when one of its requests was
 	// refused, the batch alone) once all its readings requests are answered.
+	sem := make(chan struct{}, max(concurrency, 1))
 	finish := func(i int) {
+		sem <- struct{}{}
+		defer func() { <-sem }()
 		switch {
 		case failed[i]:
 		case isolate[i]:
@@ -76,7 +91,6 @@ func (w *Writer) WriteWave(ctx context.Context, wave []*Items, concurrency int) 
 			wg.Go(func() { finish(i) })
 		}
 	}
-	sem := make(chan struct{}, max(concurrency, 1))
 	for _, c := range chunks {
 		sem <- struct{}{}
 		wg.Go(func() {

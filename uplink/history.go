@@ -1,0 +1,92 @@
+package uplink
+
+import (
+	"slices"
+	"strings"
+	"sync"
+
+	"greenhouse-gateway/firmware-contract"
+	"greenhouse-gateway/function/event"
+	"greenhouse-gateway/internal/tablewrite"
+)
+
+// deliveredHistory is what the lambda target knows of each device's
+// newest readings in device_readings: the readings of the batches the
+// function answered delivered or duplicate since the gateway started,
+// newest event.HistoryLen by the table's sort key (timestamp, then
+// batch_id). Any other answer for one of a device's batches (or a failed
+// invocation carrying one) forgets the device: its readings may be in
+// the table or not. Events carry a device's history (event.HistoryHint)
+// once it holds HistoryLen readings, so that the function need not read
+// them (it reads them without a hint, e.g. for a device's first batches
+// after a start). It holds at most historyDevices devices (about 3 KB
+// each with a few sensors); a device beyond them has its readings read.
+type deliveredHistory struct {
+	mu      sync.Mutex
+	devices map[string][]historyEntry
+}
+
+// historyDevices bounds the devices a deliveredHistory holds.
+const historyDevices = 4096
+
+// historyEntry is one reading of a deliveredHistory.
+type historyEntry struct {
+	ts      int64
+	batchID string
+	sensors map[string]float64
+}
+
+// hint returns the device's history hint; ok is false while fewer than
+// HistoryLen of its readings are known.
+func (h *deliveredHistory) hint(hw string) (event.HistoryHint, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	es := h.devices[hw]
+	if len(es) < event.HistoryLen {
+		return event.HistoryHint{}, false
+	}
+	out := event.HistoryHint{HardwareID: hw, Readings: make([]event.HistoryReading, len(es))}
+	for i, e := range es {
+		out.Readings[i] = event.HistoryReading{TimestampMS: e.ts, Sensors: e.sensors}
+	}
+	return out, true
+}
+
+// delivered adds the readings of a batch in the cloud.
+func (h *deliveredHistory) delivered(hw, batchID string, readings []contract.Reading) {
+	if len(readings) == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.devices == nil {
+		h.devices = map[string][]historyEntry{}
+	}
+	es, known := h.devices[hw]
+	if !known && len(h.devices) >= historyDevices {
+		return
+	}
+	for _, r := range readings {
+		e := historyEntry{ts: r.TimestampMS, batchID: batchID, sensors: r.Sensors}
+		i, found := slices.BinarySearchFunc(es, e, compareEntries)
+		if !found {
+			es = slices.Insert(es, i, e)
+		}
+	}
+	if n := len(es) - event.HistoryLen; n > 0 {
+		es = slices.Delete(es, 0, n)
+	}
+	h.devices[hw] = es
+}
+
+// forget drops what is known of the device.
+func (h *deliveredHistory) forget(hw string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.devices, hw)
+}
+
+// compareEntries orders entries as device_readings' sort key does.
+func compareEntries(a, b historyEntry) int {
+	return strings.Compare(tablewrite.TSBatch(a.ts, a.batchID), tablewrite.TSBatch(b.ts, b.batchID))
+}
