@@ -280,14 +280,10 @@ func (a *Authenticator) Identify(ctx context.Context, rawKey string) (Principal,
 			a.outcomes.WithLabelValues("unauthorized").Inc()
 			return Principal{}, ErrUnauthorized
 		}
-		if !cached && !known && !a.lookups.take(now) {
-			a.mu.Unlock()
-			a.outcomes.WithLabelValues("throttled").Inc()
-			return Principal{}, fmt.Errorf("%w: more than auth.max_lookups_per_second (%d) lookups of unknown keys",
-				ErrAuthUnavailable, a.cfg.MaxLookupsPerSecond)
-		}
 		if wait, busy := a.inflight[hash]; busy {
-			// Another connection is looking this key up: use its answer.
+			// Another connection is looking this key up: use its answer,
+			// which costs the table nothing and so takes no lookup token: a
+			// fleet sharing one key connecting at once waits for one lookup.
 			a.mu.Unlock()
 			select {
 			case <-wait:
@@ -295,6 +291,12 @@ func (a *Authenticator) Identify(ctx context.Context, rawKey string) (Principal,
 			case <-ctx.Done():
 				return Principal{}, ctx.Err()
 			}
+		}
+		if !cached && !known && !a.lookups.take(now) {
+			a.mu.Unlock()
+			a.outcomes.WithLabelValues("throttled").Inc()
+			return Principal{}, fmt.Errorf("%w: more than auth.max_lookups_per_second (%d) lookups of unknown keys",
+				ErrAuthUnavailable, a.cfg.MaxLookupsPerSecond)
 		}
 		done := make(chan struct{})
 		a.inflight[hash] = done

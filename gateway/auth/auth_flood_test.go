@@ -129,3 +129,46 @@ func TestUnknownKeysRememberedAreBounded(t *testing.T) {
 	require.ErrorIs(t, authn.Verify(ctx, "flood-0"), auth.ErrUnauthorized)
 	require.Equal(t, hits+1, keys.Hits, "the oldest was forgotten")
 }
+
+// TestConnectsWaitingForOneLookupAreNotThrottled has a fleet sharing one
+// key the gateway has not cached verify it at once while the key's lookup
+// is under way: they wait for that one lookup and take none of
+// auth.max_lookups_per_second, so every one is accepted.
+func TestConnectsWaitingForOneLookupAreNotThrottled(t *testing.T) {
+	keys := gatewaytest.NewFakeKeys()
+	authn, err := auth.NewAuthenticator(auth.AuthConfig{MaxLookupsPerSecond: 5}, auth.Peppers{Current: gatewaytest.Pepper},
+		keys, &countingState{data: map[string][]byte{}}, nil, nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, authn.Load())
+	now := time.Unix(1_700_000_000, 0)
+	auth.SetAuthClock(authn, func() time.Time { return now })
+	release := make(chan struct{})
+	keys.Set(func(f *gatewaytest.FakeKeys) { f.Wait = release })
+	ctx := context.Background()
+	first := make(chan error, 1)
+	go func() { first <- authn.Verify(ctx, gatewaytest.GoodKey) }()
+	gatewaytest.WaitFor(t, 10*time.Second, "the first lookup under way", func() bool {
+		keys.Mu.Lock()
+		defer keys.Mu.Unlock()
+		return keys.Waiting == 1
+	})
+	const fleet = 100 // over the burst of 10
+	errs := make(chan error, fleet)
+	var started sync.WaitGroup
+	started.Add(fleet)
+	for range fleet {
+		go func() {
+			started.Done()
+			errs <- authn.Verify(ctx, gatewaytest.GoodKey)
+		}()
+	}
+	started.Wait()
+	close(release)
+	require.NoError(t, <-first)
+	for range fleet {
+		require.NoError(t, <-errs)
+	}
+	keys.Mu.Lock()
+	defer keys.Mu.Unlock()
+	require.Equal(t, 1, keys.Hits, "lookups of the shared key")
+}

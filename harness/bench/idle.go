@@ -108,6 +108,11 @@ func (r *runner) idle(ctx context.Context) error {
 	return nil
 }
 
+// idleSources is how many loopback addresses the idle fleet connects
+// from (4 devices to an address with 1,000 devices); every device opens
+// its connection at once, as a fleet does when its access point returns.
+const idleSources = 250
+
 // idleRun measures one gatewayd binary.
 func (r *runner) idleRun(ctx context.Context, bin, name string, n int) (idleRun, error) {
 	run := idleRun{Binary: bin, Samples: map[string]memoryBreakdown{}}
@@ -127,7 +132,7 @@ func (r *runner) idleRun(ctx context.Context, bin, name string, n int) (idleRun,
 		return run, err
 	}
 	f, err := connectFleet(ctx, fleetSpec{addr: g.mqttAddr, fleet: r.nextFleet(), devices: n,
-		readings: r.cfg.Readings, key: r.key, waitAck: true})
+		readings: r.cfg.Readings, key: r.key, waitAck: true, sources: idleSources, parallel: n})
 	if err != nil {
 		return run, err
 	}
@@ -143,6 +148,11 @@ func (r *runner) idleRun(ctx context.Context, bin, name string, n int) (idleRun,
 	sleepCtx(ctx, time.Until(primed.Add(r.cfg.IdleSettle)))
 	if err := sample("idle settled"); err != nil {
 		return run, err
+	}
+	held := f.held()
+	r.log.Info("idle: devices held", "held", held, "devices", n, "sources", idleSources)
+	if held < n {
+		return run, fmt.Errorf("idle: only %d of %d devices still connected after %s (%d lost)", held, n, r.cfg.IdleSettle, f.lost.Load())
 	}
 	f.disconnect()
 	return run, g.stop()

@@ -3,10 +3,12 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -38,6 +40,13 @@ type fleetSpec struct {
 	// arrived too (gatewayd's durable acknowledgement); otherwise the
 	// PUBACK completes it (mosquitto).
 	waitAck bool
+	// sources, when above 0, spreads the devices over that many loopback
+	// addresses (127.0.1.1 on), each client's socket bound to its own, as
+	// devices behind one access point arrive from many addresses.
+	sources int
+	// parallel is how many connections are opened at once; 0 is
+	// connectParallel.
+	parallel int
 }
 
 // fleet is a set of connected devices, each its own paho client.
@@ -56,6 +65,7 @@ type mqttDevice struct {
 	gen    *fleetgen.Device
 	client paho.Client
 	topic  string
+	local  *net.TCPAddr // source address; nil: the system's choice
 
 	mu       sync.Mutex
 	inflight map[string]*flight
@@ -80,10 +90,13 @@ func connectFleet(ctx context.Context, spec fleetSpec) (*fleet, error) {
 		f.devices = append(f.devices, &mqttDevice{f: f, hw: hw, gen: fleetgen.NewDevice(hw, start, uint64(i)),
 			topic: contract.ReadingsTopic(hw), inflight: map[string]*flight{}})
 	}
-	sem := make(chan struct{}, connectParallel)
+	sem := make(chan struct{}, cmp.Or(spec.parallel, connectParallel))
 	errs := make(chan error, len(f.devices))
 	var wg sync.WaitGroup
-	for _, d := range f.devices {
+	for i, d := range f.devices {
+		if spec.sources > 0 {
+			d.local = sourceAddr(i % spec.sources)
+		}
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
@@ -96,11 +109,18 @@ func connectFleet(ctx context.Context, spec fleetSpec) (*fleet, error) {
 	}
 	wg.Wait()
 	close(errs)
+	var first error
+	failed := 0
 	for err := range errs {
 		if err != nil {
-			f.disconnect()
-			return nil, err
+			failed++
+			first = cmp.Or(first, err)
 		}
+	}
+	if failed > 0 {
+		f.disconnect()
+		return nil, fmt.Errorf("%d of %d devices did not connect (from %d source addresses); the first: %w",
+			failed, len(f.devices), max(spec.sources, 1), first)
 	}
 	f.connect = time.Since(begin)
 	return f, nil
@@ -112,6 +132,9 @@ func (d *mqttDevice) connect() error {
 		SetConnectTimeout(connectTimeout).SetKeepAlive(60 * time.Second).SetWriteTimeout(answerTimeout).
 		SetOrderMatters(false).
 		SetConnectionLostHandler(func(paho.Client, error) { d.f.lost.Add(1) })
+	if d.local != nil {
+		opts.SetDialer(&net.Dialer{Timeout: connectTimeout, LocalAddr: d.local})
+	}
 	if d.f.spec.key != "" {
 		opts.SetUsername(d.hw).SetPassword(d.f.spec.key)
 	}
@@ -131,6 +154,23 @@ func (d *mqttDevice) connect() error {
 		return fmt.Errorf("subscribing %s: %w", d.hw, err)
 	}
 	return nil
+}
+
+// sourceAddr is the i-th loopback source address of a fleet spread over
+// many: 127.0.1.1, 127.0.1.2, ... (250 to a /24).
+func sourceAddr(i int) *net.TCPAddr {
+	return &net.TCPAddr{IP: net.IPv4(127, 0, byte(1+i/250), byte(1+i%250))}
+}
+
+// held counts the devices whose client is still connected.
+func (f *fleet) held() int {
+	n := 0
+	for _, d := range f.devices {
+		if d.client != nil && d.client.IsConnected() {
+			n++
+		}
+	}
+	return n
 }
 
 // disconnect disconnects every connected client.
