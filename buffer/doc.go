@@ -149,7 +149,13 @@
 // inputs are deleted), and take the small writes of delivery and state.
 // Open bounds that with Badger options (at most 8 L0 tables, the stall
 // limit; tables of memtable/8 between 256 KiB and 2 MiB at every level; a
-// base level of 5 tables), and RequiredFreeBytes adds it up: 15 memtables,
+// base level of 5 tables; a compaction ends the table it writes once its
+// range overlaps 10 tables of the level after next, checked at every key,
+// so that compacting it later takes it and at most those ten (the fork's
+// patch 0009: a table that ends the markers, "b/", and starts the queue,
+// "q/", would otherwise span every queue table below it, and compacting
+// it would rewrite the whole queue at once), and RequiredFreeBytes adds it
+// up: 15 memtables,
 // 24 tables and a value log file, 176 MiB with the default 8 MiB memtable,
 // 25 MiB with a 1 MiB one. Validate refuses a smaller buffer.min_free_bytes;
 // the default is 256 MiB. Other programs filling the disk are outside that
