@@ -27,24 +27,29 @@ import (
 
 // denseBatch is a batch of 4 readings of 24 random sensors: about 2.7 KiB
 // that compress poorly, few readings for DynamoDB Local to write.
-func denseBatch(hw, boot string, i int) []byte { return denseBatchOf(hw, boot, i, 24) }
+func denseBatch(hw, boot string, i int) []byte { return denseBatchOf(hw, boot, i, 4, 24) }
 
-// denseBatchOf is denseBatch with n sensors a reading (64: about 7 KiB).
-func denseBatchOf(hw, boot string, i, n int) []byte {
+// denseBatchOf is denseBatch with n readings of m sensors (4 of 64: about
+// 7 KiB), evenly spread over the batch's 5 s.
+func denseBatchOf(hw, boot string, i, n, m int) []byte {
 	// 5 s apart from a week ago: 120,000 batches before they would reach
 	// the present (10 full-disk cycles send about 25,000).
 	end := time.Now().Add(-7*24*time.Hour).UnixMilli() + int64(i)*5_000
 	var readings []string
-	for k := range 4 {
+	for k := range n {
 		var sensors []string
-		for s := range n {
+		for s := range m {
 			sensors = append(sensors, fmt.Sprintf(`"sensor_%d":%.6f`, s, rand.Float64()*100))
 		}
-		readings = append(readings, fmt.Sprintf(`{"timestamp_ms":%d,"sensors":{%s}}`, end-int64(4-k)*1000, strings.Join(sensors, ",")))
+		readings = append(readings, fmt.Sprintf(`{"timestamp_ms":%d,"sensors":{%s}}`, end-int64(n-k)*(4_000/int64(n)), strings.Join(sensors, ",")))
 	}
 	return []byte(fmt.Sprintf(`{"batch_id":"%s_%s_%d_%d","hardware_id":"%s","boot_id":"%s","firmware_version":"1.0.16","seq":%d,"readings":[%s]}`,
 		hw, boot, end-5_000, end, hw, boot, i, strings.Join(readings, ",")))
 }
+
+// batchShape is what one device posts in the full-disk cycles: requests
+// of perRequest batches of readings readings of sensors sensors.
+type batchShape struct{ perRequest, readings, sensors int }
 
 // TestFullDiskCyclesWithFrozenUplink fills a tmpfs through gatewayd while
 // DynamoDB Local is frozen (SIGSTOP), until devices are answered 507, then
@@ -62,19 +67,25 @@ func TestFullDiskCyclesWithFrozenUplink(t *testing.T) {
 		t.Skip("runs gatewayd on a tmpfs")
 	}
 	t.Run("small batches", func(t *testing.T) {
-		fullDiskCycles(t, 48<<20, buffer.RequiredFreeBytes(diskMemTable), 24)
+		fullDiskCycles(t, 48<<20, buffer.RequiredFreeBytes(diskMemTable), batchShape{20, 4, 24})
 	})
 	// A 64 MiB card and batches of 64 sensors (about 7 KiB, 140 KiB a
 	// commit group).
 	t.Run("large batches", func(t *testing.T) {
-		fullDiskCycles(t, 64<<20, buffer.RequiredFreeBytes(diskMemTable), 64)
+		fullDiskCycles(t, 64<<20, buffer.RequiredFreeBytes(diskMemTable), batchShape{20, 4, 64})
+	})
+	// The largest batches the default limits let in (100 readings of 64
+	// sensors, about 170 KiB of JSON), 5 a request: stored values over the
+	// 1 MiB memtable's ValueThreshold (128 KiB), so they are in Badger's
+	// value log, whose files the reclaim must collect.
+	t.Run("largest batches", func(t *testing.T) {
+		fullDiskCycles(t, 64<<20, buffer.RequiredFreeBytes(diskMemTable), batchShape{5, 100, 64})
 	})
 }
 
 // fullDiskCycles is TestFullDiskCyclesWithFrozenUplink on a tmpfs of size
-// bytes, with buffer.min_free_bytes watermark and batches of sensors
-// sensors a reading.
-func fullDiskCycles(t *testing.T, size, watermark int64, sensors int) {
+// bytes, with buffer.min_free_bytes watermark and batches of shape.
+func fullDiskCycles(t *testing.T, size, watermark int64, shape batchShape) {
 	mnt := mountTmpfs(t, size)
 	local := dynamotest.Start(t)
 	view := cloudView{client: local.Client(t), tables: local.NewTables(t)}
@@ -94,8 +105,8 @@ func fullDiskCycles(t *testing.T, size, watermark int64, sensors int) {
 	next := 0
 	push := func() int {
 		var batches [][]byte
-		for range 20 {
-			batches = append(batches, denseBatchOf(hw, boot, next, sensors))
+		for range shape.perRequest {
+			batches = append(batches, denseBatchOf(hw, boot, next, shape.readings, shape.sensors))
 			next++
 		}
 		code, _, results := postBatches(t, d, key, batches)
@@ -103,7 +114,7 @@ func fullDiskCycles(t *testing.T, size, watermark int64, sensors int) {
 		for _, r := range results {
 			// Accepted, or told to wait: never a validation_error.
 			if r.Status == contract.StatusAccepted {
-				acked[r.BatchID] = 4
+				acked[r.BatchID] = shape.readings
 			} else {
 				require.NotNil(t, r.Reason, "batch %s: %s without a reason", r.BatchID, r.Status)
 				require.Equal(t, contract.ReasonBufferFull, *r.Reason, "batch %s", r.BatchID)
@@ -114,14 +125,14 @@ func fullDiskCycles(t *testing.T, size, watermark int64, sensors int) {
 	// The key is verified and cached while DynamoDB answers.
 	require.Equal(t, http.StatusOK, push())
 
-	// Under the watermark by at most one commit group (20 batches) and
+	// Under the watermark by at most one commit group (a request) and
 	// what Badger allocates after the last admitted batch, which the
 	// watermark is there for: a new write-ahead log (twice the memtable),
 	// a flushed table and the table a compaction is writing. A compaction
 	// takes one table and the at most ten it overlaps (third_party badger
 	// 0009), not every queue table a table spanning the markers and the
 	// queue overlaps.
-	group := int64(len(denseBatchOf(hw, boot, 0, sensors))) * 20
+	group := int64(len(denseBatchOf(hw, boot, 0, shape.readings, shape.sensors)) * shape.perRequest)
 	floor := watermark - group - 4*diskMemTable
 	low := sampleFreeSpace(t, mnt, dataDir)
 	for cycle := range attackSize(1, 10) {
@@ -152,7 +163,8 @@ func fullDiskCycles(t *testing.T, size, watermark int64, sensors int) {
 		require.Eventually(t, func() bool {
 			low.sample()
 			return push() == http.StatusOK
-		}, 60*time.Second, 500*time.Millisecond, "cycle %d: ingest resumes", cycle)
+		}, 60*time.Second, 500*time.Millisecond, "cycle %d: ingest resumes; free %.1f MiB, the data directory: %s",
+			cycle, mib(freeBytes(t, mnt)), listData(dataDir))
 		lowest := low.take()
 		t.Logf("cycle %d: 507 with %.1f MiB free (watermark %.1f MiB); drained in %s; accepting again %s later; "+
 			"lowest free %.1f MiB at %s",
