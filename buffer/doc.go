@@ -349,10 +349,13 @@
 //     flushed; Badger's default is five). Smaller memtables shrink the
 //     heap, but they are flushed and compacted more often, which on two
 //     cores raises the ack latency under MQTT load, not the ingest rate.
-//   - Batches stay in the LSM tree (ValueThreshold above any batch). The
-//     value log would keep them out of the table builders, but its space
-//     only comes back through value log GC, which waits for compactions to
-//     count what is garbage, values are not compressed there (about five
+//   - Batches stay in the LSM tree (ValueThreshold, 1 MiB with the default
+//     memtable, is above any batch; with a smaller memtable, memtable/8,
+//     the largest batches go to the value log, whose files the reclaim
+//     under the watermark collects after its Flatten). The value log
+//     would keep them out of the table builders, but its space only comes
+//     back through value log GC, which waits for compactions to count
+//     what is garbage, values are not compressed there (about five
 //     times the disk), and every value read or written stays mapped in the
 //     resident set.
 //
