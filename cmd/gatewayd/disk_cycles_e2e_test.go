@@ -201,7 +201,7 @@ func fullDiskCycles(t *testing.T, size, watermark int64, shape batchShape) {
 	}
 	// Reading back ~100,000 items after 10 cycles, DynamoDB Local sometimes
 	// answers 500 InternalFailure: ask again. One read of the largest
-	// batches' 160,000 takes over two minutes: the bound grows with them.
+	// batches' 151,000 takes over two minutes: the bound grows with them.
 	var stored map[string]int
 	require.Eventually(t, func() bool {
 		var err error
