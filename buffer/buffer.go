@@ -294,11 +294,18 @@ func (b *Buffer) Run(ctx context.Context) error {
 		case <-vlog.C:
 			b.mu.RLock()
 			if !b.closed {
-				for b.db.RunValueLogGC(0.5) == nil {
-				}
+				b.collectValueLog()
 			}
 			b.mu.RUnlock()
 		}
+	}
+}
+
+// collectValueLog rewrites and deletes the value log files at least half
+// of which is deleted values, one after another while there is one. The
+// caller holds mu (read) on an open buffer.
+func (b *Buffer) collectValueLog() {
+	for b.db.RunValueLogGC(0.5) == nil {
 	}
 }
 

@@ -149,7 +149,13 @@
 // inputs are deleted), and take the small writes of delivery and state.
 // Open bounds that with Badger options (at most 8 L0 tables, the stall
 // limit; tables of memtable/8 between 256 KiB and 2 MiB at every level; a
-// base level of 5 tables), and RequiredFreeBytes adds it up: 15 memtables,
+// base level of 5 tables; a compaction ends the table it writes once its
+// range overlaps 10 tables of the level after next, checked at every key,
+// so that compacting it later takes it and at most those ten (the fork's
+// patch 0009: a table that ends the markers, "b/", and starts the queue,
+// "q/", would otherwise span every queue table below it, and compacting
+// it would rewrite the whole queue at once), and RequiredFreeBytes adds it
+// up: 15 memtables,
 // 24 tables and a value log file, 176 MiB with the default 8 MiB memtable,
 // 25 MiB with a 1 MiB one. Validate refuses a smaller buffer.min_free_bytes;
 // the default is 256 MiB. Other programs filling the disk are outside that
@@ -343,10 +349,13 @@
 //     flushed; Badger's default is five). Smaller memtables shrink the
 //     heap, but they are flushed and compacted more often, which on two
 //     cores raises the ack latency under MQTT load, not the ingest rate.
-//   - Batches stay in the LSM tree (ValueThreshold above any batch). The
-//     value log would keep them out of the table builders, but its space
-//     only comes back through value log GC, which waits for compactions to
-//     count what is garbage, values are not compressed there (about five
+//   - Batches stay in the LSM tree (ValueThreshold, 1 MiB with the default
+//     memtable, is above any batch; with a smaller memtable, memtable/8,
+//     the largest batches go to the value log, whose files the reclaim
+//     under the watermark collects after its Flatten). The value log
+//     would keep them out of the table builders, but its space only comes
+//     back through value log GC, which waits for compactions to count
+//     what is garbage, values are not compressed there (about five
 //     times the disk), and every value read or written stays mapped in the
 //     resident set.
 //

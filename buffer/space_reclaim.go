@@ -27,8 +27,9 @@ type reclaimer struct {
 const reclaimInterval = 30 * time.Second
 
 // reclaimSpace, while the watermark refuses batches, flushes the memtable
-// (its tombstones reach the tables) and compacts every level into one
-// (Flatten), which drops what the tombstones delete, at most once per
+// (its tombstones reach the tables), compacts every level into one
+// (Flatten), which drops what the tombstones delete, and collects the
+// value log files those deletions freed, at most once per
 // reclaimInterval, and only once records of at least a table's size were
 // deleted since the last time (while the uplink is down nothing is: a
 // Flatten then would only rewrite every table, taking their size again
@@ -73,6 +74,11 @@ func (b *Buffer) reclaimSpace(now time.Time) {
 		b.logger.Warn("reclaiming disk space: compacting", "err", err)
 		return
 	}
+	// Values over ValueThreshold (a batch of more than memtable/8) are in
+	// the value log, which compactions do not shrink: they count what the
+	// deletions freed there, and the collection rewrites what is left of
+	// the files mostly freed and deletes them.
+	b.collectValueLog()
 	b.reclaim.peak = b.usage.total()
 	after, _ := b.free.bytes()
 	b.logger.Info("free space under buffer.min_free_bytes: flushed and compacted deleted records",

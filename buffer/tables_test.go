@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/ristretto/v2/z"
 	"github.com/stretchr/testify/require"
 )
@@ -91,6 +92,59 @@ func requireIncompressible(t *testing.T, b *Buffer, n int) {
 			after = p.Seq
 		}
 	}
+}
+
+// TestTablesOverlapFewTablesOfTheNextLevel stores 4,000 batches of 6,000
+// bytes that do not compress (a memtable holds about 170, with their
+// markers) and watches Badger's tables meanwhile: no table below L0
+// overlaps more than 10 tables of the next level, so compacting one takes
+// at most it and those ten, the space RequiredFreeBytes counts for it. A
+// table that ends one key prefix (the markers, "b/") and starts the next
+// (the queue, "q/") would span every queue table below it.
+func TestTablesOverlapFewTablesOfTheNextLevel(t *testing.T) {
+	b := open(t, t.TempDir(), Options{MemTableSize: 1 << 20})
+	worst, worstAt := 0, ""
+	check := func() {
+		levels := map[int][]badger.TableInfo{}
+		for _, ti := range b.db.Tables() {
+			levels[ti.Level] = append(levels[ti.Level], ti)
+		}
+		for l, tables := range levels {
+			if l == 0 {
+				continue
+			}
+			for _, ti := range tables {
+				n := 0
+				for _, o := range levels[l+1] {
+					if bytes.Compare(o.Left, ti.Right) <= 0 && bytes.Compare(o.Right, ti.Left) >= 0 {
+						n++
+					}
+				}
+				if n > worst {
+					worst, worstAt = n, fmt.Sprintf("L%d table %d (%d keys, %q to %q)", l, ti.ID, ti.KeyCount, ti.Left, ti.Right)
+				}
+			}
+		}
+	}
+	const perGroup = 20
+	for g := range 200 {
+		entries := make([]Entry, perGroup)
+		for k := range entries {
+			i := g*perGroup + k
+			p := append(append(incompressible(i), incompressible(i+1e6)...), incompressible(i+2e6)...)
+			entries[k] = Entry{BatchID: fmt.Sprintf("AA:BB:CC:DD:EE:FF_%013d", 1_700_000_000_000+i*5000), HardwareID: "AA:BB:CC:DD:EE:FF",
+				Hash: sha256.Sum256(p), Payload: p, ReceivedAt: time.UnixMilli(1_700_000_000_000)}
+		}
+		_, err := b.Commit(context.Background(), entries)
+		require.NoError(t, err)
+		check()
+	}
+	for range 100 { // compactions go on in the background
+		time.Sleep(10 * time.Millisecond)
+		check()
+	}
+	require.LessOrEqual(t, worst, 10, "the widest table: %s", worstAt)
+	t.Logf("a table overlapped at most %d tables of the next level (%s)", worst, worstAt)
 }
 
 // TestAllocatorGrowsPastItsFirstBuffer fills the allocator Badger's table

@@ -2,17 +2,20 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"greenhouse-gateway/buffer"
@@ -24,45 +27,72 @@ import (
 
 // denseBatch is a batch of 4 readings of 24 random sensors: about 2.7 KiB
 // that compress poorly, few readings for DynamoDB Local to write.
-func denseBatch(hw, boot string, i int) []byte {
+func denseBatch(hw, boot string, i int) []byte { return denseBatchOf(hw, boot, i, 4, 24) }
+
+// denseBatchOf is denseBatch with n readings of m sensors (4 of 64: about
+// 7 KiB), evenly spread over the batch's 5 s.
+func denseBatchOf(hw, boot string, i, n, m int) []byte {
 	// 5 s apart from a week ago: 120,000 batches before they would reach
 	// the present (10 full-disk cycles send about 25,000).
 	end := time.Now().Add(-7*24*time.Hour).UnixMilli() + int64(i)*5_000
 	var readings []string
-	for k := range 4 {
+	for k := range n {
 		var sensors []string
-		for s := range 24 {
+		for s := range m {
 			sensors = append(sensors, fmt.Sprintf(`"sensor_%d":%.6f`, s, rand.Float64()*100))
 		}
-		readings = append(readings, fmt.Sprintf(`{"timestamp_ms":%d,"sensors":{%s}}`, end-int64(4-k)*1000, strings.Join(sensors, ",")))
+		readings = append(readings, fmt.Sprintf(`{"timestamp_ms":%d,"sensors":{%s}}`, end-int64(n-k)*(4_000/int64(n)), strings.Join(sensors, ",")))
 	}
 	return []byte(fmt.Sprintf(`{"batch_id":"%s_%s_%d_%d","hardware_id":"%s","boot_id":"%s","firmware_version":"1.0.16","seq":%d,"readings":[%s]}`,
 		hw, boot, end-5_000, end, hw, boot, i, strings.Join(readings, ",")))
 }
 
-// TestFullDiskCyclesWithFrozenUplink fills a 48 MiB tmpfs through gatewayd
-// while DynamoDB Local is frozen (SIGSTOP), until devices are answered 507,
-// then thaws it: the uplink drains, Badger flushes and compacts on the
-// nearly full disk (its files are allocated before they are mapped, so a
-// write through the map is never a SIGBUS), and ingest resumes once space
-// is back. Each cycle asserts the process is alive, free space never fell
-// under the watermark by more than a commit group and Badger's next files,
-// and at the end every acknowledged batch is in DynamoDB exactly once. Then
-// gatewayd is restarted on a disk filled to the brim by another writer: it
-// must start, answer 507, and accept again once space returns, without a
-// restart.
+// batchShape is what one device posts in the full-disk cycles: requests
+// of perRequest batches of readings readings of sensors sensors.
+type batchShape struct{ perRequest, readings, sensors int }
+
+// TestFullDiskCyclesWithFrozenUplink fills a tmpfs through gatewayd while
+// DynamoDB Local is frozen (SIGSTOP), until devices are answered 507, then
+// thaws it: the uplink drains, Badger flushes and compacts on the nearly
+// full disk (its files are allocated before they are mapped, so a write
+// through the map is never a SIGBUS), and ingest resumes once space is
+// back. Each cycle asserts the process is alive, and a sampler every 25 ms
+// that free space never fell under the watermark by more than a commit
+// group and Badger's next files; at the end every acknowledged batch is in
+// DynamoDB exactly once. Then gatewayd is restarted on a disk filled to the
+// brim by another writer: it must start, answer 507, and accept again once
+// space returns, without a restart.
 func TestFullDiskCyclesWithFrozenUplink(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs gatewayd on a tmpfs")
 	}
-	mnt := mountTmpfs(t, 48<<20)
+	t.Run("small batches", func(t *testing.T) {
+		fullDiskCycles(t, 48<<20, buffer.RequiredFreeBytes(diskMemTable), batchShape{20, 4, 24})
+	})
+	// A 64 MiB card and batches of 64 sensors (about 7 KiB, 140 KiB a
+	// commit group).
+	t.Run("large batches", func(t *testing.T) {
+		fullDiskCycles(t, 64<<20, buffer.RequiredFreeBytes(diskMemTable), batchShape{20, 4, 64})
+	})
+	// The largest batches the default limits let in (100 readings of 64
+	// sensors, about 170 KiB of JSON), 5 a request: stored values over the
+	// 1 MiB memtable's ValueThreshold (128 KiB), so they are in Badger's
+	// value log, whose files the reclaim must collect.
+	t.Run("largest batches", func(t *testing.T) {
+		fullDiskCycles(t, 64<<20, buffer.RequiredFreeBytes(diskMemTable), batchShape{5, 100, 64})
+	})
+}
+
+// fullDiskCycles is TestFullDiskCyclesWithFrozenUplink on a tmpfs of size
+// bytes, with buffer.min_free_bytes watermark and batches of shape.
+func fullDiskCycles(t *testing.T, size, watermark int64, shape batchShape) {
+	mnt := mountTmpfs(t, size)
 	local := dynamotest.Start(t)
 	view := cloudView{client: local.Client(t), tables: local.NewTables(t)}
 	key, _, err := cloud.NewKeys(view.client, view.tables.APIKeys, e2ePepper).Create(t.Context(), "disk")
 	require.NoError(t, err)
 	prefix := strings.TrimSuffix(view.tables.Devices, "devices")
 	dataDir := filepath.Join(mnt, "data")
-	watermark := buffer.RequiredFreeBytes(diskMemTable)
 	env := []string{fmt.Sprintf("GATEWAY_BUFFER_MEMTABLE_SIZE=%d", diskMemTable),
 		fmt.Sprintf("GATEWAY_BUFFER_MIN_FREE_BYTES=%d", watermark), "GATEWAY_BUFFER_HISTORY_RETENTION=-1s",
 		// One device stands in for a greenhouse filling the disk: no
@@ -75,14 +105,19 @@ func TestFullDiskCyclesWithFrozenUplink(t *testing.T) {
 	next := 0
 	push := func() int {
 		var batches [][]byte
-		for range 20 {
-			batches = append(batches, denseBatch(hw, boot, next))
+		for range shape.perRequest {
+			batches = append(batches, denseBatchOf(hw, boot, next, shape.readings, shape.sensors))
 			next++
 		}
 		code, _, results := postBatches(t, d, key, batches)
+		require.Len(t, results, len(batches), "every batch answered")
 		for _, r := range results {
+			// Accepted, or told to wait: never a validation_error.
 			if r.Status == contract.StatusAccepted {
-				acked[r.BatchID] = 4
+				acked[r.BatchID] = shape.readings
+			} else {
+				require.NotNil(t, r.Reason, "batch %s: %s without a reason", r.BatchID, r.Status)
+				require.Equal(t, contract.ReasonBufferFull, *r.Reason, "batch %s", r.BatchID)
 			}
 		}
 		return code
@@ -90,13 +125,22 @@ func TestFullDiskCyclesWithFrozenUplink(t *testing.T) {
 	// The key is verified and cached while DynamoDB answers.
 	require.Equal(t, http.StatusOK, push())
 
-	lowest := freeBytes(t, mnt)
+	// Under the watermark by at most one commit group (a request) and
+	// what Badger allocates after the last admitted batch, which the
+	// watermark is there for: a new write-ahead log (twice the memtable),
+	// a flushed table and the table a compaction is writing. A compaction
+	// takes one table and the at most ten it overlaps (third_party badger
+	// 0009), not every queue table a table spanning the markers and the
+	// queue overlaps.
+	group := int64(len(denseBatchOf(hw, boot, 0, shape.readings, shape.sensors)) * shape.perRequest)
+	floor := watermark - group - 4*diskMemTable
+	low := sampleFreeSpace(t, mnt, dataDir)
 	for cycle := range attackSize(1, 10) {
 		local.Pause(t)
 		full := false
 		for range 2000 {
 			code := push()
-			lowest = min(lowest, freeBytes(t, mnt))
+			low.sample()
 			requireAlive(t, d)
 			if code == http.StatusInsufficientStorage {
 				full = true
@@ -110,29 +154,32 @@ func TestFullDiskCyclesWithFrozenUplink(t *testing.T) {
 		// Drain: ingest resumes once the uplink's deletions are compacted away.
 		start := time.Now()
 		require.Eventually(t, func() bool {
-			lowest = min(lowest, freeBytes(t, mnt))
+			low.sample()
 			requireAlive(t, d)
 			return d.metric(t, "gateway_buffer_pending_batches") == "0"
 		}, 180*time.Second, 200*time.Millisecond, "cycle %d: the backlog drains", cycle)
 		drained := time.Since(start)
 		start = time.Now()
 		require.Eventually(t, func() bool {
-			lowest = min(lowest, freeBytes(t, mnt))
+			low.sample()
 			return push() == http.StatusOK
-		}, 60*time.Second, 500*time.Millisecond, "cycle %d: ingest resumes", cycle)
-		t.Logf("cycle %d: 507 with %d MiB free (watermark %d MiB); drained in %s; accepting again %s later; lowest free %d MiB",
-			cycle, filled>>20, watermark>>20, drained.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), lowest>>20)
+		}, 60*time.Second, 500*time.Millisecond, "cycle %d: ingest resumes; free %.1f MiB, the data directory: %s",
+			cycle, mib(freeBytes(t, mnt)), listData(dataDir))
+		lowest := low.take()
+		t.Logf("cycle %d: 507 with %.1f MiB free (watermark %.1f MiB); drained in %s; accepting again %s later; "+
+			"lowest free %.1f MiB at %s",
+			cycle, mib(filled), mib(watermark), drained.Round(time.Millisecond), time.Since(start).Round(time.Millisecond),
+			mib(lowest.free), lowest.files)
 		requireAlive(t, d)
+		// Every cycle's lowest point is reported, not only the first too low.
+		assert.GreaterOrEqual(t, lowest.free, floor,
+			"cycle %d: free space stayed at the watermark, less one commit group and Badger's next log and table; "+
+				"the data directory then: %s", cycle, lowest.files)
 	}
-	// Under the watermark by at most one commit group (20 batches of
-	// about 2.7 KiB) and what Badger allocates after the last admitted
-	// batch, which the watermark is there for: a new write-ahead log (twice
-	// the memtable) and a flushed table.
-	require.GreaterOrEqual(t, lowest, watermark-4*diskMemTable,
-		"free space stayed at the watermark, less one commit group and Badger's next log and table")
 
 	// Another writer fills the disk while gatewayd is stopped: it starts,
 	// answers 507, and accepts again when space returns.
+	low.stop()
 	require.NoError(t, d.stop(t, syscall.SIGTERM))
 	filler := filepath.Join(mnt, "filler")
 	fillDisk(t, filler)
@@ -148,8 +195,13 @@ func TestFullDiskCyclesWithFrozenUplink(t *testing.T) {
 
 	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" },
 		120*time.Second, 200*time.Millisecond)
+	want := 0
+	for _, n := range acked {
+		want += n
+	}
 	// Reading back ~100,000 items after 10 cycles, DynamoDB Local sometimes
-	// answers 500 InternalFailure: ask again.
+	// answers 500 InternalFailure: ask again. One read of the largest
+	// batches' 151,000 takes over two minutes: the bound grows with them.
 	var stored map[string]int
 	require.Eventually(t, func() bool {
 		var err error
@@ -158,16 +210,124 @@ func TestFullDiskCyclesWithFrozenUplink(t *testing.T) {
 			t.Logf("reading back: %v", err)
 		}
 		return err == nil
-	}, 120*time.Second, 2*time.Second)
+	}, 120*time.Second+time.Duration(want)*2*time.Millisecond, 2*time.Second)
 	for k, n := range stored {
 		require.Equal(t, 1, n, "reading %s stored once", k)
 	}
-	want := 0
-	for _, n := range acked {
-		want += n
-	}
 	require.Len(t, stored, want, "every acknowledged reading is in DynamoDB")
 	t.Logf("%d batches acknowledged over %d cycles, all delivered once", len(acked), attackSize(1, 10))
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
+
+// freeSample is the lowest free space a freeSampler saw and the data
+// directory's files at that moment.
+type freeSample struct {
+	free  int64
+	files string
+}
+
+// freeSampler reads a file system's free space every 25 ms and keeps the
+// lowest since the last take, with the data directory's files then.
+type freeSampler struct {
+	mnt, dataDir string
+
+	mu     sync.Mutex
+	lowest freeSample
+	done   chan struct{}
+	exited chan struct{}
+}
+
+// sampleFreeSpace starts a freeSampler on mnt, listing dataDir; it stops
+// at cleanup.
+func sampleFreeSpace(t *testing.T, mnt, dataDir string) *freeSampler {
+	s := &freeSampler{mnt: mnt, dataDir: dataDir, lowest: freeSample{free: math.MaxInt64},
+		done: make(chan struct{}), exited: make(chan struct{})}
+	go func() {
+		defer close(s.exited)
+		tick := time.NewTicker(25 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-s.done:
+				return
+			case <-tick.C:
+			}
+			s.sample()
+		}
+	}()
+	t.Cleanup(s.stop)
+	return s
+}
+
+// sample reads the free space now and keeps it if it is the lowest yet.
+// The test calls it too, after each request.
+func (s *freeSampler) sample() {
+	var st syscall.Statfs_t
+	if syscall.Statfs(s.mnt, &st) != nil {
+		return
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	s.mu.Lock()
+	lower := free < s.lowest.free
+	s.mu.Unlock()
+	if !lower {
+		return
+	}
+	files := listData(s.dataDir)
+	s.mu.Lock()
+	if free < s.lowest.free {
+		s.lowest = freeSample{free: free, files: files}
+	}
+	s.mu.Unlock()
+}
+
+// take returns the lowest sample since the last take and starts over.
+func (s *freeSampler) take() freeSample {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	low := s.lowest
+	s.lowest = freeSample{free: math.MaxInt64}
+	return low
+}
+
+func (s *freeSampler) stop() {
+	select {
+	case <-s.done:
+	default:
+		close(s.done)
+	}
+	<-s.exited
+}
+
+// listData summarises dir's files by kind (count and allocated MiB), with
+// the write-ahead logs, value logs and other files by name.
+func listData(dir string) string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err.Error()
+	}
+	var ssts, sstBytes int64
+	var named []string
+	for _, e := range ents {
+		info, err := e.Info()
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		alloc := info.Size()
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			alloc = st.Blocks * 512
+		}
+		if strings.HasSuffix(e.Name(), ".sst") {
+			ssts++
+			sstBytes += alloc
+			continue
+		}
+		if alloc >= 64<<10 {
+			named = append(named, fmt.Sprintf("%s %.2f", e.Name(), mib(alloc)))
+		}
+	}
+	return fmt.Sprintf("%d sst %.2f MiB; %s", ssts, mib(sstBytes), strings.Join(named, ", "))
 }
 
 // fillDisk writes path until the file system is full.

@@ -1749,7 +1749,9 @@ func (db *DB) Flatten(workers int) error {
 				levels = append(levels, i)
 			}
 		}
-		if len(levels) <= 1 {
+		// Tables in L0 overlap each other: L0 alone is not one level, and
+		// what its tables delete stays on disk until they are compacted.
+		if len(levels) == 0 || (len(levels) == 1 && levels[0] != 0) {
 			prios := db.lc.pickCompactLevels(nil)
 			if len(prios) == 0 || prios[0].score <= 1.0 {
 				db.opt.Infof("All tables consolidated into one level. Flattening done.\n")

@@ -747,7 +747,6 @@ func (s *levelsController) subcompact(it y.Iterator, kr keyRange, cd compactDef,
 	addKeys := func(builder *table.Builder) {
 		timeStart := time.Now()
 		var numKeys, numSkips uint64
-		var rangeCheck int
 		var tableKr keyRange
 		for ; it.Valid(); it.Next() {
 			// See if we need to skip the prefix.
@@ -788,17 +787,14 @@ func (s *levelsController) subcompact(it y.Iterator, kr keyRange, cd compactDef,
 				}
 				tableKr.right = lastKey
 
-				rangeCheck++
-				if rangeCheck%5000 == 0 {
-					// This table's range exceeds the allowed range overlap with the level after
-					// next. So, we stop writing to this table. If we don't do this, then we end up
-					// doing very expensive compactions involving too many tables. To amortize the
-					// cost of this check, we do it only every N keys.
-					if exceedsAllowedOverlap(tableKr) {
-						// s.kv.opt.Debugf("L%d -> L%d Breaking due to exceedsAllowedOverlap with
-						// kr: %s\n", cd.thisLevel.level, cd.nextLevel.level, tableKr)
-						break
-					}
+				// This table's range exceeds the allowed range overlap with the level after
+				// next. So, we stop writing to this table. If we don't do this, then we end up
+				// doing very expensive compactions involving too many tables. The check runs at
+				// every new key: a table of large values holds a few hundred keys, and one key
+				// can take its range across every table of the level after next (the first key
+				// after a run of keys with another prefix).
+				if exceedsAllowedOverlap(tableKr) {
+					break
 				}
 			}
 
