@@ -227,13 +227,16 @@ func checkListedTables(dir string, tables map[uint64]string, listed map[uint64]m
 	return listedMax, nil
 }
 
-// checkUnlistedTables checks the tables the MANIFEST does not list, which
+// checkUnlistedTables checks, in id order, the tables the MANIFEST does not list, which
 // Badger deletes at open: each must be compacted away already (deleted),
 // unreadable (a crash interrupted its writing), or hold only versions a
 // listed table (up to listedMax) or a write-ahead log also holds.
 func checkUnlistedTables(dir string, tables map[uint64]string, listed map[uint64]manifestTable, deleted map[uint64]bool,
 	listedMax uint64, logs []walScan, logger *slog.Logger) error {
-	for id, name := range tables {
+	// In id order, so that every check of one directory names the same
+	// table.
+	for _, id := range slices.Sorted(maps.Keys(tables)) {
+		name := tables[id]
 		if _, ok := listed[id]; ok {
 			continue
 		}
