@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,7 +76,10 @@ type bytesRun struct {
 	// lookups) and lambda (the Invoke API).
 	Total      byterelay.Counts            `json:"total"`
 	ByEndpoint map[string]byterelay.Counts `json:"by_endpoint"`
-	Seconds    float64                     `json:"seconds"`
+	// Operations is each relay's requests and bytes up by operation
+	// (X-Amz-Target; "" for the Invoke API).
+	Operations map[string]byterelay.Operations `json:"operations_by_endpoint"`
+	Seconds    float64                         `json:"seconds"`
 	// GatewaySent and GatewayReceived are gatewayd's own count over the
 	// same window (gateway_uplink_bytes_total, every client); Goroutines
 	// is the plain writer's.
@@ -215,6 +219,22 @@ func (rs relays) counts() (byterelay.Counts, map[string]byterelay.Counts) {
 	return total, by
 }
 
+func (rs relays) operations() map[string]byterelay.Operations {
+	out := map[string]byterelay.Operations{}
+	for name, rl := range rs {
+		out[name] = rl.Operations()
+	}
+	return out
+}
+
+func subOps(after, before map[string]byterelay.Operations) map[string]byterelay.Operations {
+	out := map[string]byterelay.Operations{}
+	for k, v := range after {
+		out[k] = v.Sub(before[k])
+	}
+	return out
+}
+
 func (rs relays) close() {
 	for _, rl := range rs {
 		_ = rl.Close()
@@ -318,6 +338,7 @@ func (r *runner) bytesLive(ctx context.Context, target, rie, bootstrap string) (
 		return run, nil, fmt.Errorf("verifying the key: %d %v", code, err)
 	}
 	_, before := rs.settle(ctx)
+	ops0 := rs.operations()
 	m0, err := g.metrics(ctx)
 	if err != nil {
 		return run, nil, err
@@ -332,6 +353,7 @@ func (r *runner) bytesLive(ctx context.Context, target, rie, bootstrap string) (
 		return run, nil, err
 	}
 	_, after := rs.settle(ctx)
+	run.Operations = subOps(rs.operations(), ops0)
 	run.Seconds = time.Since(t0).Seconds()
 	m1, err := g.metrics(ctx)
 	if err != nil {
@@ -464,6 +486,7 @@ func (r *runner) bytesDrain(ctx context.Context, target, rie, bootstrap string) 
 		return run, nil, err
 	}
 	run.Total, run.ByEndpoint = rs.settle(ctx)
+	run.Operations = rs.operations()
 	run.Drain = &gd
 	run.Seconds = gd.Seconds
 	run.Batches, run.Readings = int64(f.info.Batches), int64(f.info.Readings)
@@ -515,6 +538,7 @@ func (r *runner) plainSameItems(ctx context.Context, items []*itemBatch, g int) 
 	}
 	run.Seconds = w.Seconds
 	run.Total, run.ByEndpoint = rs.settle(ctx)
+	run.Operations = rs.operations()
 	if run.ReadingsStored, err = countItems(ctx, r.dynamo.client, tables.Readings); err != nil {
 		return run, err
 	}
@@ -574,6 +598,11 @@ func (r *runner) reportUplinkBytes(res uplinkBytesResult) {
 					name, c.Up, c.Down, c.Requests, c.Connections))
 			}
 		}
+		for _, name := range []string{bytesDirect, bytesLambda} {
+			if ops := run.Operations[name]; len(ops) > 0 {
+				r.res.note("%s: %s endpoint by operation: %s", section, name, opsText(ops))
+			}
+		}
 		window := "from the first device batch to the uplink idle after the last delivery (the key's first lookup before it left out)"
 		if run.Phase == "draining" {
 			window = "from gatewayd's start to its stop, start-up included"
@@ -596,6 +625,11 @@ func (r *runner) reportUplinkBytes(res uplinkBytesResult) {
 				d.InvokedBatches/d.Invocations)
 		}
 	}
+	for _, plain := range []bytesRun{res.PlainLive, res.PlainDrain} {
+		if ops := plain.Operations[bytesDirect]; len(ops) > 0 {
+			r.res.note("uplink bytes, plain same-items writer, %s: by operation: %s", plain.Phase, opsText(ops))
+		}
+	}
 	r.res.note("uplink bytes: live rate %d devices, a batch of %d readings each %s for %s, each device at its own point of the minute; "+
 		"draining a backlog of %d readings from %d devices; the lambda target's function is the readings function under the Runtime Interface "+
 		"Emulator (its own writes to DynamoDB are the cloud's, not counted). The plain same-items writer writes the items gatewayd writes "+
@@ -607,4 +641,33 @@ func (r *runner) reportUplinkBytes(res uplinkBytesResult) {
 		"per request or answer, one more per 16 KiB) and a full handshake of %d B up and %d B down a connection (certificate chain, no "+
 		"resumption); temporary credentials add an X-Amz-Security-Token of about %d B to every request; from the counted requests and connections",
 		tlsRecordBytes, tlsHandshakeUp, tlsHandshakeDown, sessionTokenBytes)
+}
+
+// opsText is a relay's operations, most requests first: each one's
+// requests and bytes up, in all and per request.
+func opsText(ops byterelay.Operations) string {
+	names := make([]string, 0, len(ops))
+	for name := range ops {
+		names = append(names, name)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		if ops[names[i]].Requests != ops[names[j]].Requests {
+			return ops[names[i]].Requests > ops[names[j]].Requests
+		}
+		return names[i] < names[j]
+	})
+	parts := make([]string, 0, len(names))
+	for _, name := range names {
+		o := ops[name]
+		label := strings.TrimPrefix(name, "DynamoDB_20120810.")
+		if label == "" {
+			label = "(no X-Amz-Target)"
+		}
+		per := int64(0)
+		if o.Requests > 0 {
+			per = o.Up / o.Requests
+		}
+		parts = append(parts, fmt.Sprintf("%s %d requests, %d B up (%d B each)", label, o.Requests, o.Up, per))
+	}
+	return strings.Join(parts, "; ")
 }

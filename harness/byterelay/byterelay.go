@@ -23,6 +23,9 @@ type Relay struct {
 	// they ended: their later requests are not counted.
 	unparsed atomic.Int64
 
+	opsMu sync.Mutex
+	ops   map[string]Operation // by X-Amz-Target
+
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	open   map[net.Conn]struct{}
@@ -44,6 +47,29 @@ type Counts struct {
 	Unparsed int64 `json:"connections_unparsed"`
 }
 
+// Operation is the requests of one API operation (their X-Amz-Target
+// header, "" for requests without one) and their bytes up: request line,
+// headers and body.
+type Operation struct {
+	Requests int64 `json:"requests"`
+	Up       int64 `json:"bytes_up"`
+}
+
+// Operations is the requests and bytes up by operation.
+type Operations map[string]Operation
+
+// Sub is o minus before: what crossed between two readings.
+func (o Operations) Sub(before Operations) Operations {
+	out := Operations{}
+	for k, v := range o {
+		b := before[k]
+		if d := (Operation{Requests: v.Requests - b.Requests, Up: v.Up - b.Up}); d.Requests != 0 || d.Up != 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
 // Sub is c minus before: what crossed between two readings.
 func (c Counts) Sub(before Counts) Counts {
 	return Counts{Up: c.Up - before.Up, Down: c.Down - before.Down, Connections: c.Connections - before.Connections,
@@ -63,7 +89,7 @@ func Start(target string) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{ln: ln, target: target, open: map[net.Conn]struct{}{}}
+	r := &Relay{ln: ln, target: target, open: map[net.Conn]struct{}{}, ops: map[string]Operation{}}
 	r.wg.Add(1)
 	go r.accept()
 	return r, nil
@@ -91,6 +117,18 @@ func (r *Relay) Requests() int64 { return r.reqs.Load() }
 func (r *Relay) Counts() Counts {
 	return Counts{Up: r.up.Load(), Down: r.down.Load(), Connections: r.conns.Load(), Requests: r.reqs.Load(),
 		Unparsed: r.unparsed.Load()}
+}
+
+// Operations reads the requests and bytes up by operation so far. A
+// request is counted once its body has been read.
+func (r *Relay) Operations() Operations {
+	r.opsMu.Lock()
+	defer r.opsMu.Unlock()
+	out := make(Operations, len(r.ops))
+	for k, v := range r.ops {
+		out[k] = v
+	}
+	return out
 }
 
 // Close stops listening, closes every relayed connection and waits for the
@@ -174,8 +212,10 @@ func (r *Relay) pipe(dst, src net.Conn, n *atomic.Int64, tee *io.PipeWriter) {
 // rest unparsed.
 func (r *Relay) countRequests(stream *io.PipeReader) {
 	defer r.wg.Done()
-	br := bufio.NewReader(stream)
+	counted := &countingReader{r: stream}
+	br := bufio.NewReader(counted)
 	for {
+		start := counted.n - int64(br.Buffered())
 		req, err := http.ReadRequest(br)
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
@@ -183,13 +223,21 @@ func (r *Relay) countRequests(stream *io.PipeReader) {
 			}
 			break
 		}
-		r.reqs.Add(1)
 		_, err = io.Copy(io.Discard, req.Body)
 		_ = req.Body.Close()
 		if err != nil {
+			r.reqs.Add(1)
 			r.unparsed.Add(1)
 			break
 		}
+		op := req.Header.Get("X-Amz-Target")
+		r.opsMu.Lock()
+		o := r.ops[op]
+		o.Requests++
+		o.Up += counted.n - int64(br.Buffered()) - start
+		r.ops[op] = o
+		r.opsMu.Unlock()
+		r.reqs.Add(1)
 	}
 	_, _ = io.Copy(io.Discard, br)
 	_ = stream.Close()
@@ -209,5 +257,17 @@ func (c countingWriter) Write(p []byte) (int, error) {
 	if c.tee != nil && n > 0 {
 		_, _ = c.tee.Write(p[:n])
 	}
+	return n, err
+}
+
+// countingReader counts the bytes read from r.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
 	return n, err
 }

@@ -51,8 +51,15 @@ func TestRelayCountsBytesConnectionsAndRequests(t *testing.T) {
 		return countedConn{Conn: c, read: &read, written: &written}, nil
 	}}
 	client := &http.Client{Transport: tr}
+	target := ""
 	post := func(body io.Reader) {
-		resp, err := client.Post(relay.URL()+"/x", "text/plain", body)
+		req, err := http.NewRequest(http.MethodPost, relay.URL()+"/x", body)
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "text/plain")
+		if target != "" {
+			req.Header.Set("X-Amz-Target", target)
+		}
+		resp, err := client.Do(req)
 		require.NoError(t, err)
 		_, err = io.Copy(io.Discard, resp.Body)
 		require.NoError(t, err)
@@ -63,7 +70,9 @@ func TestRelayCountsBytesConnectionsAndRequests(t *testing.T) {
 	// (an io.Reader of unknown length), on one connection; then a second
 	// connection.
 	for range 5 {
+		target = "DynamoDB_20120810.BatchWriteItem"
 		post(strings.NewReader(strings.Repeat("reading ", 500)))
+		target = ""
 		post(io.MultiReader(strings.NewReader("chunked "), strings.NewReader(strings.Repeat("body ", 3000))))
 	}
 	tr.CloseIdleConnections()
@@ -81,8 +90,15 @@ func TestRelayCountsBytesConnectionsAndRequests(t *testing.T) {
 	require.Equal(t, c.Down, relay.Down())
 	require.Equal(t, c.Connections, relay.Connections())
 	require.Equal(t, c.Requests, relay.Requests())
+	// Every byte up is a request's: by operation they add up to Up.
+	ops := relay.Operations()
+	require.Len(t, ops, 2)
+	require.Equal(t, int64(5), ops["DynamoDB_20120810.BatchWriteItem"].Requests)
+	require.Equal(t, int64(6), ops[""].Requests)
+	require.Greater(t, ops["DynamoDB_20120810.BatchWriteItem"].Up, int64(5*4000))
+	require.Equal(t, c.Up, ops["DynamoDB_20120810.BatchWriteItem"].Up+ops[""].Up)
 
-	before := c
+	before, opsBefore := c, ops
 	post(strings.NewReader("one more"))
 	require.Eventually(t, func() bool { return relay.Requests() == 12 }, 5*time.Second, 10*time.Millisecond)
 	d := relay.Counts().Sub(before)
@@ -90,6 +106,8 @@ func TestRelayCountsBytesConnectionsAndRequests(t *testing.T) {
 	require.Equal(t, int64(1), d.Connections)
 	require.Positive(t, d.Up)
 	require.Equal(t, relay.Counts(), before.Add(d))
+	dOps := relay.Operations().Sub(opsBefore)
+	require.Equal(t, Operations{"": {Requests: 1, Up: d.Up}}, dOps)
 }
 
 func TestRelayCountsAStreamThatIsNotHTTP(t *testing.T) {
