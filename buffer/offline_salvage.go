@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -88,6 +89,7 @@ type salvaged struct {
 // any file, as Badger resolves versions: the highest version wins, a
 // deletion included.
 type salvageReader struct {
+	dir    string // where value log files are read
 	keys   map[string]salvaged
 	report *SalvageReport
 }
@@ -122,13 +124,45 @@ func (r *salvageReader) add(keyTs []byte, meta byte, value []byte, file, from st
 		return
 	}
 	if meta&badgerBitValuePointer != 0 && meta&badgerBitDelete == 0 {
-		// A value in the value log: batches are kept in the tree
-		// (ValueThreshold above any batch), so this is not expected.
-		r.report.Skipped = append(r.report.Skipped, SkippedPart{File: file, Block: -1,
-			Reason: fmt.Sprintf("the value of key %q is in the value log, which salvage does not read", key)})
-		return
+		// A value in the value log (a batch over ValueThreshold, memtable/8).
+		v, err := r.valueFromLog(keyTs, value)
+		if err != nil {
+			r.report.Skipped = append(r.report.Skipped, SkippedPart{File: file, Block: -1,
+				Reason: fmt.Sprintf("the value of key %q in the value log: %v", key, err)})
+			return
+		}
+		value = v
 	}
 	r.keys[string(key)] = salvaged{version: version, deleted: meta&badgerBitDelete != 0, value: bytes.Clone(value), from: []string{from}}
+}
+
+// valueFromLog reads the value a record points to in the value log:
+// Badger's value pointer is the file id, the entry's length and its offset,
+// three uint32s in the machine's byte order, and the entry has the
+// write-ahead log's format, checksum included.
+func (r *salvageReader) valueFromLog(keyTs, ptr []byte) ([]byte, error) {
+	if len(ptr) < 12 {
+		return nil, errors.New("its value pointer is short")
+	}
+	fid, length, off := binary.NativeEndian.Uint32(ptr), binary.NativeEndian.Uint32(ptr[4:]), binary.NativeEndian.Uint32(ptr[8:])
+	name := fmt.Sprintf("%06d.vlog", fid)
+	f, err := os.Open(filepath.Join(r.dir, name))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || int64(off)+int64(length) > fi.Size() {
+		return nil, fmt.Errorf("%s: offset %d and length %d lie beyond its end", name, off, length)
+	}
+	buf := make([]byte, length)
+	if _, err := f.ReadAt(buf, int64(off)); err != nil {
+		return nil, fmt.Errorf("%s offset %d: %w", name, off, err)
+	}
+	e, st := readWALEntry(buf, 0)
+	if st != walOK || !bytes.Equal(e.key, keyTs) {
+		return nil, fmt.Errorf("%s offset %d: the entry is damaged or another key's", name, off)
+	}
+	return e.value, nil
 }
 
 // Salvage reads every readable record of the buffer in dir, damaged or
@@ -167,7 +201,7 @@ func Salvage(ctx context.Context, dir, out string, logger *slog.Logger) (Salvage
 	if len(tables) == 0 && len(mems) == 0 {
 		return rep, fmt.Errorf("salvage: no buffer at %s (no table or write-ahead log files): check --data-dir", dir)
 	}
-	r := &salvageReader{keys: map[string]salvaged{}, report: &rep}
+	r := &salvageReader{dir: dir, keys: map[string]salvaged{}, report: &rep}
 	// A MANIFEST that can be read tells each table's compression and
 	// which tables were compacted away (their records are older versions
 	// of what newer tables hold).

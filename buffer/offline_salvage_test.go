@@ -367,3 +367,42 @@ func TestSalvageKeepsADevicesWholeBacklog(t *testing.T) {
 	require.NoError(t, b.Close())
 	salvageAndCheck(t, dir, ids)
 }
+
+// TestSalvageReadsBatchesInTheValueLog: with a 1 MiB memtable, batches
+// over memtable/8 are kept in the value log, the tree holding pointers to
+// them; salvage reads each through its pointer, from a closed buffer and
+// from what a kill -9 leaves.
+func TestSalvageReadsBatchesInTheValueLog(t *testing.T) {
+	for _, crashed := range []bool{false, true} {
+		b := open(t, t.TempDir(), smallOptions)
+		var ids []string
+		for g := range 6 {
+			var entries []Entry
+			for i := g * 5; i < g*5+5; i++ {
+				e := entry(fmt.Sprintf("batch-%05d", i), "")
+				e.Payload = slices.Concat(incompressible(i), incompressible(i+1e6))
+				for len(e.Payload) < 200<<10 {
+					e.Payload = append(e.Payload, incompressible(len(e.Payload)+i)...)
+				}
+				entries = append(entries, e)
+				ids = append(ids, e.BatchID)
+			}
+			commit(t, b, entries...)
+		}
+		dir := b.dir
+		if crashed {
+			dir = copyDir(t, b.dir)
+		} else {
+			require.NoError(t, b.Close())
+		}
+		vlogs, _ := filepath.Glob(filepath.Join(dir, "*.vlog"))
+		require.NotEmpty(t, vlogs)
+		var inLog int64
+		for _, v := range vlogs {
+			inLog += size(t, v)
+		}
+		require.Greater(t, inLog, int64(len(ids))*(200<<10), "the batches are in the value log")
+		rep := salvageAndCheck(t, dir, ids)
+		require.Empty(t, rep.Skipped)
+	}
+}

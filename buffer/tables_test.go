@@ -132,7 +132,7 @@ func TestTablesOverlapFewTablesOfTheNextLevel(t *testing.T) {
 		for k := range entries {
 			i := g*perGroup + k
 			p := append(append(incompressible(i), incompressible(i+1e6)...), incompressible(i+2e6)...)
-			entries[k] = Entry{BatchID: fmt.Sprintf("AA:BB:CC:DD:EE:FF_%013d", 1_700_000_000_000+i*5000), HardwareID: "AA:BB:CC:DD:EE:FF",
+			entries[k] = Entry{BatchID: fmt.Sprintf("AA:BB:CC:DD:EE:FF_%013d", 1_700_000_000_000+int64(i)*5000), HardwareID: "AA:BB:CC:DD:EE:FF",
 				Hash: sha256.Sum256(p), Payload: p, ReceivedAt: time.UnixMilli(1_700_000_000_000)}
 		}
 		_, err := b.Commit(context.Background(), entries)
