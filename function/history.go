@@ -54,11 +54,12 @@ func hints(hs []event.HistoryHint) map[string][]contract.Reading {
 		return nil
 	}
 	out := make(map[string][]contract.Reading, len(hs))
-	twice := map[string]bool{}
+	seen := map[string]int{}
 	for _, h := range hs {
-		if _, ok := out[h.HardwareID]; ok || twice[h.HardwareID] {
-			delete(out, h.HardwareID)
-			twice[h.HardwareID] = true
+		seen[h.HardwareID]++
+	}
+	for _, h := range hs {
+		if seen[h.HardwareID] > 1 {
 			continue
 		}
 		if rs, ok := hintReadings(h.Readings); ok {

@@ -19,15 +19,43 @@ import (
 // the table or not. Events carry a device's history (event.HistoryHint)
 // once it holds HistoryLen readings, so that the function need not read
 // them (it reads them without a hint, e.g. for a device's first batches
-// after a start). It holds at most historyDevices devices (about 3 KB
-// each with a few sensors); a device beyond them has its readings read.
+// after a start). It holds at most historyDevices devices and about
+// historyBytes of their hints' encoding; a device beyond them has its
+// readings read.
 type deliveredHistory struct {
 	mu      sync.Mutex
 	devices map[string][]historyEntry
+	sizes   map[string]int // each device's hintSize
+	total   int
 }
 
-// historyDevices bounds the devices a deliveredHistory holds.
-const historyDevices = 4096
+// historyDevices and historyBytes bound what a deliveredHistory holds.
+const (
+	historyDevices = 4096
+	historyBytes   = 4 << 20
+)
+
+// entrySize is about what a reading takes in a hint's JSON: its
+// timestamp and, for each sensor, its name and a number of up to 24
+// characters with the quotes and separators.
+func entrySize(e historyEntry) int {
+	n := 32
+	for name := range e.sensors {
+		n += len(name) + 28
+	}
+	return n
+}
+
+// hintSize is about what the device's hint adds to an event, 0 without
+// one.
+func (h *deliveredHistory) hintSize(hw string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.devices[hw]) < event.HistoryLen {
+		return 0
+	}
+	return h.sizes[hw] + len(hw) + 48
+}
 
 // historyEntry is one reading of a deliveredHistory.
 type historyEntry struct {
@@ -60,10 +88,10 @@ func (h *deliveredHistory) delivered(hw, batchID string, readings []contract.Rea
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.devices == nil {
-		h.devices = map[string][]historyEntry{}
+		h.devices, h.sizes = map[string][]historyEntry{}, map[string]int{}
 	}
 	es, known := h.devices[hw]
-	if !known && len(h.devices) >= historyDevices {
+	if !known && (len(h.devices) >= historyDevices || h.total >= historyBytes) {
 		return
 	}
 	for _, r := range readings {
@@ -76,14 +104,21 @@ func (h *deliveredHistory) delivered(hw, batchID string, readings []contract.Rea
 	if n := len(es) - event.HistoryLen; n > 0 {
 		es = slices.Delete(es, 0, n)
 	}
-	h.devices[hw] = es
+	size := 0
+	for _, e := range es {
+		size += entrySize(e)
+	}
+	h.total += size - h.sizes[hw]
+	h.devices[hw], h.sizes[hw] = es, size
 }
 
 // forget drops what is known of the device.
 func (h *deliveredHistory) forget(hw string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.total -= h.sizes[hw]
 	delete(h.devices, hw)
+	delete(h.sizes, hw)
 }
 
 // compareEntries orders entries as device_readings' sort key does.

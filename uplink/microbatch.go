@@ -171,6 +171,9 @@ func (m *microBatcher) send(ctx context.Context) {
 		hw, added := m.queue[taken].hw, 0
 		for m.sent[hw] < len(m.byDevice[hw]) && !full {
 			rb, size, ok := m.decode(hw)
+			if ok && added == 0 {
+				size += m.t.history.hintSize(hw) // launch adds the device's hint
+			}
 			switch {
 			case !ok:
 				continue
@@ -274,6 +277,11 @@ func itemID(p buffer.Pending) string { return strconv.FormatUint(p.Seq, 10) }
 func (m *microBatcher) settle(d packDone) {
 	now := time.Now()
 	if d.err != nil && len(d.pack) > 1 && m.splittable(d) {
+		// The failed invocation may have written some of its readings:
+		// the halves go without the devices' hints.
+		for _, rb := range d.pack {
+			m.t.history.forget(rb.p.HardwareID)
+		}
 		m.split(d)
 		return
 	}
