@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -80,7 +81,9 @@ func TestFleetFromManyAddressesAllConnect(t *testing.T) {
 	require.Equal(t, n, connected, "devices with a CONNACK 0 (failed tries: %v)", failures)
 	// One lookup of the shared key answers every CONNECT waiting for it:
 	// none is throttled (CONNACK 3) under auth.max_lookups_per_second.
-	require.Empty(t, failures, "failed first tries")
+	for kind, n := range failures {
+		require.False(t, strings.HasPrefix(kind, "CONNACK"), "%d tries refused with %s (failed tries: %v)", n, kind, failures)
+	}
 	require.Equal(t, float64(n), metricFloat(t, d, "gateway_mqtt_clients_connected"), "connections the gateway holds")
 }
 
