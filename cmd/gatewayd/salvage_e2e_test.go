@@ -32,33 +32,8 @@ func TestSalvagedBufferIsForwarded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs gatewayd")
 	}
-	local := dynamotest.Start(t)
-	view := cloudView{client: local.Client(t), tables: local.NewTables(t)}
-	key, _, err := cloud.NewKeys(view.client, view.tables.APIKeys, e2ePepper).Create(context.Background(), "salvage")
-	require.NoError(t, err)
-	prefix := strings.TrimSuffix(view.tables.Devices, "devices")
-	dataDir := filepath.Join(t.TempDir(), "data")
-	env := []string{"GATEWAY_BUFFER_MEMTABLE_SIZE=1048576", "GATEWAY_BUFFER_HISTORY_RETENTION=-1s"}
-	d := startPlainDaemon(t, dataDir, local.Endpoint, prefix, env...)
-	hw, boot := "02:00:00:00:AA:33", uuid.NewString()
-	code, _, _ := postBatches(t, d, key, [][]byte{denseBatch(hw, boot, 0)}) // the key is verified and cached
-	require.Equal(t, 200, code)
-	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" }, 60*time.Second, 100*time.Millisecond)
-	local.Pause(t)
-	var acked []string
-	for g := range 40 {
-		var batches [][]byte
-		for i := range 20 {
-			batches = append(batches, denseBatch(hw, boot, 1+g*20+i))
-		}
-		code, _, results := postBatches(t, d, key, batches)
-		require.Equal(t, 200, code)
-		for _, r := range results {
-			acked = append(acked, r.BatchID)
-		}
-	}
-	require.NoError(t, d.stop(t, syscall.SIGTERM))
-	local.Resume(t)
+	src := ackBacklog(t, "02:00:00:00:AA:33", 40, syscall.SIGTERM)
+	local, view, prefix, dataDir, env, acked := src.local, src.view, src.prefix, src.dataDir, src.env, src.acked
 
 	tables, _ := filepath.Glob(filepath.Join(dataDir, "*.sst"))
 	require.GreaterOrEqual(t, len(tables), 2)
@@ -87,7 +62,7 @@ func TestSalvagedBufferIsForwarded(t *testing.T) {
 	t.Logf("%d acknowledged batches, %d recovered, %d lost with block %d of %s",
 		len(acked), rep.PendingBatches, lost, rep.Skipped[0].Block, rep.Skipped[0].File)
 
-	d = startPlainDaemon(t, out, local.Endpoint, prefix, env...)
+	d := startPlainDaemon(t, out, local.Endpoint, prefix, env...)
 	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" }, 120*time.Second, 200*time.Millisecond)
 	requireDeliveredOnce(t, d, int64(rep.PendingBatches))
 	markers := view.markers(t)
@@ -100,6 +75,50 @@ func TestSalvagedBufferIsForwarded(t *testing.T) {
 	}
 	require.Equal(t, lost, missing)
 	require.NoError(t, d.stop(t, syscall.SIGTERM))
+}
+
+// salvageSource is a data directory gatewayd acknowledged a backlog into
+// while DynamoDB was paused, and what it needs to forward it.
+type salvageSource struct {
+	local   *dynamotest.Local
+	view    cloudView
+	prefix  string
+	dataDir string
+	env     []string
+	acked   []string // in order; the first batch, delivered before the pause, not among them
+}
+
+// ackBacklog has gatewayd deliver one batch of hw, then acknowledge posts
+// requests of 20 batches with DynamoDB paused, and stops it with sig.
+func ackBacklog(t *testing.T, hw string, posts int, sig syscall.Signal) salvageSource {
+	t.Helper()
+	local := dynamotest.Start(t)
+	src := salvageSource{local: local, view: cloudView{client: local.Client(t), tables: local.NewTables(t)},
+		dataDir: filepath.Join(t.TempDir(), "data"),
+		env:     []string{"GATEWAY_BUFFER_MEMTABLE_SIZE=1048576", "GATEWAY_BUFFER_HISTORY_RETENTION=-1s"}}
+	key, _, err := cloud.NewKeys(src.view.client, src.view.tables.APIKeys, e2ePepper).Create(context.Background(), "salvage")
+	require.NoError(t, err)
+	src.prefix = strings.TrimSuffix(src.view.tables.Devices, "devices")
+	d := startPlainDaemon(t, src.dataDir, local.Endpoint, src.prefix, src.env...)
+	boot := uuid.NewString()
+	code, _, _ := postBatches(t, d, key, [][]byte{denseBatch(hw, boot, 0)}) // the key is verified and cached
+	require.Equal(t, 200, code)
+	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" }, 60*time.Second, 100*time.Millisecond)
+	local.Pause(t)
+	for g := range posts {
+		var batches [][]byte
+		for i := range 20 {
+			batches = append(batches, denseBatch(hw, boot, 1+g*20+i))
+		}
+		code, _, results := postBatches(t, d, key, batches)
+		require.Equal(t, 200, code)
+		for _, r := range results {
+			src.acked = append(src.acked, r.BatchID)
+		}
+	}
+	_ = d.stop(t, sig)
+	local.Resume(t)
+	return src
 }
 
 func fileSize(t *testing.T, path string) int64 {
@@ -161,33 +180,12 @@ func TestAttackSalvageAfterKillNine(t *testing.T) {
 	if attackFull() {
 		posts = 150
 	}
-	local := dynamotest.Start(t)
-	view := cloudView{client: local.Client(t), tables: local.NewTables(t)}
-	key, _, err := cloud.NewKeys(view.client, view.tables.APIKeys, e2ePepper).Create(context.Background(), "salvage")
-	require.NoError(t, err)
-	prefix := strings.TrimSuffix(view.tables.Devices, "devices")
-	source := filepath.Join(t.TempDir(), "data")
-	env := []string{"GATEWAY_BUFFER_MEMTABLE_SIZE=1048576", "GATEWAY_BUFFER_HISTORY_RETENTION=-1s"}
-	d := startPlainDaemon(t, source, local.Endpoint, prefix, env...)
-	hw, boot := "02:00:00:00:AA:34", uuid.NewString()
-	code, _, _ := postBatches(t, d, key, [][]byte{denseBatch(hw, boot, 0)})
-	require.Equal(t, 200, code)
-	require.Eventually(t, func() bool { return d.metric(t, "gateway_buffer_pending_batches") == "0" }, 60*time.Second, 100*time.Millisecond)
-	local.Pause(t)
+	src := ackBacklog(t, "02:00:00:00:AA:34", posts, syscall.SIGKILL)
+	local, view, prefix, source, env := src.local, src.view, src.prefix, src.dataDir, src.env
 	acked := map[string]bool{}
-	for g := range posts {
-		var batches [][]byte
-		for i := range 20 {
-			batches = append(batches, denseBatch(hw, boot, 1+g*20+i))
-		}
-		code, _, results := postBatches(t, d, key, batches)
-		require.Equal(t, 200, code)
-		for _, r := range results {
-			acked[r.BatchID] = true
-		}
+	for _, id := range src.acked {
+		acked[id] = true
 	}
-	_ = d.stop(t, syscall.SIGKILL)
-	local.Resume(t)
 	ctl := gatewayctlBinary(t)
 
 	largestTable := func(t *testing.T, dir string) string {
