@@ -72,9 +72,11 @@ type gatewayd struct {
 	// offset at each start; empty leaves gatewayd's default.
 	writeModes []string
 	offset     int
-	proc       *proc.Process
-	starts     int
-	mode       string // write mode of the current process
+	// extra are settings of the scenario's own (GATEWAY_NAME=VALUE).
+	extra  []string
+	proc   *proc.Process
+	starts int
+	mode   string // write mode of the current process
 }
 
 func newGatewayd(bin, dir, endpoint, prefix string) (*gatewayd, error) {
@@ -108,7 +110,7 @@ func (g *gatewayd) environ(mode string) []string {
 			env = append(env, kv)
 		}
 	}
-	return append(env,
+	env = append(env,
 		"GATEWAY_API_KEY_PEPPER="+pepper,
 		"AWS_ACCESS_KEY_ID=local", "AWS_SECRET_ACCESS_KEY=local", "AWS_REGION=us-east-1",
 		"AWS_EC2_METADATA_DISABLED=true",
@@ -116,6 +118,7 @@ func (g *gatewayd) environ(mode string) []string {
 		"GATEWAY_HTTP_RETRY_AFTER=1s", "GATEWAY_SHUTDOWN_TIMEOUT="+shutdownTimeout.String(),
 		"GATEWAY_UPLINK_WRITE_MODE="+mode,
 	)
+	return append(env, g.extra...)
 }
 
 // start runs gatewayd and waits until /readyz answers 200.
