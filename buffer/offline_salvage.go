@@ -90,6 +90,7 @@ type salvaged struct {
 // deletion included.
 type salvageReader struct {
 	dir    string // where value log files are read
+	vlogs  map[uint32]openLog
 	keys   map[string]salvaged
 	report *SalvageReport
 }
@@ -146,12 +147,11 @@ func (r *salvageReader) valueFromLog(keyTs, ptr []byte) ([]byte, error) {
 	}
 	fid, length, off := binary.NativeEndian.Uint32(ptr), binary.NativeEndian.Uint32(ptr[4:]), binary.NativeEndian.Uint32(ptr[8:])
 	name := fmt.Sprintf("%06d.vlog", fid)
-	f, err := os.Open(filepath.Join(r.dir, name))
+	f, err := r.valueLog(fid, name)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	if fi, err := f.Stat(); err != nil || int64(off)+int64(length) > fi.Size() {
+	if int64(off)+int64(length) > f.size {
 		return nil, fmt.Errorf("%s: offset %d and length %d lie beyond its end", name, off, length)
 	}
 	buf := make([]byte, length)
@@ -163,6 +163,48 @@ func (r *salvageReader) valueFromLog(keyTs, ptr []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%s offset %d: the entry is damaged or another key's", name, off)
 	}
 	return e.value, nil
+}
+
+// openLog is a value log file salvage reads, open until the read is done.
+type openLog struct {
+	*os.File
+	size int64
+}
+
+// valueLog returns the value log file fid, opened at its first use; a
+// file that cannot be opened is tried once.
+func (r *salvageReader) valueLog(fid uint32, name string) (openLog, error) {
+	if f, ok := r.vlogs[fid]; ok {
+		if f.File == nil {
+			return f, fmt.Errorf("%s cannot be read", name)
+		}
+		return f, nil
+	}
+	if r.vlogs == nil {
+		r.vlogs = map[uint32]openLog{}
+	}
+	f, err := os.Open(filepath.Join(r.dir, name))
+	if err != nil {
+		r.vlogs[fid] = openLog{}
+		return openLog{}, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		r.vlogs[fid] = openLog{}
+		return openLog{}, err
+	}
+	r.vlogs[fid] = openLog{File: f, size: fi.Size()}
+	return r.vlogs[fid], nil
+}
+
+// closeLogs closes the value log files read.
+func (r *salvageReader) closeLogs() {
+	for _, f := range r.vlogs {
+		if f.File != nil {
+			f.Close()
+		}
+	}
 }
 
 // Salvage reads every readable record of the buffer in dir, damaged or
@@ -202,6 +244,7 @@ func Salvage(ctx context.Context, dir, out string, logger *slog.Logger) (Salvage
 		return rep, fmt.Errorf("salvage: no buffer at %s (no table or write-ahead log files): check --data-dir", dir)
 	}
 	r := &salvageReader{dir: dir, keys: map[string]salvaged{}, report: &rep}
+	defer r.closeLogs()
 	// A MANIFEST that can be read tells each table's compression and
 	// which tables were compacted away (their records are older versions
 	// of what newer tables hold).

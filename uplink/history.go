@@ -24,9 +24,15 @@ import (
 // readings read.
 type deliveredHistory struct {
 	mu      sync.Mutex
-	devices map[string][]historyEntry
-	sizes   map[string]int // each device's hintSize
-	total   int
+	devices map[string]deviceHistory
+	total   int // the devices' sizes
+}
+
+// deviceHistory is a device's newest readings, oldest first, and their
+// size by entrySize.
+type deviceHistory struct {
+	entries []historyEntry
+	size    int
 }
 
 // historyDevices and historyBytes bound what a deliveredHistory holds.
@@ -51,10 +57,11 @@ func entrySize(e historyEntry) int {
 func (h *deliveredHistory) hintSize(hw string) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.devices[hw]) < event.HistoryLen {
+	d := h.devices[hw]
+	if len(d.entries) < event.HistoryLen {
 		return 0
 	}
-	return h.sizes[hw] + len(hw) + 48
+	return d.size + len(hw) + 48
 }
 
 // historyEntry is one reading of a deliveredHistory.
@@ -69,7 +76,7 @@ type historyEntry struct {
 func (h *deliveredHistory) hint(hw string) (event.HistoryHint, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	es := h.devices[hw]
+	es := h.devices[hw].entries
 	if len(es) < event.HistoryLen {
 		return event.HistoryHint{}, false
 	}
@@ -88,9 +95,10 @@ func (h *deliveredHistory) delivered(hw, batchID string, readings []contract.Rea
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.devices == nil {
-		h.devices, h.sizes = map[string][]historyEntry{}, map[string]int{}
+		h.devices = map[string]deviceHistory{}
 	}
-	es, known := h.devices[hw]
+	d, known := h.devices[hw]
+	es := d.entries
 	if !known && (len(h.devices) >= historyDevices || h.total >= historyBytes) {
 		return
 	}
@@ -108,17 +116,16 @@ func (h *deliveredHistory) delivered(hw, batchID string, readings []contract.Rea
 	for _, e := range es {
 		size += entrySize(e)
 	}
-	h.total += size - h.sizes[hw]
-	h.devices[hw], h.sizes[hw] = es, size
+	h.total += size - d.size
+	h.devices[hw] = deviceHistory{entries: es, size: size}
 }
 
 // forget drops what is known of the device.
 func (h *deliveredHistory) forget(hw string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.total -= h.sizes[hw]
+	h.total -= h.devices[hw].size
 	delete(h.devices, hw)
-	delete(h.sizes, hw)
 }
 
 // compareEntries orders entries as device_readings' sort key does.

@@ -39,7 +39,7 @@ func TestDeliveredHistoryIsBoundedInBytes(t *testing.T) {
 	}
 	require.Less(t, held, historyDevices, "the bytes bound comes first")
 	require.GreaterOrEqual(t, h.total, historyBytes)
-	require.Less(t, h.total, historyBytes+2*h.sizes[hw(0)], "at most one device past the bound")
+	require.Less(t, h.total, historyBytes+2*h.devices[hw(0)].size, "at most one device past the bound")
 	_, ok := h.hint(hw(held))
 	require.False(t, ok, "a device beyond the bound has no hint")
 

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -17,8 +15,6 @@ import (
 
 	"greenhouse-gateway/buffer"
 	contract "greenhouse-gateway/firmware-contract"
-	"greenhouse-gateway/harness/dynamotest"
-	"greenhouse-gateway/internal/cloud"
 )
 
 // floodTally is what the runaway device saw over all its connections.
@@ -242,14 +238,7 @@ func TestAttackRunawayDeviceOverSevenConnections(t *testing.T) {
 	}
 	budget := int64(attackSize(1<<20, 8<<20))
 	flood := attackSizeDuration(2*time.Second, 10*time.Second)
-	local := dynamotest.Start(t)
-	view := cloudView{client: local.Client(t), tables: local.NewTables(t)}
-	keys := cloud.NewKeys(view.client, view.tables.APIKeys, e2ePepper)
-	runawayKey, _, err := keys.Create(context.Background(), "runaway")
-	require.NoError(t, err)
-	otherKey, _, err := keys.Create(context.Background(), "other")
-	require.NoError(t, err)
-	prefix := strings.TrimSuffix(view.tables.Devices, "devices")
+	local, view, prefix, runawayKey, otherKey := runawayCloud(t)
 	dataDir := t.TempDir()
 	env := []string{fmt.Sprintf("GATEWAY_BUFFER_MAX_PENDING_BYTES=%d", budget), "GATEWAY_AUTH_DEVICE_KEYS=off"}
 	start := startDaemon

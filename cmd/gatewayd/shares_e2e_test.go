@@ -37,14 +37,7 @@ func (d *mqttDevice) publishForAck(t *testing.T, payload []byte) contract.Ack {
 // answered 429 (HTTP) and buffer_full (MQTT), never validation_error; once
 // DynamoDB answers, every acknowledged batch is delivered once.
 func TestARunawayDeviceLeavesTheOthersServed(t *testing.T) {
-	local := dynamotest.Start(t)
-	view := cloudView{client: local.Client(t), tables: local.NewTables(t)}
-	keys := cloud.NewKeys(view.client, view.tables.APIKeys, e2ePepper)
-	runawayKey, _, err := keys.Create(context.Background(), "runaway")
-	require.NoError(t, err)
-	otherKey, _, err := keys.Create(context.Background(), "other")
-	require.NoError(t, err)
-	prefix := strings.TrimSuffix(view.tables.Devices, "devices")
+	local, view, prefix, runawayKey, otherKey := runawayCloud(t)
 	d := startDaemon(t, t.TempDir(), local.Endpoint, prefix,
 		"GATEWAY_BUFFER_MAX_PENDING_BYTES=262144", "GATEWAY_AUTH_DEVICE_KEYS=off")
 	runaway, other := "02:00:00:00:BB:01", "02:00:00:00:BB:02"
@@ -115,4 +108,18 @@ func TestARunawayDeviceLeavesTheOthersServed(t *testing.T) {
 		require.Equal(t, 1, markers[id], "batch %s delivered once", id)
 	}
 	require.Len(t, markers, len(acked), "nothing refused reached the cloud")
+}
+
+// runawayCloud starts DynamoDB Local with tables of their own and an API
+// key each for a runaway device and another one.
+func runawayCloud(t *testing.T) (local *dynamotest.Local, view cloudView, prefix, runawayKey, otherKey string) {
+	t.Helper()
+	local = dynamotest.Start(t)
+	view = cloudView{client: local.Client(t), tables: local.NewTables(t)}
+	keys := cloud.NewKeys(view.client, view.tables.APIKeys, e2ePepper)
+	runawayKey, _, err := keys.Create(context.Background(), "runaway")
+	require.NoError(t, err)
+	otherKey, _, err = keys.Create(context.Background(), "other")
+	require.NoError(t, err)
+	return local, view, strings.TrimSuffix(view.tables.Devices, "devices"), runawayKey, otherKey
 }
