@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -91,9 +92,18 @@ func (b *Buffer) Commit(ctx context.Context, entries []Entry) ([]Outcome, error)
 // caller that submits one device's batches in order stores them in that
 // order without waiting for each. An error from Submit itself means
 // nothing was queued.
+//
+// Submit replaces each entry's HardwareID and Key with a copy of its own:
+// the buffer keeps them as keys of its per-device and per-key maps, and a
+// substring of a decoded payload would keep the whole payload alive there
+// (a map assignment stores the new key's string each time).
 func (b *Buffer) Submit(ctx context.Context, entries []Entry) (wait func() ([]Outcome, error), err error) {
 	if len(entries) == 0 {
 		return func() ([]Outcome, error) { return nil, nil }, nil
+	}
+	for i := range entries {
+		entries[i].HardwareID = strings.Clone(entries[i].HardwareID)
+		entries[i].Key = strings.Clone(entries[i].Key)
 	}
 	if err := b.failure.failed(); err != nil {
 		return nil, err

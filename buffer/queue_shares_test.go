@@ -2,9 +2,11 @@ package buffer
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -134,4 +136,32 @@ func TestADeviceFloodingFreshBatchesIsRateLimited(t *testing.T) {
 	now = now.Add(2 * time.Second)
 	require.Equal(t, []Outcome{Stored, Stored, Limited}, commit(t, b, flood[5:]...), "the bucket refills at the rate")
 	require.Equal(t, 4.0, testutil.ToFloat64(b.metrics.refused.WithLabelValues(refusedDeviceRate)))
+}
+
+// TestTheBufferKeepsNoPayloadAliveThroughItsKeys commits batches whose
+// hardware_id and key are substrings of a large decoded payload, as the
+// firmware contract's decoder gives them: once the caller drops the
+// payload, the buffer's per-device and per-key maps must not hold it.
+func TestTheBufferKeepsNoPayloadAliveThroughItsKeys(t *testing.T) {
+	b := open(t, t.TempDir(), Options{})
+	freed := make(chan int, 2)
+	for i := range 2 {
+		payload := fmt.Sprintf(`{"hardware_id":"D%d","key":"k%d",%s}`, i, i, strings.Repeat(" ", 64<<10))
+		e := deviceEntry(payload[16:18], payload[27:29], i)
+		require.Equal(t, fmt.Sprintf("D%d", i), e.HardwareID)
+		require.Equal(t, fmt.Sprintf("k%d", i), e.Key)
+		runtime.AddCleanup(unsafe.StringData(payload), func(i int) { freed <- i }, i)
+		require.Equal(t, []Outcome{Stored}, commit(t, b, e))
+	}
+	deadline := time.After(10 * time.Second)
+	for n := 0; n < 2; {
+		runtime.GC()
+		select {
+		case <-freed:
+			n++
+		case <-time.After(10 * time.Millisecond):
+		case <-deadline:
+			t.Fatalf("%d of 2 payloads still held after their batches were stored", 2-n)
+		}
+	}
 }

@@ -44,7 +44,8 @@ const (
 // *http.Client makes LoadDefaultConfig fail when AWS_CA_BUNDLE is set).
 //
 // BatchWriteItem bodies are encoded by the package's own encoder
-// (batchWriteProtocol), the same JSON with one allocation.
+// (batchWriteProtocol), the same JSON with one allocation; requests carry
+// no SDK telemetry headers (compactHeaders).
 //
 // Retries are the SDK's standard ones unless opts change them, e.g. with
 // WithRetryMaxAttempts; opts are applied last, so they win.
@@ -53,7 +54,9 @@ func NewClient(ctx context.Context, cfg Config, opts ...func(*dynamodb.Options))
 	if err != nil {
 		return nil, err
 	}
-	clientOpts := []func(*dynamodb.Options){withBatchWriteEncoder}
+	clientOpts := []func(*dynamodb.Options){withBatchWriteEncoder, func(o *dynamodb.Options) {
+		o.APIOptions = append(o.APIOptions, compactHeaders)
+	}}
 	if cfg.Endpoint != "" {
 		endpoint := cfg.Endpoint
 		clientOpts = append(clientOpts, func(o *dynamodb.Options) {
