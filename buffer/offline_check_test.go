@@ -2,12 +2,16 @@ package buffer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -18,26 +22,56 @@ var smallOptions = Options{MemTableSize: 1 << 20}
 
 // copyDir copies dir's files (not LOCK) into a new directory. Copying the
 // files of an open buffer gives what a kill -9 leaves: everything written
-// to the page cache, nothing Close would have done.
+// to the page cache, nothing Close would have done. Badger may replace a
+// file while it is copied (a memtable flushed to a table, then deleted):
+// the copy is taken again until one sees the same files from start to end.
 func copyDir(tb testing.TB, dir string) string {
 	tb.Helper()
-	dst := tb.TempDir()
+	for attempt := 1; ; attempt++ {
+		dst := tb.TempDir()
+		before := dirNames(tb, dir)
+		whole := true
+		for _, name := range before {
+			if !copyFile(tb, filepath.Join(dir, name), filepath.Join(dst, name)) {
+				whole = false
+				break
+			}
+		}
+		if whole && slices.Equal(before, dirNames(tb, dir)) {
+			return dst
+		}
+		require.Less(tb, attempt, 20, "the directory kept changing while it was copied")
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// dirNames lists dir's file names but LOCK, sorted.
+func dirNames(tb testing.TB, dir string) []string {
 	ents, err := os.ReadDir(dir)
 	require.NoError(tb, err)
+	var names []string
 	for _, e := range ents {
-		if e.Name() == "LOCK" {
-			continue
+		if e.Name() != "LOCK" {
+			names = append(names, e.Name())
 		}
-		in, err := os.Open(filepath.Join(dir, e.Name()))
-		require.NoError(tb, err)
-		out, err := os.Create(filepath.Join(dst, e.Name()))
-		require.NoError(tb, err)
-		_, err = io.Copy(out, in)
-		require.NoError(tb, err)
-		require.NoError(tb, in.Close())
-		require.NoError(tb, out.Close())
 	}
-	return dst
+	return names
+}
+
+// copyFile copies src to dst; false when src is gone.
+func copyFile(tb testing.TB, src, dst string) bool {
+	in, err := os.Open(src)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false
+	}
+	require.NoError(tb, err)
+	defer in.Close()
+	out, err := os.Create(dst)
+	require.NoError(tb, err)
+	_, err = io.Copy(out, in)
+	require.NoError(tb, err)
+	require.NoError(tb, out.Close())
+	return true
 }
 
 func batchN(i int, size int) Entry {
