@@ -138,10 +138,17 @@ func (l *guardListener) Accept() (net.Conn, error) {
 	}
 }
 
+// guardReadBuffer is the read buffer every connection holds, idle or not,
+// in bytes. It needs to hold only a packet's fixed header: a packet's body
+// is read into its own buffer (readBody), straight from the socket once
+// what the header's read brought along is copied, so a larger buffer would
+// save no read of a typical PUBLISH, only hold memory on every idle device.
+const guardReadBuffer = 128
+
 // guard wraps a new connection and admits it as unauthenticated.
 func (l *guardListener) guard(c net.Conn) *guardConn {
 	_ = c.SetReadDeadline(time.Now().Add(l.timeout)) // mochi resets it after CONNECT (keepalive)
-	g := &guardConn{Conn: c, l: l, r: bufio.NewReaderSize(c, 1024), version: 4}
+	g := &guardConn{Conn: c, l: l, r: bufio.NewReaderSize(c, guardReadBuffer), version: 4}
 	g.entry = admEntry{conn: rawConn(c), addr: listen.SourceOf(c.RemoteAddr())}
 	for _, v := range l.adm.add(&g.entry) {
 		l.refused(v.reason)
