@@ -48,7 +48,7 @@ func newJob(b *contract.Batch, err error) *job {
 // in the cloud answer duplicate or conflict without a write; the others
 // get the ordering rule and their quality scores against their device's
 // newest readings (read, or taken from hints: history.go), then are
-// written in waves, each device's batches in order, a device stopping at
+// written (write), each device's batches in order, a device stopping at
 // its first batch to retry.
 func (f *Function) store(ctx context.Context, jobs []*job, hints map[string][]contract.Reading) {
 	followers := repeats(jobs)
@@ -66,27 +66,15 @@ func (f *Function) store(ctx context.Context, jobs []*job, hints map[string][]co
 	observed(ctx).phase("history", start)
 	start = time.Now()
 	defer func() { observed(ctx).phase("writes", start) }()
-	received := f.now()
-	next := make(map[string]int, len(order))
-	for {
-		var wave []*job
-		for _, hw := range order {
-			if js := byDevice[hw]; next[hw] < len(js) {
-				wave = append(wave, js[next[hw]])
-				next[hw]++
-			}
-		}
-		if len(wave) == 0 {
-			return
-		}
-		f.writeWave(ctx, wave, received)
-		for _, j := range wave {
-			if j.outcome == tablewrite.Throttled || j.outcome == tablewrite.Failed {
-				f.holdBack(byDevice[j.batch.HardwareID][next[j.batch.HardwareID]:], j)
-				next[j.batch.HardwareID] = len(byDevice[j.batch.HardwareID])
+	var todo []*job
+	for _, hw := range order {
+		for _, j := range byDevice[hw] {
+			if !j.settled {
+				todo = append(todo, j)
 			}
 		}
 	}
+	f.write(ctx, todo, f.now())
 }
 
 // repeats links each unsettled job that repeats the batch_id of an earlier
@@ -128,14 +116,6 @@ func (j *job) follow() {
 	default:
 		j.settle(tablewrite.Failed, fmt.Errorf("%w: batch_id %s is earlier in this request with another payload, which must be settled first",
 			tablewrite.ErrHeldBack, j.batch.BatchID))
-	}
-}
-
-// holdBack settles the later batches of a device whose batch failed: they
-// must not overtake it.
-func (f *Function) holdBack(later []*job, failed *job) {
-	for _, j := range later {
-		j.settle(tablewrite.Failed, fmt.Errorf("%w: batch %s of this device must be retried first", tablewrite.ErrHeldBack, failed.batch.BatchID))
 	}
 }
 
@@ -266,19 +246,17 @@ func older(b *contract.Batch, lastMS int64) bool {
 	return false
 }
 
-// writeWave writes one wave (at most one batch per device) and settles
-// its jobs: one batch in a transaction when it fits, more packed into
-// BatchWriteItem requests.
-func (f *Function) writeWave(ctx context.Context, wave []*job, received time.Time) {
-	var todo []*job
-	var items []*tablewrite.Items
-	for _, j := range wave {
-		if j.settled {
-			continue
-		}
-		todo = append(todo, j)
-		items = append(items, tablewrite.Build(tablewrite.Batch{Batch: j.batch, ReceivedAt: received, Hash: j.hash,
-			Quality: j.quality}, f.cfg.ReadingsRetention, f.now()))
+// write writes the unsettled jobs, whose markers checkMarkers found
+// absent, and settles them: one batch alone in a transaction when it fits;
+// more with the bulk writer (tablewrite.Writer.WriteLookedUp), their
+// readings packed 25 to a BatchWriteItem across devices and each marker in
+// the next requests once its readings are written, a device's markers in
+// order and its batches after a failed one held back (not_attempted).
+func (f *Function) write(ctx context.Context, todo []*job, received time.Time) {
+	items := make([]*tablewrite.Items, len(todo))
+	for i, j := range todo {
+		items[i] = tablewrite.Build(tablewrite.Batch{Batch: j.batch, ReceivedAt: received, Hash: j.hash,
+			Quality: j.quality}, f.cfg.ReadingsRetention, f.now())
 	}
 	var results []tablewrite.Result
 	switch len(todo) {
@@ -287,7 +265,7 @@ func (f *Function) writeWave(ctx context.Context, wave []*job, received time.Tim
 	case 1:
 		results = []tablewrite.Result{f.writer.Write(ctx, items[0], f.transactionLimit(ctx))}
 	default:
-		results = f.writer.WriteWave(ctx, items, f.cfg.WriteConcurrency)
+		results = f.writer.WriteLookedUp(ctx, items, f.cfg.WriteConcurrency)
 	}
 	for i, j := range todo {
 		err := results[i].Err

@@ -40,9 +40,10 @@ import (
 // runs, as the gateway is of the batches in its buffer: a batch written
 // meanwhile by someone else (the same batch sent by the device to the
 // readings function at the same moment) would get its marker written
-// twice, with the same content when the payload is the same. Callers with
-// concurrent writers of one batch_id use Write or WriteWave, whose marker
-// is conditional.
+// twice, with the same content when the payload is the same; another
+// payload's readings would be written over it and both answered
+// Delivered. Write, whose marker is conditional (in the readings'
+// transaction when they fit), answers Conflict to one of two such writers.
 //
 // A request DynamoDB refuses, for its content or its shape, has its items
 // sent again one batch to a request, to find which batch is refused
@@ -52,6 +53,19 @@ import (
 // It returns each batch's result, in the order given.
 func (w *Writer) WriteBulk(ctx context.Context, batches []*Items, concurrency int) []Result {
 	b := w.StartBulk(ctx, concurrency)
+	b.Add(batches...)
+	return b.Wait()
+}
+
+// WriteLookedUp is WriteBulk for batches whose markers the caller has
+// just looked up (MarkerHashes) and not found: it writes them without
+// looking up again. As with WriteBulk, a batch written by another writer
+// between the caller's lookup and this write gets its marker written
+// twice, with the same content when the payload is the same (the same
+// race as WriteBulk's).
+func (w *Writer) WriteLookedUp(ctx context.Context, batches []*Items, concurrency int) []Result {
+	b := w.StartBulk(ctx, concurrency)
+	b.b.lookedUp = true
 	b.Add(batches...)
 	return b.Wait()
 }
@@ -106,6 +120,20 @@ func (bk *Bulk) Add(batches ...*Items) {
 			// Added after a batch of its device failed: held back too.
 			b.decide(i, b.heldBack(i, stop))
 		}
+	}
+	if b.lookedUp {
+		for idx := first; idx < first+len(batches); idx++ {
+			if !b.decided[idx] {
+				b.checked[idx] = true
+				b.queueReadings(idx)
+			}
+		}
+		for idx := first; idx < first+len(batches); idx++ {
+			b.promote(idx)
+		}
+		b.cond.Broadcast()
+		b.mu.Unlock()
+		return
 	}
 	b.mu.Unlock()
 	for start := first; start < first+len(batches); start += BatchGetMax {
@@ -182,9 +210,11 @@ type bulk struct {
 	w           *Writer
 	ctx         context.Context
 	concurrency int
-	lookupSem   chan struct{}
-	lookups     sync.WaitGroup
-	done        chan struct{} // closed when run returns
+	// lookedUp: the caller looked the markers up (WriteLookedUp).
+	lookedUp  bool
+	lookupSem chan struct{}
+	lookups   sync.WaitGroup
+	done      chan struct{} // closed when run returns
 
 	mu   sync.Mutex
 	cond *sync.Cond

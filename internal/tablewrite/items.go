@@ -8,7 +8,7 @@
 // fit the endpoint's per-transaction item limit; otherwise its marker is
 // looked up, then its readings go first (deterministic keys make a replay
 // an identical overwrite) and the marker last. Many batches can share BatchWriteItem requests
-// (WriteWave, WriteBulk). A batch DynamoDB refuses leaves none of its
+// (WriteBulk, WriteLookedUp). A batch DynamoDB refuses leaves none of its
 // readings in the table: those that accepted requests wrote are deleted. The marker carries the batch's payload hash (an optional
 // attribute): a marker already there answers Duplicate when its hash is
 // the batch's (or it has none, as markers written before the hash), and

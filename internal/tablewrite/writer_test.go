@@ -2,9 +2,7 @@ package tablewrite_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,7 +116,7 @@ func TestMarkerWithoutHashAnswersDuplicate(t *testing.T) {
 	require.Equal(t, map[string]string{b.BatchID: ""}, hashes)
 }
 
-func TestWaveWritesQualityScoresAndReportsEachBatch(t *testing.T) {
+func TestBulkWritesQualityScoresAndReportsEachBatch(t *testing.T) {
 	client, tables, w := localWriter(t)
 	ctx := context.Background()
 	first := testBatch("EE:00:00:00:15:04", 0, 3, 20)
@@ -128,7 +126,7 @@ func TestWaveWritesQualityScoresAndReportsEachBatch(t *testing.T) {
 		build(testBatch("EE:00:00:00:15:04", 0, 3, 99), nil),               // conflict
 		build(testBatch("EE:00:00:00:15:05", 1, 2, 20), []float64{1, 0.5}), // new, scored
 	}
-	results := w.WriteWave(ctx, wave, 4)
+	results := w.WriteBulk(ctx, wave, 4)
 	require.Equal(t, []tablewrite.Outcome{tablewrite.Duplicate, tablewrite.Conflict, tablewrite.Delivered},
 		[]tablewrite.Outcome{results[0].Outcome, results[1].Outcome, results[2].Outcome})
 	items := readingsOf(t, client, tables.Readings, "EE:00:00:00:15:05")
@@ -166,10 +164,10 @@ func TestARefusedBatchLeavesNoneOfItsReadings(t *testing.T) {
 		write func(it *tablewrite.Items) tablewrite.Result
 	}{
 		{"split", "EE:00:00:00:16:01", func(it *tablewrite.Items) tablewrite.Result { return w.Write(ctx, it, 10) }},
-		{"wave", "EE:00:00:00:16:02", func(it *tablewrite.Items) tablewrite.Result {
-			// Behind a batch of 5: the wave's first request holds
-			// readings 0-19 of the refused batch, its second the rest.
-			return w.WriteWave(ctx, []*tablewrite.Items{build(testBatch("EE:00:00:00:16:12", 0, 5, 20), nil), it}, 1)[1]
+		{"looked up", "EE:00:00:00:16:02", func(it *tablewrite.Items) tablewrite.Result {
+			// Behind a batch of 5: the first request holds readings 0-19
+			// of the refused batch, the second the rest.
+			return w.WriteLookedUp(ctx, []*tablewrite.Items{build(testBatch("EE:00:00:00:16:12", 0, 5, 20), nil), it}, 1)[1]
 		}},
 		{"bulk", "EE:00:00:00:16:03", func(it *tablewrite.Items) tablewrite.Result {
 			return w.WriteBulk(ctx, []*tablewrite.Items{build(testBatch("EE:00:00:00:16:13", 0, 5, 20), nil), it}, 1)[1]
@@ -184,40 +182,29 @@ func TestARefusedBatchLeavesNoneOfItsReadings(t *testing.T) {
 			require.Empty(t, hashes)
 		})
 	}
-	require.Len(t, readingsOf(t, client, tables.Readings, "EE:00:00:00:16:12"), 5, "the wave's other batch")
+	require.Len(t, readingsOf(t, client, tables.Readings, "EE:00:00:00:16:12"), 5, "the other batch written without a lookup")
 	require.Len(t, readingsOf(t, client, tables.Readings, "EE:00:00:00:16:13"), 5, "the bulk's other batch")
 }
 
-// failingNth fails its nth BatchWriteItem (from 1) as a lost connection.
-type failingNth struct {
-	*dynamodb.Client
-	calls, nth atomic.Int32
-}
-
-func (f *failingNth) BatchWriteItem(ctx context.Context, in *dynamodb.BatchWriteItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error) {
-	if f.calls.Add(1) == f.nth.Load() {
-		return nil, errors.New("connection reset by peer")
-	}
-	return f.Client.BatchWriteItem(ctx, in, opts...)
-}
-
 func TestARefusedTransactionDeletesTheReadingsOfAnEarlierAttempt(t *testing.T) {
-	client, tables, _ := localWriter(t)
+	client, tables, w := localWriter(t)
 	ctx := context.Background()
 	hw := "EE:00:00:00:17:01"
 	b := testBatch(hw, 0, 30, 20)
 	b.Readings[27].Sensors["bme280_temp_c"] = 1e200
-	// A wave: its first request (5 readings of another batch and readings
-	// 0-19 of b) is written, its second (readings 20-29) refused, and b's
-	// first request alone then fails: b is Failed with 20 readings written.
-	f := &failingNth{Client: client}
-	f.nth.Store(3)
-	w := tablewrite.New(f, tables, tablewrite.Options{})
-	r := w.WriteWave(ctx, []*tablewrite.Items{build(testBatch("EE:00:00:00:17:11", 0, 5, 20), nil), build(b, nil)}, 1)[1]
-	require.Equal(t, tablewrite.Failed, r.Outcome, "%v", r.Err)
+	// An earlier attempt wrote readings 0-19 (the request with the rest
+	// was refused, and the attempt failed before it found out why).
+	earlier := testBatch(hw, 0, 30, 20)
+	earlier.Readings = earlier.Readings[:20]
+	var reqs []types.WriteRequest
+	for _, raw := range build(earlier, nil).Encode() {
+		reqs = append(reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: cloud.EncodedItem(raw)}})
+	}
+	_, err := client.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{RequestItems: map[string][]types.WriteRequest{tables.Readings: reqs}})
+	require.NoError(t, err)
 	require.Equal(t, 20, len(readingsOf(t, client, tables.Readings, hw)))
 	// Tried again alone, it fits a transaction, which DynamoDB refuses.
-	r = w.Write(ctx, build(b, nil), 100)
+	r := w.Write(ctx, build(b, nil), 100)
 	require.Equal(t, tablewrite.Rejected, r.Outcome, "%v", r.Err)
 	require.Zero(t, len(readingsOf(t, client, tables.Readings, hw)), "readings of a batch reported Rejected")
 }
