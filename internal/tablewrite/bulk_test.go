@@ -235,6 +235,17 @@ func TestWriteBulkPacksReadingsAndMarkersIntoFullRequests(t *testing.T) {
 	require.GreaterOrEqual(t, full, 85)
 }
 
+func TestWriteLookedUpWritesWithoutALookup(t *testing.T) {
+	f := newBulkDB()
+	items := bulkFleet(20, 3, 10) // 60 batches, 600 readings, 660 items
+	results := tablewrite.New(f, f.tables, tablewrite.Options{}).WriteLookedUp(context.Background(), items, 4)
+	require.Equal(t, map[tablewrite.Outcome]int{tablewrite.Delivered: 60}, outcomes(results))
+	require.Zero(t, f.gets, "the caller looked the markers up")
+	require.Len(t, f.applied, 660, "every reading and marker once")
+	checkBulkOrder(t, f, items)
+	require.LessOrEqual(t, len(f.requests), 27+3, "660 items fill 27 requests")
+}
+
 func TestWriteBulkKeepsOneDevicesMarkersInOrder(t *testing.T) {
 	f := newBulkDB()
 	items := bulkFleet(1, 60, 3) // one device: its markers form one chain
