@@ -66,15 +66,38 @@ func (f *Function) store(ctx context.Context, jobs []*job, hints map[string][]co
 	observed(ctx).phase("history", start)
 	start = time.Now()
 	defer func() { observed(ctx).phase("writes", start) }()
+	f.write(ctx, toWrite(jobs), f.now())
+}
+
+// toWrite returns the unsettled jobs, in request order, and settles as
+// held back (not_attempted) every batch of a device after one of its
+// batches that failed or was throttled before the writes (its marker
+// lookup, its history or readings read), so that none overtakes it; the
+// writer holds back in the same way after a write that fails.
+func toWrite(jobs []*job) []*job {
+	stopped := map[string]*job{}
 	var todo []*job
-	for _, hw := range order {
-		for _, j := range byDevice[hw] {
-			if !j.settled {
-				todo = append(todo, j)
-			}
+	for _, j := range jobs {
+		if j.first != nil || j.batch == nil {
+			continue
 		}
+		hw := j.batch.HardwareID
+		if s, ok := stopped[hw]; ok {
+			if !j.settled {
+				j.settle(tablewrite.Failed, fmt.Errorf("%w: batch %s of this device must be retried first",
+					tablewrite.ErrHeldBack, s.batch.BatchID))
+			}
+			continue
+		}
+		if j.settled {
+			if j.outcome == tablewrite.Failed || j.outcome == tablewrite.Throttled {
+				stopped[hw] = j
+			}
+			continue
+		}
+		todo = append(todo, j)
 	}
-	f.write(ctx, todo, f.now())
+	return todo
 }
 
 // repeats links each unsettled job that repeats the batch_id of an earlier
@@ -246,28 +269,40 @@ func older(b *contract.Batch, lastMS int64) bool {
 	return false
 }
 
-// write writes the unsettled jobs, whose markers checkMarkers found
-// absent, and settles them: one batch alone in a transaction when it fits;
-// more with the bulk writer (tablewrite.Writer.WriteLookedUp), their
-// readings packed 25 to a BatchWriteItem across devices and each marker in
-// the next requests once its readings are written, a device's markers in
-// order and its batches after a failed one held back (not_attempted).
-func (f *Function) write(ctx context.Context, todo []*job, received time.Time) {
-	items := make([]*tablewrite.Items, len(todo))
-	for i, j := range todo {
-		items[i] = tablewrite.Build(tablewrite.Batch{Batch: j.batch, ReceivedAt: received, Hash: j.hash,
+// write writes jobs, whose markers checkMarkers found absent, and settles
+// them: one batch alone in a transaction when it fits; more with the bulk
+// writer (tablewrite.Writer.StartLookedUp), their readings packed 25 to a
+// BatchWriteItem across devices and each marker in the next requests once
+// its readings are written, a device's markers in order and its batches
+// after one that failed or was refused held back (not_attempted). The
+// items are built BatchGetMax batches at a time, about as fast as they are
+// written, so a large event is not held encoded all at once.
+func (f *Function) write(ctx context.Context, jobs []*job, received time.Time) {
+	build := func(j *job) *tablewrite.Items {
+		return tablewrite.Build(tablewrite.Batch{Batch: j.batch, ReceivedAt: received, Hash: j.hash,
 			Quality: j.quality}, f.cfg.ReadingsRetention, f.now())
 	}
 	var results []tablewrite.Result
-	switch len(todo) {
+	switch len(jobs) {
 	case 0:
 		return
 	case 1:
-		results = []tablewrite.Result{f.writer.Write(ctx, items[0], f.transactionLimit(ctx))}
+		results = []tablewrite.Result{f.writer.Write(ctx, build(jobs[0]), f.transactionLimit(ctx))}
 	default:
-		results = f.writer.WriteLookedUp(ctx, items, f.cfg.WriteConcurrency)
+		conc := max(f.cfg.WriteConcurrency, 1)
+		bulk := f.writer.StartLookedUp(ctx, conc)
+		for start := 0; start < len(jobs); start += tablewrite.BatchGetMax {
+			// A done ctx fails the writes themselves.
+			_ = bulk.WaitBelow(ctx, tablewrite.BatchGetMax+3*conc)
+			items := make([]*tablewrite.Items, 0, tablewrite.BatchGetMax)
+			for _, j := range jobs[start:min(start+tablewrite.BatchGetMax, len(jobs))] {
+				items = append(items, build(j))
+			}
+			bulk.Add(items...)
+		}
+		results = bulk.Wait()
 	}
-	for i, j := range todo {
+	for i, j := range jobs {
 		err := results[i].Err
 		if results[i].Outcome == tablewrite.Conflict {
 			err = errConflict

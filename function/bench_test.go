@@ -49,7 +49,7 @@ func BenchmarkNativeEventAgainstDirectWrites(b *testing.B) {
 			require.Equal(b, function.StatusDelivered, res.Status, "%+v", res)
 		}
 		start = time.Now()
-		for _, res := range w.WriteLookedUp(ctx, items, 16) {
+		for _, res := range w.WriteBulk(ctx, items, 16) {
 			require.Equal(b, tablewrite.Delivered, res.Outcome)
 		}
 		direct += time.Since(start)

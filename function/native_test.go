@@ -1,9 +1,16 @@
 package function_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -124,8 +131,8 @@ func TestKilledEmulatorMidInvocationThenRetryIsExactlyOnce(t *testing.T) {
 		_, err := r.em.Invoke(ictx, payload)
 		assert.Error(t, err, "the invocation dies with the emulator")
 	})
-	// Kill once the first wave's markers are going up: the later waves
-	// are not written yet.
+	// Kill once the first markers are going up: most of the event is not
+	// written yet.
 	deadline := time.Now().Add(20 * time.Second)
 	for r.marker(t, batches["c-0-0"].BatchID) == nil {
 		require.True(t, time.Now().Before(deadline), "no marker written within 20s:\n%s", r.em.Output())
@@ -183,4 +190,51 @@ func TestThrottlingAnswers429AndThrottled(t *testing.T) {
 	code, body = r.post(t, "/v1/readings", r.key, nil, jsonOf(t, b))
 	require.Equal(t, 200, code, body)
 	require.Contains(t, body, `"duplicate"`)
+}
+
+// TestABatchAfterItsDevicesFailedLookupIsNotAttempted has the first of an
+// event's two marker lookups fail (its BatchGetItem answered 500 by a
+// proxy in front of DynamoDB Local): device x's first batch, in that
+// lookup, fails; its second, 100 batches later in the lookup that
+// succeeds, must not overtake it.
+func TestABatchAfterItsDevicesFailedLookupIsNotAttempted(t *testing.T) {
+	local := dynamotest.Shared(t)
+	x := "AA:BB:CC:00:1B:01"
+	first := batch(x, base(), 0, 2, 21)
+	target, err := url.Parse(local.Endpoint)
+	require.NoError(t, err)
+	forward := httputil.NewSingleHostReverseProxy(target)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, err := io.ReadAll(req.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if strings.HasSuffix(req.Header.Get("X-Amz-Target"), ".BatchGetItem") && strings.Contains(string(body), first.BatchID) {
+			w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = w.Write([]byte(`{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected"}`))
+			return
+		}
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		forward.ServeHTTP(w, req)
+	}))
+	defer proxy.Close()
+	r := newRig(t, map[string]string{"DYNAMODB_ENDPOINT": proxy.URL})
+
+	batches := map[string]*contract.Batch{"x-1": first, "x-2": batch(x, base(), 5, 2, 21)}
+	order := []string{"x-1"}
+	for i := range 99 {
+		id := fmt.Sprintf("o-%d", i)
+		batches[id] = batch(fmt.Sprintf("AA:BB:CC:00:1C:%02X", i), base(), 0, 1, 21)
+		order = append(order, id)
+	}
+	order = append(order, "x-2")
+	var resp function.BatchResponse
+	r.invoke(t, nativeEvent(t, batches, order), &resp)
+	got := byID(resp.Results)
+	require.Contains(t, []string{function.StatusError, function.StatusThrottled}, got["x-1"].Status, "%+v", got["x-1"])
+	require.Equal(t, function.StatusError, got["x-2"].Status, "%+v", got["x-2"])
+	require.Equal(t, "not_attempted", got["x-2"].Reason, "%+v", got["x-2"])
+	require.Empty(t, r.items(t, x), "neither of x's batches is written")
 }

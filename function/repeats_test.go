@@ -40,8 +40,7 @@ func TestABatchIDRepeatedInOneRequestIsWrittenOnce(t *testing.T) {
 	requireFirstPayload(t, r, x, "22.5")
 }
 
-// The two payloads 100 batches apart: in different marker lookups and
-// different waves.
+// The two payloads 100 batches apart: in different marker lookups.
 func TestABatchIDRepeatedFarApartInOneRequestKeepsTheFirstPayload(t *testing.T) {
 	r := newRig(t, nil)
 	x := "AA:BB:CC:00:19:11"

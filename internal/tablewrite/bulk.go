@@ -64,10 +64,17 @@ func (w *Writer) WriteBulk(ctx context.Context, batches []*Items, concurrency in
 // twice, with the same content when the payload is the same (the same
 // race as WriteBulk's).
 func (w *Writer) WriteLookedUp(ctx context.Context, batches []*Items, concurrency int) []Result {
-	b := w.StartBulk(ctx, concurrency)
-	b.b.lookedUp = true
+	b := w.StartLookedUp(ctx, concurrency)
 	b.Add(batches...)
 	return b.Wait()
+}
+
+// StartLookedUp starts a WriteLookedUp with no batch yet: a Bulk whose
+// Add looks nothing up.
+func (w *Writer) StartLookedUp(ctx context.Context, concurrency int) *Bulk {
+	b := w.StartBulk(ctx, concurrency)
+	b.b.lookedUp = true
+	return b
 }
 
 // Bulk is a WriteBulk whose batches are added while it runs: each Add's
@@ -508,8 +515,8 @@ func (b *bulk) fail(i int, r Result) {
 }
 
 // ErrHeldBack is the error of a batch not written because an earlier batch
-// of its device failed or was refused (WriteBulk, and the readings
-// function's waves): it is tried again after that one.
+// of its device failed or was refused (WriteBulk, WriteLookedUp, the
+// readings function): it is tried again after that one.
 var ErrHeldBack = errors.New("held back")
 
 // heldBack is the result of batch n, held back by the failure of batch i

@@ -1,6 +1,6 @@
 // Package tablewrite writes device batches to the cloud tables of the
 // locked schema (002): one device_readings item per reading and the
-// conditional processed_batches marker, as one idempotent unit. The
+// processed_batches marker, as one idempotent unit. The
 // gateway's uplink and the readings function both write through it, so
 // the tables hold the same items whichever path a batch took.
 //

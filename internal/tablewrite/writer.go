@@ -188,8 +188,8 @@ func (w *Writer) writeTransaction(ctx context.Context, it *Items) Result {
 	}
 	r := w.classify("TransactWriteItems", it.BatchID, err)
 	if r.Outcome == Rejected {
-		// An earlier attempt that went another way (a wave, a split
-		// write) may have left some of its readings.
+		// An earlier attempt that went another way (a bulk write, a
+		// split write) may have left some of its readings.
 		return w.unwrite(ctx, it, r)
 	}
 	return r
@@ -227,17 +227,14 @@ func markerAlreadyExists(tce *types.TransactionCanceledException, markerIdx int)
 
 // WriteSplit writes the readings with BatchWriteItem, then the marker.
 func (w *Writer) WriteSplit(ctx context.Context, it *Items) Result {
-	return w.writeSplit(ctx, it, false)
-}
-
-// writeSplit is WriteSplit; written tells that requests before it may
-// have written some of the batch's readings already.
-func (w *Writer) writeSplit(ctx context.Context, it *Items, written bool) Result {
-	var r Result
+	var (
+		r       Result
+		written bool
+	)
 	if failedAt, err := w.readingRequests(ctx, it, func(item map[string]types.AttributeValue) types.WriteRequest {
 		return types.WriteRequest{PutRequest: &types.PutRequest{Item: item}}
 	}); err != nil {
-		r, written = w.classify("BatchWriteItem", it.BatchID, err), written || failedAt > 0
+		r, written = w.classify("BatchWriteItem", it.BatchID, err), failedAt > 0
 	} else {
 		r, written = w.putMarker(ctx, it), true
 	}

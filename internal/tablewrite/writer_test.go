@@ -121,12 +121,12 @@ func TestBulkWritesQualityScoresAndReportsEachBatch(t *testing.T) {
 	ctx := context.Background()
 	first := testBatch("EE:00:00:00:15:04", 0, 3, 20)
 	require.Equal(t, tablewrite.Delivered, w.Write(ctx, build(first, nil), 10).Outcome)
-	wave := []*tablewrite.Items{
+	batches := []*tablewrite.Items{
 		build(first, nil), // duplicate
 		build(testBatch("EE:00:00:00:15:04", 0, 3, 99), nil),               // conflict
 		build(testBatch("EE:00:00:00:15:05", 1, 2, 20), []float64{1, 0.5}), // new, scored
 	}
-	results := w.WriteBulk(ctx, wave, 4)
+	results := w.WriteBulk(ctx, batches, 4)
 	require.Equal(t, []tablewrite.Outcome{tablewrite.Duplicate, tablewrite.Conflict, tablewrite.Delivered},
 		[]tablewrite.Outcome{results[0].Outcome, results[1].Outcome, results[2].Outcome})
 	items := readingsOf(t, client, tables.Readings, "EE:00:00:00:15:05")
