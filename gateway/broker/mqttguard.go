@@ -141,8 +141,10 @@ func (l *guardListener) Accept() (net.Conn, error) {
 // guardReadBuffer is the read buffer every connection holds, idle or not,
 // in bytes. It needs to hold only a packet's fixed header: a packet's body
 // is read into its own buffer (readBody), straight from the socket once
-// what the header's read brought along is copied, so a larger buffer would
-// save no read of a typical PUBLISH, only hold memory on every idle device.
+// what the header's read brought along is copied. A packet larger than
+// the buffer takes two reads; a batch's PUBLISH (1.5 KB or more at ten
+// readings) took two with 1 KiB too, a packet of 128 B to 1 KiB now takes
+// one more, and every idle device holds 900 bytes less.
 const guardReadBuffer = 128
 
 // guard wraps a new connection and admits it as unauthenticated.
