@@ -87,7 +87,11 @@ func (h *deliveredHistory) hint(hw string) (event.HistoryHint, bool) {
 	return out, true
 }
 
-// delivered adds the readings of a batch in the cloud.
+// delivered adds the readings of a batch in the cloud. What it keeps is
+// its own copy: the decoded batch's strings (hardware_id, batch_id, the
+// sensor names) are substrings of its payload, which would otherwise stay
+// alive for as long as the device's history holds a reading of it (a map
+// assignment stores the assigned key's string each time).
 func (h *deliveredHistory) delivered(hw, batchID string, readings []contract.Reading) {
 	if len(readings) == 0 {
 		return
@@ -102,8 +106,19 @@ func (h *deliveredHistory) delivered(hw, batchID string, readings []contract.Rea
 	if !known && (len(h.devices) >= historyDevices || h.total >= historyBytes) {
 		return
 	}
+	hw, batchID = strings.Clone(hw), strings.Clone(batchID)
+	names := map[string]string{} // each sensor name copied once a batch
 	for _, r := range readings {
-		e := historyEntry{ts: r.TimestampMS, batchID: batchID, sensors: r.Sensors}
+		sensors := make(map[string]float64, len(r.Sensors))
+		for name, v := range r.Sensors {
+			own, ok := names[name]
+			if !ok {
+				own = strings.Clone(name)
+				names[name] = own
+			}
+			sensors[own] = v
+		}
+		e := historyEntry{ts: r.TimestampMS, batchID: batchID, sensors: sensors}
 		i, found := slices.BinarySearchFunc(es, e, compareEntries)
 		if !found {
 			es = slices.Insert(es, i, e)

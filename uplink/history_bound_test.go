@@ -3,7 +3,11 @@ package uplink
 import (
 	"encoding/json"
 	"fmt"
+	"runtime"
+	"strings"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -54,4 +58,37 @@ func TestDeliveredHistoryIsBoundedInBytes(t *testing.T) {
 	h.delivered(hw(held), "b-new", big)
 	_, ok = h.hint(hw(held))
 	require.True(t, ok, "a forgotten device's share is free again")
+}
+
+// TestDeliveredHistoryKeepsNoPayloadAlive delivers a batch whose strings
+// are substrings of a large payload, as the decoder gives them: once the
+// caller drops the payload, the history must not hold it.
+func TestDeliveredHistoryKeepsNoPayloadAlive(t *testing.T) {
+	var h deliveredHistory
+	payload := `{"hardware_id":"02:00:00:00:00:01","batch_id":"b-1","sensor":"bme280_temp_c"}` + strings.Repeat(" ", 64<<10)
+	hw, batchID, sensor := payload[16:33], payload[47:50], payload[62:75]
+	require.Equal(t, []string{"02:00:00:00:00:01", "b-1", "bme280_temp_c"}, []string{hw, batchID, sensor})
+	freed := make(chan struct{})
+	runtime.AddCleanup(unsafe.StringData(payload), func(struct{}) { close(freed) }, struct{}{})
+	var readings []contract.Reading
+	for i := range event.HistoryLen {
+		readings = append(readings, contract.Reading{TimestampMS: int64(1000 * (i + 1)), Sensors: map[string]float64{sensor: 21}})
+	}
+	h.delivered(hw, batchID, readings)
+	hint, ok := h.hint("02:00:00:00:00:01")
+	require.True(t, ok)
+	require.Equal(t, 21.0, hint.Readings[0].Sensors["bme280_temp_c"])
+	deadline := time.After(10 * time.Second)
+	for {
+		runtime.GC()
+		select {
+		case <-freed:
+			_, ok := h.hint("02:00:00:00:00:01") // the history is alive all along
+			require.True(t, ok)
+			return
+		case <-time.After(10 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("the payload is still held by the delivered history")
+		}
+	}
 }
