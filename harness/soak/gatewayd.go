@@ -73,10 +73,12 @@ type gatewayd struct {
 	writeModes []string
 	offset     int
 	// extra are settings of the scenario's own (GATEWAY_NAME=VALUE).
-	extra  []string
-	proc   *proc.Process
-	starts int
-	mode   string // write mode of the current process
+	extra []string
+	// pprofAddr is debug.pprof_addr when a scenario sets it.
+	pprofAddr string
+	proc      *proc.Process
+	starts    int
+	mode      string // write mode of the current process
 }
 
 func newGatewayd(bin, dir, endpoint, prefix string) (*gatewayd, error) {

@@ -41,8 +41,27 @@ func TestJudgeMemory(t *testing.T) {
 	_, problems = judgeMemory(piling, load)
 	require.Len(t, problems, 2, "%v", problems)
 
+	// A Go heap that grows while RSS stays (the heap reusing what the
+	// kernel counts already): 0.5 MB a minute.
+	heapLeak := samplesOf(load, func(time.Duration) float64 { return 150e6 })
+	for i := range heapLeak {
+		heapLeak[i].heap = 40e6 + float64(heapLeak[i].at/time.Minute)*0.5e6
+	}
+	account, problems = judgeMemory(heapLeak, load)
+	require.Len(t, problems, 1, "%v", problems)
+	require.Contains(t, problems[0], "Go heap peaks rose after warm-up")
+	require.Contains(t, account, "Go heap in use 54.5 MB")
+	require.Contains(t, account, "Go heap in use 69.5 MB")
+
 	// No samples after warm-up is a problem, not a pass.
 	_, problems = judgeMemory(flat[:10], load)
 	require.Len(t, problems, 1)
 	require.Contains(t, problems[0], "too few samples")
+}
+
+func TestStatusKiB(t *testing.T) {
+	status := "Name:\tgatewayd\nVmRSS:\t  153600 kB\nRssAnon:\t   98304 kB\nRssFile:\t   55296 kB\n"
+	require.Equal(t, 98304.0, statusKiB(status, "RssAnon:"))
+	require.Equal(t, 55296.0, statusKiB(status, "RssFile:"))
+	require.Zero(t, statusKiB(status, "RssShmem:"))
 }

@@ -495,7 +495,13 @@ func (s *scenario) drive(ctx context.Context, client *dynamodb.Client, tables cl
 		return err
 	}
 	if s.name == ScenarioSteady {
-		s.gw.extra = []string{"GATEWAY_BUFFER_HISTORY_RETENTION=" + steadyHistory(s.load).String()}
+		port, err := pickPort()
+		if err != nil {
+			return err
+		}
+		s.gw.pprofAddr = "127.0.0.1:" + strconv.Itoa(port)
+		s.gw.extra = []string{"GATEWAY_BUFFER_HISTORY_RETENTION=" + steadyHistory(s.load).String(),
+			"GATEWAY_DEBUG_PPROF_ADDR=" + s.gw.pprofAddr}
 	}
 	if s.name == ScenarioPowerCut {
 		if s.disk, err = s.mountDisk(); err != nil {
