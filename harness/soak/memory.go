@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -85,6 +86,19 @@ type window struct {
 	goroutines, files float64
 	heap, anon, file  float64
 	n                 int
+	// all is every RSS sample of the window, for its median: the level
+	// the peaks (Badger's flushes and compactions, each a burst of table
+	// buffers) rise from.
+	all []float64
+}
+
+// median is the window's median RSS sample (0 without samples).
+func (w window) median() float64 {
+	if len(w.all) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(w.all))
+	return s[len(s)/2]
 }
 
 // judgeMemory cuts the samples after warm-up (a quarter of load) into
@@ -106,12 +120,13 @@ func judgeMemory(samples []memSample, load time.Duration) (string, []string) {
 		w.rss, w.goroutines, w.files = max(w.rss, m.rss), max(w.goroutines, m.goroutines), max(w.files, m.files)
 		w.heap, w.anon, w.file = max(w.heap, m.heap), max(w.anon, m.anon), max(w.file, m.file)
 		w.n++
+		w.all = append(w.all, m.rss)
 	}
 	var parts []string
 	for _, w := range ws {
-		parts = append(parts, fmt.Sprintf("%s-%s: RSS peak %.1f MB (anonymous %.1f, file pages %.1f), Go heap in use %.1f MB, "+
+		parts = append(parts, fmt.Sprintf("%s-%s: RSS peak %.1f MB (anonymous %.1f, file pages %.1f; median %.1f), Go heap in use %.1f MB, "+
 			"%g goroutines, %g open files (%d samples)",
-			w.from.Round(time.Second), w.to.Round(time.Second), w.rss/1e6, w.anon/1e6, w.file/1e6, w.heap/1e6,
+			w.from.Round(time.Second), w.to.Round(time.Second), w.rss/1e6, w.anon/1e6, w.file/1e6, w.median()/1e6, w.heap/1e6,
 			w.goroutines, w.files, w.n))
 	}
 	account := fmt.Sprintf("after %s of warm-up, %s", warm.Round(time.Second), strings.Join(parts, "; "))
