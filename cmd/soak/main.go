@@ -33,7 +33,7 @@ func run(args []string) int {
 		verbose   bool
 	)
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Minute, "load time of the fault scenarios, split evenly across them (setup, drain and checks come on top)")
-	fs.DurationVar(&cfg.SteadyDuration, "steady-duration", time.Hour, "load time of the steady scenario (no faults; gatewayd's RSS peaks, goroutines and open files must stay flat after the first quarter)")
+	fs.DurationVar(&cfg.SteadyDuration, "steady-duration", time.Hour, "load time of the steady scenario (no faults; gatewayd's RSS and Go heap peaks, goroutines and open files must stay flat after the first quarter)")
 	fs.IntVar(&cfg.SteadyDevices, "steady-devices", 100, "simulated devices of the steady scenario, half MQTT, half HTTP")
 	fs.DurationVar(&cfg.SteadyInterval, "steady-interval", 5*time.Second, "time between two batches of a device in the steady scenario")
 	fs.IntVar(&cfg.KillCycles, "kill-cycles", 100, "kill -9 cycles of gatewayd in the kill9 scenario")

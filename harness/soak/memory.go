@@ -13,14 +13,16 @@ import (
 	"time"
 )
 
-// The steady scenario's memory check. gatewayd's resident memory,
-// goroutines and open files are read from its /metrics every
-// memorySampleEvery while devices send. The first quarter of the load is
-// warm-up (caches, memtables, the Go heap finding its size); the rest is
-// cut in three windows, and a window's figure is its peak. Memory is flat
-// when the last window's peak RSS is within 10% plus 8 MiB of the first's,
-// goroutines within 50 and open files within 20: a leak of a few hundred
-// bytes a batch over an hour's 72,000 batches passes none of these.
+// The steady scenario's memory check. gatewayd's resident memory, Go heap
+// in use, goroutines and open files are read from its /metrics (and the
+// split of resident memory from /proc/PID/status) every memorySampleEvery
+// while devices send. The first quarter of the load is warm-up (caches,
+// memtables, the Go heap finding its size); the rest is cut in three
+// windows, and a window's figure is its peak (each series' own maximum).
+// Memory is flat when the last window's peak RSS and peak Go heap are each
+// within 10% plus 8 MiB of the first's, goroutines within 50 and open files
+// within 20: a leak of a few hundred bytes a batch over an hour's 72,000
+// batches passes none of these.
 
 const memorySampleEvery = 5 * time.Second
 
@@ -124,9 +126,9 @@ func judgeMemory(samples []memSample, load time.Duration) (string, []string) {
 	}
 	var parts []string
 	for _, w := range ws {
-		parts = append(parts, fmt.Sprintf("%s-%s: RSS peak %.1f MB (anonymous %.1f, file pages %.1f; median %.1f), Go heap in use %.1f MB, "+
+		parts = append(parts, fmt.Sprintf("%s-%s: RSS peak %.1f MB (median %.1f; peaks of its anonymous part %.1f, file pages %.1f), Go heap in use %.1f MB, "+
 			"%g goroutines, %g open files (%d samples)",
-			w.from.Round(time.Second), w.to.Round(time.Second), w.rss/1e6, w.anon/1e6, w.file/1e6, w.median()/1e6, w.heap/1e6,
+			w.from.Round(time.Second), w.to.Round(time.Second), w.rss/1e6, w.median()/1e6, w.anon/1e6, w.file/1e6, w.heap/1e6,
 			w.goroutines, w.files, w.n))
 	}
 	account := fmt.Sprintf("after %s of warm-up, %s", warm.Round(time.Second), strings.Join(parts, "; "))

@@ -26,7 +26,7 @@ func TestJudgeMemory(t *testing.T) {
 	require.Empty(t, problems, account)
 	require.Contains(t, account, "after 15m0s of warm-up")
 	// The saw-teeth are 0-6 MB over 90: the median is the tooth's middle.
-	require.Contains(t, account, "median 93.0)")
+	require.Contains(t, account, "(median 93.0;")
 
 	// A slow leak: 1 MB a minute past warm-up.
 	leak := samplesOf(load, func(at time.Duration) float64 { return 90e6 + float64(at/time.Minute)*1e6 })
